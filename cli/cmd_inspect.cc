@@ -1,0 +1,78 @@
+// m3 inspect -m DIR: config summary, layer kinds, tensors, bytes by dtype, parameter counts, SIMD target.
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "cli/commands.h"
+#include "kernels.h"
+#include "model/model.h"
+
+namespace m3::cli {
+namespace {
+
+std::string Human(double n, const char* unit) {
+  const char* prefixes[] = {"", "K", "M", "G", "T"};
+  int i = 0;
+  while (n >= 1000 && i < 4) n /= 1000, ++i;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f %s%s", n, prefixes[i], unit);
+  return buf;
+}
+
+int RunInspect(const std::string& dir) {
+  auto model = Model::Load(dir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "m3 inspect: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  const Model& m = **model;
+  const ModelConfig& c = m.config();
+  std::printf("model            %s (%s layout)\n", dir.c_str(), c.vl_layout ? "VL, text_config" : "text");
+  std::printf("hidden           %d, vocab %d, max positions %lld\n", c.hidden_size, c.vocab_size,
+              static_cast<long long>(c.max_position_embeddings));
+  std::printf("attention        %d q heads, %d kv heads, head_dim %d, rotary %d, theta %g\n", c.num_heads,
+              c.num_kv_heads, c.head_dim, c.rotary_dim, c.rope_theta);
+  if (c.any_sparse())
+    std::printf("sparse attention %d index heads x %d, block %d, top-%d, init %d, local %d\n", c.sparse.num_index_heads,
+                c.sparse.index_dim, c.sparse.block_size, c.sparse.topk_blocks, c.sparse.init_blocks,
+                c.sparse.local_blocks);
+  if (c.any_moe())
+    std::printf("moe              %d experts x %d, top-%d, shared %d, routed scale %g\n", c.num_experts,
+                c.moe_intermediate_size, c.experts_per_token, c.shared_intermediate_size, c.routed_scaling_factor);
+  if (c.any_dense_mlp()) std::printf("dense mlp        %d\n", c.dense_intermediate_size);
+  std::printf("layers           %d:", c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l)
+    std::printf(" %s%s", c.sparse_layer[l] ? "S" : "D", c.moe_layer[l] ? "+moe" : "+mlp");
+  std::printf("   (S sparse / D dense attention)\n");
+
+  std::map<std::string, std::pair<size_t, size_t>> by_dtype;  // dtype -> (tensors, bytes)
+  size_t tensors = 0;
+  for (const auto& [name, t] : m.checkpoint().text_tensors()) {
+    auto& e = by_dtype[DTypeName(t->dtype)];
+    ++e.first;
+    e.second += t->nbytes;
+    ++tensors;
+  }
+  std::printf("tensors          %zu text tensors in %zu file(s), %zu non-text skipped\n", tensors,
+              m.checkpoint().files().size(), m.checkpoint().skipped_tensor_count());
+  for (const auto& [dtype, e] : by_dtype)
+    std::printf("  %-8s       %6zu tensors  %s\n", dtype.c_str(), e.first, Human(static_cast<double>(e.second), "B").c_str());
+  const WeightStats& s = m.stats();
+  std::printf("parameters       total %lld (%s), active per token %lld (%s)\n", static_cast<long long>(s.total_params),
+              Human(static_cast<double>(s.total_params), "").c_str(), static_cast<long long>(s.active_params),
+              Human(static_cast<double>(s.active_params), "").c_str());
+  std::printf("mtp modules      %d bound (config declares %d)\n", s.mtp_depths, c.num_mtp_modules);
+  std::printf("simd target      %s\n", simd::ActiveTargetName().c_str());
+  return 0;
+}
+
+}  // namespace
+
+void AddInspectCommand(CLI::App& app, int* rc) {
+  auto* cmd = app.add_subcommand("inspect", "Summarize a model folder: config, layers, tensors, parameters");
+  auto dir = std::make_shared<std::string>();
+  cmd->add_option("-m,--model", *dir, "HuggingFace checkpoint folder")->required();
+  cmd->callback([dir, rc] { *rc = RunInspect(*dir); });
+}
+
+}  // namespace m3::cli

@@ -1,0 +1,165 @@
+// m3 logits -m DIR --ids LIST [-n N] -o OUT [--dump-blocks] [-t THREADS]
+// One prefill of the prompt, then N greedy steps through the cache. Writes the files of
+// ../shared/golden: prefill_logits.npy [T, vocab], decode_logits.npy [N, vocab], greedy_ids.json
+// and, with --dump-blocks, selected_blocks.json.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "format/npy.h"
+#include "runtime/engine.h"
+
+namespace m3::cli {
+namespace {
+
+struct LogitsArgs {
+  std::string model, ids, out;
+  int steps = 0;
+  int threads = 0;
+  bool dump_blocks = false;
+};
+
+StatusOr<std::vector<int32_t>> ParseIds(const std::string& spec) {
+  std::string text = spec;
+  if (!spec.empty() && spec[0] == '@') {
+    std::ifstream in(spec.substr(1));
+    if (!in) return NotFound(spec.substr(1), ": cannot read the id file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  for (char& ch : text)
+    if (ch == '[' || ch == ']' || ch == '\n' || ch == '\r' || ch == '\t' || ch == ' ') ch = ',';
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != item.size() || v < 0 || v > INT32_MAX) return InvalidArgument("--ids: '", item, "' is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) return InvalidArgument("--ids: no token ids given");
+  return ids;
+}
+
+// Collects selected blocks as layers[layer][position][index_head] -> ascending ids.
+class BlockRecorder : public ForwardObserver {
+ public:
+  void OnBlockSelection(int layer, int64_t pos0, const BlockSelection& sel) override {
+    auto& rows = layers_[layer];
+    const size_t n = sel.counts.size() / static_cast<size_t>(sel.num_index_heads);
+    rows.resize(static_cast<size_t>(pos0) + n);
+    for (size_t t = 0; t < n; ++t) {
+      nlohmann::json heads = nlohmann::json::array();
+      for (int h = 0; h < sel.num_index_heads; ++h)
+        heads.push_back(std::vector<int32_t>(sel.Blocks(t, h), sel.Blocks(t, h) + sel.Count(t, h)));
+      rows[static_cast<size_t>(pos0) + t] = std::move(heads);
+    }
+  }
+  nlohmann::json ToJson() const {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [layer, rows] : layers_) j[std::to_string(layer)] = rows;
+    return j;
+  }
+
+ private:
+  std::map<int, std::vector<nlohmann::json>> layers_;
+};
+
+int32_t Argmax(const float* x, size_t n) {
+  return static_cast<int32_t>(std::max_element(x, x + n) - x);  // first maximum: ties -> lower id
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "m3 logits: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+int RunLogits(const LogitsArgs& a) {
+  auto ids = ParseIds(a.ids);
+  if (!ids.ok()) return Fail(ids.status());
+  if (a.steps < 0) return Fail(InvalidArgument("-n must be >= 0"));
+  auto engine = Engine::Open(a.model, EngineOptions{a.threads});
+  if (!engine.ok()) return Fail(engine.status());
+  std::error_code ec;
+  std::filesystem::create_directories(a.out, ec);
+  if (ec) return Fail(IoError(a.out, ": cannot create output folder: ", ec.message()));
+
+  const ModelConfig& c = (*engine)->model().config();
+  const size_t vocab = static_cast<size_t>(c.vocab_size);
+  Session session(**engine);
+  BlockRecorder recorder;
+  ForwardObserver* obs = a.dump_blocks ? &recorder : nullptr;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> prefill, step;
+  Status s = session.Eval(*ids, LogitsMode::kAllRows, &prefill, obs);
+  if (!s.ok()) return Fail(s);
+  const auto t1 = std::chrono::steady_clock::now();
+  std::vector<int32_t> greedy = {Argmax(&prefill[(ids->size() - 1) * vocab], vocab)};
+  std::vector<float> decode;
+  for (int i = 0; i < a.steps; ++i) {
+    s = session.Eval({&greedy.back(), 1}, LogitsMode::kLastRow, &step, obs);
+    if (!s.ok()) return Fail(s);
+    decode.insert(decode.end(), step.begin(), step.end());
+    greedy.push_back(Argmax(step.data(), vocab));
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+
+  const std::filesystem::path out(a.out);
+  s = WriteNpyF32((out / "prefill_logits.npy").string(), prefill.data(), {static_cast<int64_t>(ids->size()), c.vocab_size});
+  if (s.ok()) s = WriteNpyF32((out / "decode_logits.npy").string(), decode.data(), {a.steps, c.vocab_size});
+  if (!s.ok()) return Fail(s);
+  std::ofstream((out / "greedy_ids.json").string()) << nlohmann::json(greedy).dump() << "\n";
+  if (a.dump_blocks) {
+    nlohmann::json j;
+    j["format"] = "layers[layer_id][position][index_head] = ascending block ids";
+    if (c.any_sparse()) {
+      j["block_size"] = c.sparse.block_size;
+      j["topk_blocks"] = c.sparse.topk_blocks;
+      j["init_blocks"] = c.sparse.init_blocks;
+      j["local_blocks"] = c.sparse.local_blocks;
+      j["num_index_heads"] = c.sparse.num_index_heads;
+    }
+    j["prompt_len"] = ids->size();
+    j["num_positions"] = session.position();
+    j["layers"] = recorder.ToJson();
+    std::ofstream((out / "selected_blocks.json").string()) << j.dump() << "\n";
+  }
+  const double pre_s = std::chrono::duration<double>(t1 - t0).count();
+  const double dec_s = std::chrono::duration<double>(t2 - t1).count();
+  std::fprintf(stderr, "prefill %zu tokens in %.3f s (%.1f tok/s); decode %d tokens in %.3f s (%.1f tok/s); %d threads, %s\n",
+               ids->size(), pre_s, ids->size() / pre_s, a.steps, dec_s, a.steps > 0 ? a.steps / dec_s : 0.0,
+               (*engine)->threads().threads, (*engine)->simd_target().c_str());
+  return 0;
+}
+
+}  // namespace
+
+void AddLogitsCommand(CLI::App& app, int* rc) {
+  auto* cmd = app.add_subcommand("logits", "Prefill + greedy decode; write logits, greedy ids and selected blocks");
+  auto a = std::make_shared<LogitsArgs>();
+  cmd->add_option("-m,--model", a->model, "HuggingFace checkpoint folder")->required();
+  cmd->add_option("--ids", a->ids, "prompt token ids: comma-separated, or @FILE")->required();
+  cmd->add_option("-n,--steps", a->steps, "greedy decode steps after the prefill")->default_val(0);
+  cmd->add_option("-o,--out", a->out, "output folder")->required();
+  cmd->add_flag("--dump-blocks", a->dump_blocks, "also write selected_blocks.json");
+  cmd->add_option("-t,--threads", a->threads, "threads (0 = all cores)")->default_val(0);
+  cmd->callback([a, rc] { *rc = RunLogits(*a); });
+}
+
+}  // namespace m3::cli

@@ -1,0 +1,12 @@
+// Subcommands of the `m3` executable.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace m3::cli {
+
+// Each registers a subcommand whose callback stores the process exit code in *rc.
+void AddInspectCommand(CLI::App& app, int* rc);
+void AddLogitsCommand(CLI::App& app, int* rc);
+
+}  // namespace m3::cli

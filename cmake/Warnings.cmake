@@ -1,0 +1,6 @@
+add_library(m3_warnings INTERFACE)
+target_compile_options(m3_warnings INTERFACE -Wall -Wextra -Wno-unused-parameter)
+if(M3_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()

@@ -1,0 +1,59 @@
+/* m3: MiniMax-M3 inference on CPUs. C ABI: opaque handles, status codes, options passed by
+ * pointer with a size field so that new fields can be added without breaking callers.
+ * Every function is safe to call with the documented inputs; errors never abort the process. */
+#ifndef M3_M3_H_
+#define M3_M3_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum m3_status {
+  M3_OK = 0,
+  M3_ERR_INVALID_ARGUMENT = 1,
+  M3_ERR_NOT_FOUND = 2,
+  M3_ERR_IO = 3,
+  M3_ERR_CORRUPT = 4,
+  M3_ERR_UNSUPPORTED = 5,
+  M3_ERR_OUT_OF_RANGE = 6,
+  M3_ERR_OUT_OF_MEMORY = 7,
+  M3_ERR_INTERNAL = 8
+} m3_status;
+
+typedef struct m3_engine m3_engine;
+typedef struct m3_session m3_session;
+
+typedef struct m3_engine_options {
+  size_t struct_size; /* sizeof(m3_engine_options); set by m3_engine_options_init */
+  int32_t threads;    /* 0: all cores */
+} m3_engine_options;
+
+void m3_engine_options_init(m3_engine_options* options);
+
+/* The message of the last failed call on this thread ("" if none). Valid until the next call. */
+const char* m3_last_error(void);
+
+/* Loads a HuggingFace MiniMax-M3 checkpoint folder. options may be NULL. */
+m3_status m3_engine_open(const char* model_dir, const m3_engine_options* options, m3_engine** out_engine);
+void m3_engine_free(m3_engine* engine);
+int32_t m3_engine_vocab_size(const m3_engine* engine);
+/* The SIMD target the kernels dispatch to on this CPU, e.g. "AVX3". */
+const char* m3_simd_target(void);
+
+/* A sequence: caches and position. The engine must outlive its sessions. */
+m3_status m3_session_new(m3_engine* engine, m3_session** out_session);
+void m3_session_free(m3_session* session);
+/* Appends n tokens and, if logits != NULL, writes the last token's logits [vocab_size]. */
+m3_status m3_session_eval(m3_session* session, const int32_t* ids, size_t n, float* logits);
+size_t m3_session_position(const m3_session* session);
+/* Forgets every position >= position. */
+m3_status m3_session_rewind(m3_session* session, size_t position);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* M3_M3_H_ */

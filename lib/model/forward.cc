@@ -1,0 +1,123 @@
+// The MiniMax-M3 forward pass (spec §2), step by step. Kernel detail lives in lib/ops and simd/.
+//
+//   h = E[ids]
+//   for each layer: h += Attn(RMSNorm(h)); h += (MoE or MLP)(RMSNorm(h))
+//   logits = RMSNorm(h) . lm_head^T
+#include <algorithm>
+#include <cstring>
+
+#include "base/aligned_buffer.h"
+#include "kernels.h"
+#include "model/model.h"
+#include "ops/matmul.h"
+#include "ops/mlp.h"
+
+namespace m3 {
+
+StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
+  std::unique_ptr<Model> m(new Model());
+  M3_ASSIGN_OR_RETURN(m->checkpoint_, Checkpoint::Open(dir));
+  auto cfg = ParseModelConfig(m->checkpoint_->config_json());
+  if (!cfg.ok()) return Status(cfg.status().code(), dir + "/" + cfg.status().message());
+  m->config_ = std::move(cfg).value();
+  if (m->config_.head_dim > 1024 || (m->config_.any_sparse() && m->config_.sparse.index_dim > 1024))
+    return Unsupported(dir, "/config.json: head_dim/index_dim above 1024 is not supported");
+  M3_ASSIGN_OR_RETURN(m->stats_, BindWeights(m->config_, *m->checkpoint_, &m->weights_));
+  m->rope_ = std::make_unique<Rope>(m->config_.rotary_dim, m->config_.rope_theta);
+  return m;
+}
+
+namespace {
+
+// Per-head RMSNorm then RoPE for `heads` vectors of `dim` per token.
+void NormRope(const Rope& rope, float* x, size_t n, size_t heads, size_t dim, const std::vector<float>& norm,
+              float eps, int64_t pos0) {
+  if (!norm.empty()) RmsNormRows(x, dim, n * heads, dim, norm.data(), eps, x, dim);
+  for (size_t t = 0; t < n; ++t) rope.Apply(x + t * heads * dim, heads, dim, pos0 + static_cast<int64_t>(t));
+}
+
+void StoreRows(PagedRows& dst, size_t row0, const float* src, size_t n) {
+  for (size_t t = 0; t < n; ++t) std::memcpy(dst.Row(row0 + t), src + t * dst.width(), dst.width() * sizeof(float));
+}
+
+}  // namespace
+
+void Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,
+                           float* out, ForwardObserver* observer) const {
+  const ModelConfig& c = config_;
+  const AttentionWeights& w = weights_.layers[layer].attn;
+  const size_t H = c.hidden_size, Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+
+  // Projections, per-head norm (before RoPE), RoPE; K and V go to the cache.
+  AlignedBuffer<float> q(n * Hq * D), k(n * Hkv * D), v(n * Hkv * D);
+  MatMul(tc, w.q, x, H, n, q.data(), Hq * D);
+  MatMul(tc, w.k, x, H, n, k.data(), Hkv * D);
+  MatMul(tc, w.v, x, H, n, v.data(), Hkv * D);
+  NormRope(*rope_, q.data(), n, Hq, D, w.q_norm, c.rms_norm_eps, pos0);
+  NormRope(*rope_, k.data(), n, Hkv, D, w.k_norm, c.rms_norm_eps, pos0);
+  StoreRows(cache->k(layer), static_cast<size_t>(pos0), k.data(), n);
+  StoreRows(cache->v(layer), static_cast<size_t>(pos0), v.data(), n);
+
+  AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim, 1, 1};
+  BlockSelection selection;
+  const BlockSelection* sel = nullptr;
+  if (w.sparse) {
+    // Lightning indexer: index q per index head, ONE shared index key head; selection only.
+    const SparseAttentionConfig& s = c.sparse;
+    const size_t Hi = s.num_index_heads, Di = s.index_dim;
+    AlignedBuffer<float> iq(n * Hi * Di), ik(n * Di);
+    MatMul(tc, w.index_q, x, H, n, iq.data(), Hi * Di);
+    MatMul(tc, w.index_k, x, H, n, ik.data(), Di);
+    NormRope(*rope_, iq.data(), n, Hi, Di, w.index_q_norm, c.rms_norm_eps, pos0);
+    NormRope(*rope_, ik.data(), n, 1, Di, w.index_k_norm, c.rms_norm_eps, pos0);
+    StoreRows(cache->index_k(layer), static_cast<size_t>(pos0), ik.data(), n);
+    const SparseParams sp{s.num_index_heads, s.index_dim, s.block_size, s.topk_blocks, s.init_blocks, s.local_blocks};
+    SelectBlocks(tc, sp, iq.data(), cache->index_k(layer), pos0, n, &selection);
+    if (observer) observer->OnBlockSelection(layer, pos0, selection);
+    sel = &selection;
+    ap.num_index_heads = s.num_index_heads;
+    ap.block_size = s.block_size;
+  }
+  AlignedBuffer<float> core(n * Hq * D);
+  Attention(tc, ap, q.data(), cache->k(layer), cache->v(layer), pos0, n, sel, core.data());
+  MatMul(tc, w.o, core.data(), Hq * D, n, out, H);
+}
+
+void Model::Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
+                    float* logits, ForwardObserver* observer) const {
+  const ModelConfig& c = config_;
+  const size_t H = c.hidden_size;
+  const int64_t pos0 = static_cast<int64_t>(cache->length());
+  cache->Reserve(static_cast<size_t>(pos0) + n);
+
+  AlignedBuffer<float> h(n * H), x(n * H), delta(n * H);
+  GatherRows(weights_.embed, ids, n, h.data());  // no embedding scale (spec G25)
+  const MoeParams moe_params{c.experts_per_token, c.routed_scaling_factor, c.use_routing_bias,
+                             {c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta}};
+  std::vector<int32_t> routed;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    RmsNormRows(h.data(), H, n, H, L.input_norm.data(), c.rms_norm_eps, x.data(), H);
+    AttentionBlock(tc, l, x.data(), n, pos0, cache, delta.data(), observer);
+    simd::Axpy(1.0f, delta.data(), h.data(), n * H);
+
+    RmsNormRows(h.data(), H, n, H, L.post_norm.data(), c.rms_norm_eps, x.data(), H);
+    if (L.is_moe) {
+      routed.resize(n * c.experts_per_token);
+      MoeForward(tc, L.moe, moe_params, x.data(), n, delta.data(), routed.data());
+      if (observer) observer->OnRouting(l, pos0, n, c.experts_per_token, routed.data());
+    } else {
+      MlpForward(tc, L.mlp, moe_params.act, x.data(), n, delta.data());
+    }
+    simd::Axpy(1.0f, delta.data(), h.data(), n * H);
+  }
+  cache->SetLength(static_cast<size_t>(pos0) + n);
+
+  if (mode == LogitsMode::kNone) return;
+  const size_t first = mode == LogitsMode::kAllRows ? 0 : n - 1;
+  const size_t rows = n - first;
+  RmsNormRows(h.data() + first * H, H, rows, H, weights_.final_norm.data(), c.rms_norm_eps, x.data(), H);
+  MatMul(tc, weights_.lm_head, x.data(), H, rows, logits, c.vocab_size);
+}
+
+}  // namespace m3

@@ -1,0 +1,59 @@
+// The MiniMax-M3 text backbone: config + bound weights + the forward pass.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "format/safetensors.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/weights.h"
+#include "ops/attention.h"
+#include "ops/norm_rope.h"
+#include "platform/parallel.h"
+
+namespace m3 {
+
+enum class LogitsMode { kNone, kLastRow, kAllRows };
+
+// Optional hooks into a forward pass (inspection and tests).
+class ForwardObserver {
+ public:
+  virtual ~ForwardObserver() = default;
+  // Blocks chosen for queries at positions pos0..pos0+n-1 of a sparse layer.
+  virtual void OnBlockSelection(int layer, int64_t pos0, const BlockSelection& selection) {}
+  // Experts chosen: ids [n, top_k].
+  virtual void OnRouting(int layer, int64_t pos0, size_t n, int top_k, const int32_t* ids) {}
+};
+
+class Model {
+ public:
+  // Opens a HuggingFace checkpoint folder; validates config and every tensor before returning.
+  static StatusOr<std::unique_ptr<Model>> Load(const std::string& dir);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  const WeightStats& stats() const { return stats_; }
+  const Checkpoint& checkpoint() const { return *checkpoint_; }
+
+  // Runs tokens ids[0..n) at positions cache->length() + t and appends them to the cache (one
+  // matrix-matrix pass for a prompt, n = 1 for decode). Logits: [n, vocab] (kAllRows) or
+  // [1, vocab] for the last token (kLastRow). Ids and context are checked by the caller (Session).
+  void Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
+               float* logits, ForwardObserver* observer = nullptr) const;
+
+ private:
+  Model() = default;
+  void AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,
+                      float* out, ForwardObserver* observer) const;
+
+  std::unique_ptr<Checkpoint> checkpoint_;
+  ModelConfig config_;
+  ModelWeights weights_;
+  WeightStats stats_;
+  std::unique_ptr<Rope> rope_;
+};
+
+}  // namespace m3

@@ -1,0 +1,76 @@
+// MiniMax-M3 weights bound to checkpoint tensors (spec §4.1). Matrices are views into the mapped
+// files in their stored format; only the small norm vectors and the router bias are decoded to
+// fp32 at load (norms are prepared as the (1 + w) multiplier, formed in fp32, spec G8).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "format/safetensors.h"
+#include "model/config.h"
+#include "ops/mlp.h"
+#include "weight_format.h"
+
+namespace m3 {
+
+struct AttentionWeights {
+  simd::WeightRef q, k, v, o;          // q [Hq*D, H], k/v [Hkv*D, H], o [H, Hq*D]
+  std::vector<float> q_norm, k_norm;   // [D] multipliers
+  bool sparse = false;
+  simd::WeightRef index_q, index_k;    // [H_idx*D_idx, H], [D_idx, H] (one shared key head)
+  std::vector<float> index_q_norm, index_k_norm;  // [D_idx]
+};
+
+struct LayerWeights {
+  std::vector<float> input_norm, post_norm;  // [H]
+  AttentionWeights attn;
+  bool is_moe = false;
+  MlpWeights mlp;  // dense layers
+  MoeWeights moe;  // MoE layers
+};
+
+// One multi-token-prediction depth (bound when its tensors are present; spec §6).
+struct MtpWeights {
+  std::vector<float> enorm, hnorm, final_norm;  // [H]
+  simd::WeightRef eh_proj;                      // [H, 2H]
+  LayerWeights layer;                           // sparse attention + MoE
+};
+
+struct ModelWeights {
+  simd::WeightRef embed;    // [V, H]
+  simd::WeightRef lm_head;  // [V, H] (the embedding when tied)
+  std::vector<float> final_norm;
+  std::vector<LayerWeights> layers;
+  std::vector<MtpWeights> mtp;
+};
+
+// One expected tensor: its name, shape and where it binds.
+struct TensorSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  simd::WeightRef* matrix = nullptr;  // 2-D weights used in place
+  std::vector<float>* vector = nullptr;  // 1-D tensors decoded to fp32
+  bool is_norm = false;               // vector is an RMSNorm weight
+  bool is_routed_expert = false;
+};
+
+// Visits every tensor the config implies (MTP depths only up to `mtp_depths`), in a fixed order.
+void ForEachTensor(const ModelConfig& cfg, int mtp_depths, ModelWeights* w,
+                   const std::function<void(TensorSlot&)>& fn);
+
+struct WeightStats {
+  int64_t total_params = 0;
+  int64_t routed_expert_params = 0;
+  int64_t embedding_params = 0;
+  int64_t active_params = 0;  // read per token: all but unrouted experts and unused embedding rows
+  int mtp_depths = 0;
+};
+
+// Binds every tensor, checking presence, dtype, shape (and MXFP8 scale companions) against the
+// config before any compute. Tensors the config does not explain are an error.
+StatusOr<WeightStats> BindWeights(const ModelConfig& cfg, const Checkpoint& ck, ModelWeights* w);
+
+}  // namespace m3

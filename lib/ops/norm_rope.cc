@@ -1,0 +1,47 @@
+#include "ops/norm_rope.h"
+
+#include <cmath>
+
+#include "kernels.h"
+
+namespace m3 {
+
+void RmsNormRows(const float* x, size_t ld_x, size_t n_rows, size_t dim, const float* scale, float eps,
+                 float* y, size_t ld_y) {
+  for (size_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * ld_x;
+    const float ms = simd::SumSquares(xr, dim) / static_cast<float>(dim);
+    const float inv = 1.0f / std::sqrt(ms + eps);
+    simd::MulScaled(xr, scale, inv, y + r * ld_y, dim);
+  }
+}
+
+Rope::Rope(int rotary_dim, double theta) : rotary_dim_(rotary_dim) {
+  const int half = rotary_dim / 2;
+  inv_freq_.resize(half);
+  for (int i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
+    inv_freq_[i] = 1.0f / std::pow(static_cast<float>(theta), exponent);
+  }
+}
+
+void Rope::Apply(float* x, size_t n_heads, size_t head_stride, int64_t pos) const {
+  const int half = rotary_dim_ / 2;
+  if (half == 0) return;
+  float cs[512], sn[512];  // rotary_dim <= head_dim; heads wider than 1024 are refused at load
+  for (int i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(pos) * inv_freq_[i];
+    cs[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+    sn[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+  }
+  for (size_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_stride;
+    for (int i = 0; i < half; ++i) {
+      const float x1 = v[i], x2 = v[i + half];
+      v[i] = x1 * cs[i] - x2 * sn[i];
+      v[i + half] = x2 * cs[i] + x1 * sn[i];
+    }
+  }
+}
+
+}  // namespace m3

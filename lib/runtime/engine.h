@@ -1,0 +1,57 @@
+// Engine (immutable: model weights, thread configuration) and Session (one sequence's caches and
+// position). Sessions check every request before it reaches the model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "model/model.h"
+
+namespace m3 {
+
+struct EngineOptions {
+  int threads = 0;  // 0: all cores
+};
+
+class Engine {
+ public:
+  static StatusOr<std::unique_ptr<Engine>> Open(const std::string& model_dir, const EngineOptions& options);
+  const Model& model() const { return *model_; }
+  const ThreadConfig& threads() const { return threads_; }
+  std::string simd_target() const;
+
+ private:
+  Engine() = default;
+  std::unique_ptr<Model> model_;
+  ThreadConfig threads_;
+};
+
+struct SessionOptions {
+  size_t max_context = 0;  // 0: max_position_embeddings of the model
+};
+
+class Session {
+ public:
+  Session(const Engine& engine, const SessionOptions& options = {});
+
+  // Runs `ids` after the tokens already in the session. Logits are [n, vocab] (kAllRows) or
+  // [vocab] (kLastRow). On error nothing is appended.
+  Status Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<float>* logits,
+              ForwardObserver* observer = nullptr);
+  size_t position() const { return cache_.length(); }
+  size_t max_context() const { return max_context_; }
+  // Forgets positions >= n (n <= position()).
+  Status Rewind(size_t n);
+  const KvCache& cache() const { return cache_; }
+
+ private:
+  const Engine& engine_;
+  KvCache cache_;
+  size_t max_context_;
+};
+
+}  // namespace m3

@@ -1,0 +1,274 @@
+// Highway implementations of kernels.h, compiled once per SIMD target and dispatched at run time.
+// Tails shorter than one vector are finished in scalar code, so no load ever reads past an array.
+#include <cstring>
+#include <limits>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+#include "kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace m3::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+void DecodeRowsImpl(const WeightRef& w, size_t row0, size_t n_rows, float* out) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du32;
+  const size_t N = hn::Lanes(df);
+  const size_t cols = w.cols;
+  for (size_t r = 0; r < n_rows; ++r) {
+    const uint8_t* src = w.row_bytes(row0 + r);
+    float* o = out + r * cols;
+    size_t c = 0;
+    switch (w.format) {
+      case WeightFormat::kF32:
+        std::memcpy(o, src, cols * sizeof(float));
+        c = cols;
+        break;
+      case WeightFormat::kBF16: {
+        const hn::Rebind<uint16_t, DF> du16;
+        const uint16_t* p = reinterpret_cast<const uint16_t*>(src);
+        for (; c + N <= cols; c += N) {
+          auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, p + c)));
+          hn::StoreU(hn::BitCast(df, bits), df, o + c);
+        }
+        break;
+      }
+      case WeightFormat::kF16: {
+        const hn::Rebind<hwy::float16_t, DF> df16;
+        const hwy::float16_t* p = reinterpret_cast<const hwy::float16_t*>(src);
+        for (; c + N <= cols; c += N) hn::StoreU(hn::PromoteTo(df, hn::LoadU(df16, p + c)), df, o + c);
+        break;
+      }
+      case WeightFormat::kE4M3Mx32: {
+        // e4m3 bits moved into an fp32 exponent/mantissa and rebiased by 2^(127-7): exact for
+        // normals and subnormals alike.
+        const hn::Rebind<uint8_t, DF> du8;
+        const auto k7F = hn::Set(du32, 0x7Fu);
+        const auto k80 = hn::Set(du32, 0x80u);
+        const auto rebias = hn::Set(df, 0x1p120f);
+        const auto nan = hn::Set(df, std::numeric_limits<float>::quiet_NaN());
+        for (; c + N <= cols; c += N) {
+          const auto v = hn::PromoteTo(du32, hn::LoadU(du8, src + c));
+          const auto mag = hn::And(v, k7F);
+          const auto sign = hn::ShiftLeft<24>(hn::And(v, k80));
+          auto f = hn::Mul(hn::BitCast(df, hn::Or(hn::ShiftLeft<20>(mag), sign)), rebias);
+          f = hn::IfThenElse(hn::RebindMask(df, hn::Eq(mag, k7F)), nan, f);
+          hn::StoreU(f, df, o + c);
+        }
+        for (; c < cols; ++c) o[c] = E4M3ToF32(src[c]);
+        // Second pass over the (L1-resident) row applies the per-32 E8M0 scales.
+        const uint8_t* sc = w.scales + (row0 + r) * w.scale_cols();
+        for (size_t g = 0; g * kMxGroup < cols; ++g) {
+          const size_t begin = g * kMxGroup, end = std::min(cols, begin + kMxGroup);
+          const auto s = hn::Set(df, E8M0ToF32(sc[g]));
+          size_t i = begin;
+          for (; i + N <= end; i += N) hn::StoreU(hn::Mul(hn::LoadU(df, o + i), s), df, o + i);
+          for (; i < end; ++i) o[i] *= E8M0ToF32(sc[g]);
+        }
+        continue;  // tail and scales done
+      }
+    }
+    for (; c < cols; ++c) o[c] = WeightAt(w, row0 + r, c);
+  }
+}
+
+// One row's dot product: two vector accumulators, one masked-free vector step, scalar tail.
+// MatMulF32Impl's 4-row path performs exactly these operations per row.
+HWY_INLINE float RowDot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT x, size_t k) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  size_t c = 0;
+  for (; c + 2 * N <= k; c += 2 * N) {
+    acc0 = hn::MulAdd(hn::LoadU(df, a + c), hn::LoadU(df, x + c), acc0);
+    acc1 = hn::MulAdd(hn::LoadU(df, a + c + N), hn::LoadU(df, x + c + N), acc1);
+  }
+  if (c + N <= k) {
+    acc0 = hn::MulAdd(hn::LoadU(df, a + c), hn::LoadU(df, x + c), acc0);
+    c += N;
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
+  for (; c < k; ++c) s += a[c] * x[c];
+  return s;
+}
+
+void MatMulF32Impl(const float* HWY_RESTRICT a, size_t lda, size_t n_rows,
+                   const float* HWY_RESTRICT x, size_t ldx, size_t n_tok, size_t k,
+                   float* HWY_RESTRICT y, size_t ldy) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  size_t r = 0;
+  // Four rows share each load of x: 8 independent FMA chains.
+  for (; r + 4 <= n_rows; r += 4) {
+    const float* a0 = a + r * lda;
+    const float* a1 = a0 + lda;
+    const float* a2 = a1 + lda;
+    const float* a3 = a2 + lda;
+    for (size_t t = 0; t < n_tok; ++t) {
+      const float* xt = x + t * ldx;
+      auto s00 = hn::Zero(df), s01 = hn::Zero(df), s10 = hn::Zero(df), s11 = hn::Zero(df);
+      auto s20 = hn::Zero(df), s21 = hn::Zero(df), s30 = hn::Zero(df), s31 = hn::Zero(df);
+      size_t c = 0;
+      for (; c + 2 * N <= k; c += 2 * N) {
+        const auto x0 = hn::LoadU(df, xt + c), x1 = hn::LoadU(df, xt + c + N);
+        s00 = hn::MulAdd(hn::LoadU(df, a0 + c), x0, s00);
+        s01 = hn::MulAdd(hn::LoadU(df, a0 + c + N), x1, s01);
+        s10 = hn::MulAdd(hn::LoadU(df, a1 + c), x0, s10);
+        s11 = hn::MulAdd(hn::LoadU(df, a1 + c + N), x1, s11);
+        s20 = hn::MulAdd(hn::LoadU(df, a2 + c), x0, s20);
+        s21 = hn::MulAdd(hn::LoadU(df, a2 + c + N), x1, s21);
+        s30 = hn::MulAdd(hn::LoadU(df, a3 + c), x0, s30);
+        s31 = hn::MulAdd(hn::LoadU(df, a3 + c + N), x1, s31);
+      }
+      if (c + N <= k) {
+        const auto x0 = hn::LoadU(df, xt + c);
+        s00 = hn::MulAdd(hn::LoadU(df, a0 + c), x0, s00);
+        s10 = hn::MulAdd(hn::LoadU(df, a1 + c), x0, s10);
+        s20 = hn::MulAdd(hn::LoadU(df, a2 + c), x0, s20);
+        s30 = hn::MulAdd(hn::LoadU(df, a3 + c), x0, s30);
+        c += N;
+      }
+      float r0 = hn::GetLane(hn::SumOfLanes(df, hn::Add(s00, s01)));
+      float r1 = hn::GetLane(hn::SumOfLanes(df, hn::Add(s10, s11)));
+      float r2 = hn::GetLane(hn::SumOfLanes(df, hn::Add(s20, s21)));
+      float r3 = hn::GetLane(hn::SumOfLanes(df, hn::Add(s30, s31)));
+      for (; c < k; ++c) {
+        r0 += a0[c] * xt[c];
+        r1 += a1[c] * xt[c];
+        r2 += a2[c] * xt[c];
+        r3 += a3[c] * xt[c];
+      }
+      float* yt = y + t * ldy + r;
+      yt[0] = r0;
+      yt[1] = r1;
+      yt[2] = r2;
+      yt[3] = r3;
+    }
+  }
+  for (; r < n_rows; ++r)
+    for (size_t t = 0; t < n_tok; ++t) y[t * ldy + r] = RowDot(a + r * lda, x + t * ldx, k);
+}
+
+float DotImpl(const float* a, const float* b, size_t n) { return RowDot(a, b, n); }
+
+void AxpyImpl(float alpha, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const auto va = hn::Set(df, alpha);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::MulAdd(va, hn::LoadU(df, x + i), hn::LoadU(df, y + i)), df, y + i);
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void ScaleImpl(float* y, float s, size_t n) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const auto vs = hn::Set(df, s);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(df, y + i), vs), df, y + i);
+  for (; i < n; ++i) y[i] *= s;
+}
+
+float SumSquaresImpl(const float* x, size_t n) { return RowDot(x, x, n); }
+
+void MulScaledImpl(const float* HWY_RESTRICT x, const float* HWY_RESTRICT w, float s,
+                   float* HWY_RESTRICT y, size_t n) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const auto vs = hn::Set(df, s);
+  size_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::Mul(hn::Mul(hn::LoadU(df, x + i), vs), hn::LoadU(df, w + i)), df, y + i);
+  for (; i < n; ++i) y[i] = x[i] * s * w[i];
+}
+
+float MaxValueImpl(const float* x, size_t n) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  float m = -std::numeric_limits<float>::infinity();
+  size_t i = 0;
+  if (n >= N) {
+    auto vm = hn::Set(df, m);
+    for (; i + N <= n; i += N) vm = hn::Max(vm, hn::LoadU(df, x + i));
+    m = hn::GetLane(hn::MaxOfLanes(df, vm));
+  }
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+float ExpShiftSumImpl(float* x, size_t n, float shift) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const auto vs = hn::Set(df, shift);
+  auto acc = hn::Zero(df);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, x + i), vs));
+    hn::StoreU(e, df, x + i);
+    acc = hn::Add(acc, e);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    s += x[i];
+  }
+  return s;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace m3::simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace m3::simd {
+
+HWY_EXPORT(DecodeRowsImpl);
+HWY_EXPORT(MatMulF32Impl);
+HWY_EXPORT(DotImpl);
+HWY_EXPORT(AxpyImpl);
+HWY_EXPORT(ScaleImpl);
+HWY_EXPORT(SumSquaresImpl);
+HWY_EXPORT(MulScaledImpl);
+HWY_EXPORT(MaxValueImpl);
+HWY_EXPORT(ExpShiftSumImpl);
+
+void DecodeRows(const WeightRef& w, size_t row0, size_t n_rows, float* out) {
+  HWY_DYNAMIC_DISPATCH(DecodeRowsImpl)(w, row0, n_rows, out);
+}
+void MatMulF32(const float* a, size_t lda, size_t n_rows, const float* x, size_t ldx,
+               size_t n_tok, size_t k, float* y, size_t ldy) {
+  HWY_DYNAMIC_DISPATCH(MatMulF32Impl)(a, lda, n_rows, x, ldx, n_tok, k, y, ldy);
+}
+float Dot(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n); }
+void Axpy(float alpha, const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, y, n); }
+void Scale(float* y, float s, size_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(y, s, n); }
+float SumSquares(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(SumSquaresImpl)(x, n); }
+void MulScaled(const float* x, const float* w, float s, float* y, size_t n) {
+  HWY_DYNAMIC_DISPATCH(MulScaledImpl)(x, w, s, y, n);
+}
+float MaxValue(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(MaxValueImpl)(x, n); }
+float ExpShiftSum(float* x, size_t n, float shift) {
+  return HWY_DYNAMIC_DISPATCH(ExpShiftSumImpl)(x, n, shift);
+}
+
+std::string TargetName(int64_t target) { return hwy::TargetName(target); }
+
+std::string ActiveTargetName() {
+  // The best runnable target is the lowest set bit of the supported & compiled mask.
+  const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  return hwy::TargetName(targets & -targets);
+}
+
+std::vector<int64_t> RunnableTargets() { return hwy::SupportedAndGeneratedTargets(); }
+
+void ForceTargetForTest(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+
+}  // namespace m3::simd
+#endif  // HWY_ONCE

@@ -1,0 +1,58 @@
+// Dispatched fp32 kernels (Highway, chosen at run time) and their scalar references.
+//
+// Every function in m3::simd has a twin with the same signature in m3::simd::ref, written as plain
+// loops; tests compare the two on every compiled SIMD target. Kernels take pointers and sizes only:
+// no threads, no files, no model names.
+//
+// Shapes seen in MiniMax-M3: k = 6144 (hidden), 8192 (q heads x 128), 3072 (expert), 12288 (dense
+// MLP), 128 (head / index dim); rows up to 200064 (lm_head).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "weight_format.h"
+
+namespace m3::simd {
+
+// out[r * w.cols + c] = W[row0 + r, c] exactly, for r < n_rows.
+void DecodeRows(const WeightRef& w, size_t row0, size_t n_rows, float* out);
+
+// y[t * ldy + r] = sum_c a[r * lda + c] * x[t * ldx + c]   for r < n_rows, t < n_tok.
+// Each output's summation order depends only on k (not on n_rows or n_tok), so splitting the
+// rows or tokens over threads never changes a result.
+void MatMulF32(const float* a, size_t lda, size_t n_rows, const float* x, size_t ldx,
+               size_t n_tok, size_t k, float* y, size_t ldy);
+
+float Dot(const float* a, const float* b, size_t n);
+void Axpy(float alpha, const float* x, float* y, size_t n);  // y += alpha * x
+void Scale(float* y, float s, size_t n);                     // y *= s
+float SumSquares(const float* x, size_t n);
+void MulScaled(const float* x, const float* w, float s, float* y, size_t n);  // y = x * s * w
+float MaxValue(const float* x, size_t n);                    // -inf for n == 0
+float ExpShiftSum(float* x, size_t n, float shift);          // x = exp(x - shift); returns sum
+
+namespace ref {
+void DecodeRows(const WeightRef& w, size_t row0, size_t n_rows, float* out);
+void MatMulF32(const float* a, size_t lda, size_t n_rows, const float* x, size_t ldx,
+               size_t n_tok, size_t k, float* y, size_t ldy);
+float Dot(const float* a, const float* b, size_t n);
+void Axpy(float alpha, const float* x, float* y, size_t n);
+void Scale(float* y, float s, size_t n);
+float SumSquares(const float* x, size_t n);
+void MulScaled(const float* x, const float* w, float s, float* y, size_t n);
+float MaxValue(const float* x, size_t n);
+float ExpShiftSum(float* x, size_t n, float shift);
+}  // namespace ref
+
+// The SIMD target the dispatcher picks on this CPU (e.g. "AVX3", "AVX2", "NEON").
+std::string ActiveTargetName();
+// Every target compiled into this binary that this CPU can run (for tests).
+std::vector<int64_t> RunnableTargets();
+std::string TargetName(int64_t target);
+// Restricts dispatch to one target (tests only); 0 restores normal dispatch.
+void ForceTargetForTest(int64_t target);
+
+}  // namespace m3::simd

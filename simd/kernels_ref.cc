@@ -1,0 +1,72 @@
+// Scalar references: the definition of every kernel, written for clarity, not speed.
+#include <cmath>
+#include <limits>
+
+#include "kernels.h"
+
+namespace m3::simd {
+
+const char* WeightFormatName(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kF32: return "f32";
+    case WeightFormat::kBF16: return "bf16";
+    case WeightFormat::kF16: return "f16";
+    case WeightFormat::kE4M3Mx32: return "mxfp8";
+  }
+  return "?";
+}
+
+namespace ref {
+
+void DecodeRows(const WeightRef& w, size_t row0, size_t n_rows, float* out) {
+  for (size_t r = 0; r < n_rows; ++r)
+    for (size_t c = 0; c < w.cols; ++c) out[r * w.cols + c] = WeightAt(w, row0 + r, c);
+}
+
+void MatMulF32(const float* a, size_t lda, size_t n_rows, const float* x, size_t ldx,
+               size_t n_tok, size_t k, float* y, size_t ldy) {
+  for (size_t t = 0; t < n_tok; ++t)
+    for (size_t r = 0; r < n_rows; ++r) y[t * ldy + r] = Dot(a + r * lda, x + t * ldx, k);
+}
+
+float Dot(const float* a, const float* b, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
+  return static_cast<float>(s);
+}
+
+void Axpy(float alpha, const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void Scale(float* y, float s, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] *= s;
+}
+
+float SumSquares(const float* x, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return static_cast<float>(s);
+}
+
+void MulScaled(const float* x, const float* w, float s, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] = x[i] * s * w[i];
+}
+
+float MaxValue(const float* x, size_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+float ExpShiftSum(float* x, size_t n, float shift) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    s += x[i];
+  }
+  return static_cast<float>(s);
+}
+
+}  // namespace ref
+}  // namespace m3::simd
