@@ -1,5 +1,7 @@
 // m3: MiniMax-M3 inference on CPUs.
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include "cli/commands.h"
 
@@ -13,6 +15,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "m3: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {  // the library reports errors as Status; this is a last resort
+    std::fprintf(stderr, "m3: internal error: %s\n", e.what());
+    return 1;
   }
   return rc;
 }

@@ -1,5 +1,6 @@
 // Highway implementations of kernels.h, compiled once per SIMD target and dispatched at run time.
 // Tails shorter than one vector are finished in scalar code, so no load ever reads past an array.
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -79,7 +80,7 @@ void DecodeRowsImpl(const WeightRef& w, size_t row0, size_t n_rows, float* out) 
   }
 }
 
-// One row's dot product: two vector accumulators, one masked-free vector step, scalar tail.
+// One row's dot product: two vector accumulators, one single-vector step, fused scalar tail.
 // MatMulF32Impl's 4-row path performs exactly these operations per row.
 HWY_INLINE float RowDot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT x, size_t k) {
   const DF df;
@@ -95,7 +96,7 @@ HWY_INLINE float RowDot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT x
     c += N;
   }
   float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
-  for (; c < k; ++c) s += a[c] * x[c];
+  for (; c < k; ++c) s = std::fma(a[c], x[c], s);
   return s;
 }
 
@@ -140,10 +141,10 @@ void MatMulF32Impl(const float* HWY_RESTRICT a, size_t lda, size_t n_rows,
       float r2 = hn::GetLane(hn::SumOfLanes(df, hn::Add(s20, s21)));
       float r3 = hn::GetLane(hn::SumOfLanes(df, hn::Add(s30, s31)));
       for (; c < k; ++c) {
-        r0 += a0[c] * xt[c];
-        r1 += a1[c] * xt[c];
-        r2 += a2[c] * xt[c];
-        r3 += a3[c] * xt[c];
+        r0 = std::fma(a0[c], xt[c], r0);
+        r1 = std::fma(a1[c], xt[c], r1);
+        r2 = std::fma(a2[c], xt[c], r2);
+        r3 = std::fma(a3[c], xt[c], r3);
       }
       float* yt = y + t * ldy + r;
       yt[0] = r0;

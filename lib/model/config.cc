@@ -169,7 +169,14 @@ StatusOr<ModelConfig> ParseModelConfig(const json& root) {
   if (s != "sigmoid") return Unsupported("config.json: '", r.Path("scoring_func"), "' = \"", s, "\" is not supported (only \"sigmoid\")");
   if (r.Has("rope_scaling")) {
     const json& rs = r.Raw("rope_scaling");
-    std::string type = rs.is_object() ? rs.value("rope_type", rs.value("type", std::string("default"))) : "?";
+    std::string type = "?";
+    for (const char* key : {"rope_type", "type"})
+      if (rs.is_object() && rs.contains(key)) {
+        type = rs[key].is_string() ? rs[key].get<std::string>() : rs[key].dump();
+        break;
+      }
+    if (!rs.is_object())
+      return InvalidArgument("config.json: key '", r.Path("rope_scaling"), "' must be an object, got ", rs.dump());
     if (type != "default") return Unsupported("config.json: '", r.Path("rope_scaling"), "' of type \"", type, "\" is not supported");
   }
 
@@ -184,15 +191,21 @@ StatusOr<ModelConfig> ParseModelConfig(const json& root) {
     return NotFound("config.json: required key '", r.Path("rope_theta"), "' is missing");
   }
   if (!(c.rope_theta > 1)) return InvalidArgument("config.json: key '", r.Path("rope_theta"), "' must be > 1");
-  double prf = -1;
+  double prf = 0;
+  bool has_prf = r.Has("partial_rotary_factor");
   M3_RETURN_IF_ERROR(r.Number("partial_rotary_factor", &prf, false));
-  if (prf < 0 && rope_params) M3_RETURN_IF_ERROR(KeyReader(*rope_params, prefix + "rope_parameters.").Number("partial_rotary_factor", &prf, false));
+  if (!has_prf && rope_params && rope_params->contains("partial_rotary_factor")) {
+    has_prf = true;
+    M3_RETURN_IF_ERROR(KeyReader(*rope_params, prefix + "rope_parameters.").Number("partial_rotary_factor", &prf, true));
+  }
+  if (has_prf && !(prf > 0 && prf <= 1))
+    return InvalidArgument("config.json: key '", r.Path("partial_rotary_factor"), "' must be in (0, 1], got ", prf);
   if (r.Has("rotary_dim")) {
     M3_RETURN_IF_ERROR(r.Int("rotary_dim", &c.rotary_dim, true, 0));
-    if (prf >= 0 && static_cast<int>(c.head_dim * prf) != c.rotary_dim)
+    if (has_prf && static_cast<int>(c.head_dim * prf) != c.rotary_dim)
       return InvalidArgument("config.json: '", r.Path("rotary_dim"), "' (", c.rotary_dim, ") disagrees with '",
                              r.Path("partial_rotary_factor"), "' (", prf, ") x head_dim (", c.head_dim, ")");
-  } else if (prf >= 0) {
+  } else if (has_prf) {
     c.rotary_dim = static_cast<int>(c.head_dim * prf);
   } else {
     c.rotary_dim = c.head_dim;

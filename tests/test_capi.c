@@ -1,0 +1,54 @@
+/* The C API from plain C: open a golden model, evaluate, check errors. Exits non-zero on failure. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "m3/m3.h"
+
+#define EXPECT(cond)                                              \
+  do {                                                            \
+    if (!(cond)) {                                                \
+      fprintf(stderr, "%s:%d: failed: %s (%s)\n", __FILE__, __LINE__, #cond, m3_last_error()); \
+      return 1;                                                   \
+    }                                                             \
+  } while (0)
+
+int main(int argc, char** argv) {
+  EXPECT(argc == 2);
+  m3_engine* engine = NULL;
+  EXPECT(m3_engine_open("/nonexistent/model", NULL, &engine) == M3_ERR_NOT_FOUND);
+  EXPECT(engine == NULL);
+  EXPECT(strstr(m3_last_error(), "/nonexistent/model") != NULL);
+
+  m3_engine_options opts;
+  m3_engine_options_init(&opts);
+  opts.threads = 2;
+  EXPECT(m3_engine_open(argv[1], &opts, &engine) == M3_OK);
+  EXPECT(strlen(m3_simd_target()) > 0);
+  const int32_t vocab = m3_engine_vocab_size(engine);
+  EXPECT(vocab > 0);
+
+  m3_session* session = NULL;
+  EXPECT(m3_session_new(engine, &session) == M3_OK);
+  float* logits = malloc(sizeof(float) * (size_t)vocab);
+  const int32_t prompt[] = {110, 454, 294, 36};
+  EXPECT(m3_session_eval(session, prompt, 4, logits) == M3_OK);
+  EXPECT(m3_session_position(session) == 4);
+  int finite = 1;
+  for (int32_t i = 0; i < vocab; ++i) finite &= isfinite(logits[i]) != 0;
+  EXPECT(finite);
+
+  const int32_t bad[] = {vocab};
+  EXPECT(m3_session_eval(session, bad, 1, logits) == M3_ERR_INVALID_ARGUMENT);
+  EXPECT(m3_session_position(session) == 4);
+  EXPECT(m3_session_rewind(session, 2) == M3_OK);
+  EXPECT(m3_session_position(session) == 2);
+  EXPECT(m3_session_rewind(session, 9) == M3_ERR_INVALID_ARGUMENT);
+
+  free(logits);
+  m3_session_free(session);
+  m3_engine_free(engine);
+  printf("capi: ok\n");
+  return 0;
+}

@@ -1,0 +1,186 @@
+// Golden parity: every case of ../shared/golden within its tolerance (prefill logits, decode
+// logits, greedy ids, selected blocks), run in-process through Session; 1 and 2 threads give
+// bit-identical results; request validation.
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "format/npy.h"
+#include "format/safetensors.h"
+#include "runtime/engine.h"
+#include "test_util.h"
+
+namespace m3 {
+namespace {
+
+struct Recorder : ForwardObserver {
+  // layers[layer][position][head] -> ascending blocks
+  std::map<int, std::vector<std::vector<std::vector<int32_t>>>> layers;
+  void OnBlockSelection(int layer, int64_t pos0, const BlockSelection& sel) override {
+    auto& rows = layers[layer];
+    const size_t n = sel.counts.size() / sel.num_index_heads;
+    rows.resize(pos0 + n);
+    for (size_t t = 0; t < n; ++t) {
+      rows[pos0 + t].clear();
+      for (int h = 0; h < sel.num_index_heads; ++h)
+        rows[pos0 + t].emplace_back(sel.Blocks(t, h), sel.Blocks(t, h) + sel.Count(t, h));
+    }
+  }
+};
+
+struct RunResult {
+  std::vector<float> prefill, decode;
+  std::vector<int32_t> greedy;
+  Recorder blocks;
+};
+
+int32_t Argmax(const float* x, size_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
+
+RunResult RunCase(const std::string& dir, const std::vector<int32_t>& prompt, int steps, int threads) {
+  auto engine = Engine::Open(dir, EngineOptions{threads});
+  REQUIRE(engine.ok());
+  const size_t vocab = (*engine)->model().config().vocab_size;
+  Session session(**engine);
+  RunResult r;
+  REQUIRE(session.Eval(prompt, LogitsMode::kAllRows, &r.prefill, &r.blocks).ok());
+  r.greedy.push_back(Argmax(&r.prefill[(prompt.size() - 1) * vocab], vocab));
+  std::vector<float> step;
+  for (int i = 0; i < steps; ++i) {
+    REQUIRE(session.Eval({&r.greedy.back(), 1}, LogitsMode::kLastRow, &step, &r.blocks).ok());
+    r.decode.insert(r.decode.end(), step.begin(), step.end());
+    r.greedy.push_back(Argmax(step.data(), vocab));
+  }
+  return r;
+}
+
+// Worst per-row error relative to the rule's limit rel * (1 + max|golden row|); must be <= 1.
+double WorstRowRatio(const std::vector<float>& got, const NpyArray& want, double rel) {
+  const size_t vocab = want.shape[1];
+  REQUIRE(got.size() == want.data.size());
+  double worst = 0;
+  for (size_t r = 0; r < want.shape[0]; ++r) {
+    double err = 0, mag = 0;
+    for (size_t j = 0; j < vocab; ++j) {
+      err = std::max(err, std::fabs(double(got[r * vocab + j]) - want.data[r * vocab + j]));
+      mag = std::max(mag, std::fabs(double(want.data[r * vocab + j])));
+    }
+    worst = std::max(worst, err / (rel * (1 + mag)));
+  }
+  return worst;
+}
+
+std::vector<std::string> GoldenCases() {
+  std::vector<std::string> names;
+  const auto root = std::filesystem::path(test::SharedDir()) / "golden";
+  if (!std::filesystem::exists(root)) return names;
+  for (const auto& e : std::filesystem::directory_iterator(root))
+    if (std::filesystem::exists(e.path() / "case.json")) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST_CASE("every golden case matches within tolerance", "[golden]") {
+  const auto cases = GoldenCases();
+  REQUIRE(cases.size() >= 6);  // ../shared/golden must be present beside the clone
+  for (const auto& name : cases) {
+    SECTION(name) {
+      const std::string dir = test::GoldenDir(name);
+      auto cj = test::ReadPythonJson(dir + "/case.json");
+      const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+      const int steps = cj["decode_steps"].get<int>();
+      const double rel = cj["tolerance"]["logits"]["rel"].get<double>();
+      RunResult r = RunCase(dir, prompt, steps, 2);
+
+      auto pre = ReadNpy(dir + "/prefill_logits.npy");
+      auto dec = ReadNpy(dir + "/decode_logits.npy");
+      REQUIRE(pre.ok());
+      REQUIRE(dec.ok());
+      const double pre_ratio = WorstRowRatio(r.prefill, *pre, rel);
+      const double dec_ratio = WorstRowRatio(r.decode, *dec, rel);
+      WARN(name << ": worst logit error / limit: prefill " << pre_ratio << ", decode " << dec_ratio);
+      CHECK(pre_ratio <= 1.0);
+      CHECK(dec_ratio <= 1.0);
+      CHECK(r.greedy == cj["greedy_ids"].get<std::vector<int32_t>>());
+
+      auto sel = ReadJsonFile(dir + "/selected_blocks.json");
+      REQUIRE(sel.ok());
+      const auto& layers = (*sel)["layers"];
+      CHECK(layers.size() == r.blocks.layers.size());
+      for (auto it = layers.begin(); it != layers.end(); ++it) {
+        const int layer = std::stoi(it.key());
+        REQUIRE(r.blocks.layers.count(layer));
+        const auto want = it.value().get<std::vector<std::vector<std::vector<int32_t>>>>();
+        const auto& got = r.blocks.layers[layer];
+        REQUIRE(got.size() == want.size());
+        size_t mismatches = 0;
+        for (size_t p = 0; p < want.size(); ++p) mismatches += got[p] != want[p];
+        INFO("layer " << layer);
+        CHECK(mismatches == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("1 and 2 threads give bit-identical logits", "[golden][threads]") {
+  for (const char* name : {"s2_bf16_sharded_init1", "s3_mxfp8_mixed_layers_local2"}) {
+    const std::string dir = test::GoldenDir(name);
+    auto cj = test::ReadPythonJson(dir + "/case.json");
+    const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+    RunResult one = RunCase(dir, prompt, 4, 1), two = RunCase(dir, prompt, 4, 2);
+    CHECK(one.prefill == two.prefill);
+    CHECK(one.decode == two.decode);
+    CHECK(one.greedy == two.greedy);
+  }
+}
+
+TEST_CASE("chunked prefill equals one prefill", "[golden]") {
+  const std::string dir = test::GoldenDir("s2_bf16_sharded_init1");
+  auto cj = test::ReadPythonJson(dir + "/case.json");
+  const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+  auto engine = Engine::Open(dir, EngineOptions{2});
+  REQUIRE(engine.ok());
+  const size_t vocab = (*engine)->model().config().vocab_size;
+  Session whole(**engine), chunked(**engine);
+  std::vector<float> a, b, part;
+  REQUIRE(whole.Eval(prompt, LogitsMode::kAllRows, &a).ok());
+  for (size_t i = 0; i < prompt.size(); i += 37) {
+    const size_t n = std::min<size_t>(37, prompt.size() - i);
+    REQUIRE(chunked.Eval({prompt.data() + i, n}, LogitsMode::kAllRows, &part).ok());
+    b.insert(b.end(), part.begin(), part.end());
+  }
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, double(std::fabs(a[i] - b[i])));
+  CHECK(worst < 1e-4);
+  CHECK(a.size() == prompt.size() * vocab);
+}
+
+TEST_CASE("sessions refuse bad requests with clear errors and stay usable", "[golden][errors]") {
+  const std::string dir = test::GoldenDir("s1_fp32_basic");
+  auto engine = Engine::Open(dir, EngineOptions{1});
+  REQUIRE(engine.ok());
+  Session s(**engine, SessionOptions{16});
+  std::vector<float> logits;
+  Status st = s.Eval(std::vector<int32_t>{1, 2, 512}, LogitsMode::kLastRow, &logits);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(st.message(), Catch::Contains("512"));
+  st = s.Eval(std::vector<int32_t>{-1}, LogitsMode::kLastRow, &logits);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(s.Eval(std::vector<int32_t>{}, LogitsMode::kLastRow, &logits).code() == StatusCode::kInvalidArgument);
+  st = s.Eval(std::vector<int32_t>(17, 3), LogitsMode::kLastRow, &logits);
+  CHECK(st.code() == StatusCode::kOutOfRange);
+  CHECK_THAT(st.message(), Catch::Contains("context limit of 16"));
+  CHECK(s.position() == 0);
+  REQUIRE(s.Eval(std::vector<int32_t>(10, 3), LogitsMode::kLastRow, &logits).ok());
+  CHECK(s.Eval(std::vector<int32_t>(7, 3), LogitsMode::kLastRow, &logits).code() == StatusCode::kOutOfRange);
+  CHECK(s.Rewind(11).code() == StatusCode::kInvalidArgument);
+  REQUIRE(s.Rewind(4).ok());
+  CHECK(s.position() == 4);
+  CHECK(s.Eval(std::vector<int32_t>(12, 3), LogitsMode::kLastRow, &logits).ok());
+  CHECK(Engine::Open(dir, EngineOptions{-1}).status().code() == StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace m3

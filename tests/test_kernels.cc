@@ -1,0 +1,159 @@
+// Every SIMD kernel against its scalar reference, on every target compiled in and runnable here,
+// over shapes with tails (sizes that are not multiples of any vector width).
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels.h"
+#include "test_util.h"
+
+namespace m3::simd {
+namespace {
+
+const std::vector<size_t> kSizes = {1, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 129, 255, 1000};
+
+std::vector<float> RandomVec(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Runs body once per runnable target with dispatch forced to that target.
+template <class Body>
+void ForEachTarget(Body body) {
+  const auto targets = RunnableTargets();
+  REQUIRE(!targets.empty());
+  for (int64_t t : targets) {
+    ForceTargetForTest(t);
+    INFO("target " << TargetName(t));
+    body();
+  }
+  ForceTargetForTest(0);
+}
+
+float Tol(float ref, size_t n) { return 1e-5f * (1.0f + std::fabs(ref)) * std::sqrt(static_cast<float>(n) + 1.0f); }
+
+TEST_CASE("scalar element decoders are exact", "[kernels]") {
+  CHECK(Bf16ToF32(0x3F80) == 1.0f);
+  CHECK(Bf16ToF32(0xC040) == -3.0f);
+  CHECK(F16ToF32(0x3C00) == 1.0f);
+  CHECK(F16ToF32(0x0001) == std::ldexp(1.0f, -24));  // smallest subnormal
+  CHECK(F16ToF32(0x7BFF) == 65504.0f);
+  CHECK(std::isinf(F16ToF32(0x7C00)));
+  CHECK(E4M3ToF32(0x38) == 1.0f);         // exponent 7 = bias
+  CHECK(E4M3ToF32(0x7E) == 448.0f);       // max finite
+  CHECK(E4M3ToF32(0x01) == std::ldexp(1.0f, -9));  // smallest subnormal
+  CHECK(E4M3ToF32(0xB8) == -1.0f);
+  CHECK(std::isnan(E4M3ToF32(0x7F)));
+  CHECK(std::isnan(E4M3ToF32(0xFF)));
+  CHECK(E8M0ToF32(127) == 1.0f);
+  CHECK(E8M0ToF32(130) == 8.0f);
+  CHECK(E8M0ToF32(0) == std::ldexp(1.0f, -127));
+  CHECK(std::isnan(E8M0ToF32(255)));
+}
+
+TEST_CASE("DecodeRows matches the scalar decoder for every format", "[kernels]") {
+  std::mt19937 rng(7);
+  for (size_t cols : {1, 5, 16, 31, 32, 33, 70, 96, 130}) {
+    const size_t rows = 3;
+    std::vector<uint8_t> bytes(rows * cols * 4);
+    for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+    // Keep f32/f16 finite (random bits may be NaN, whose payload need not survive).
+    std::vector<float> f32 = RandomVec(rows * cols, 11, 3.0f);
+    std::vector<uint16_t> f16(rows * cols);
+    for (auto& h : f16) h = static_cast<uint16_t>(rng() & 0x7BFF);  // exponent < 31
+    std::vector<uint8_t> scales(rows * ((cols + 31) / 32));
+    for (auto& s : scales) s = static_cast<uint8_t>(110 + rng() % 30);
+    for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kF16, WeightFormat::kE4M3Mx32}) {
+      WeightRef w;
+      w.format = f;
+      w.rows = rows;
+      w.cols = cols;
+      w.data = f == WeightFormat::kF32 ? static_cast<const void*>(f32.data())
+               : f == WeightFormat::kF16 ? static_cast<const void*>(f16.data())
+                                         : static_cast<const void*>(bytes.data());
+      w.scales = scales.data();
+      INFO("format " << WeightFormatName(f) << " cols " << cols);
+      std::vector<float> want(2 * cols), got(2 * cols);
+      ref::DecodeRows(w, 1, 2, want.data());
+      ForEachTarget([&] {
+        std::fill(got.begin(), got.end(), -1.0f);
+        DecodeRows(w, 1, 2, got.data());
+        for (size_t i = 0; i < want.size(); ++i) {
+          if (std::isnan(want[i])) {
+            CHECK(std::isnan(got[i]));
+          } else {
+            CHECK(got[i] == want[i]);  // decoding is exact
+          }
+        }
+      });
+    }
+  }
+}
+
+TEST_CASE("MatMulF32 matches the reference and splits identically", "[kernels]") {
+  for (size_t k : {1, 7, 16, 33, 128, 257}) {
+    for (size_t rows : {1, 3, 4, 5, 9}) {
+      const size_t n_tok = 3, lda = k + 3, ldx = k + 1, ldy = rows + 2;
+      auto a = RandomVec(rows * lda, 1), x = RandomVec(n_tok * ldx, 2);
+      INFO("k " << k << " rows " << rows);
+      std::vector<float> want(n_tok * ldy), got(n_tok * ldy), split(n_tok * ldy);
+      ref::MatMulF32(a.data(), lda, rows, x.data(), ldx, n_tok, k, want.data(), ldy);
+      ForEachTarget([&] {
+        MatMulF32(a.data(), lda, rows, x.data(), ldx, n_tok, k, got.data(), ldy);
+        for (size_t t = 0; t < n_tok; ++t)
+          for (size_t r = 0; r < rows; ++r) CHECK(std::fabs(got[t * ldy + r] - want[t * ldy + r]) <= Tol(want[t * ldy + r], k));
+        // Any split of rows or tokens gives bit-identical outputs (thread-count independence).
+        for (size_t r = 0; r < rows; ++r)
+          MatMulF32(a.data() + r * lda, lda, 1, x.data(), ldx, n_tok, k, split.data() + r, ldy);
+        for (size_t t = 0; t < n_tok; ++t)
+          for (size_t r = 0; r < rows; ++r) CHECK(split[t * ldy + r] == got[t * ldy + r]);
+      });
+    }
+  }
+}
+
+TEST_CASE("vector kernels match their references", "[kernels]") {
+  for (size_t n : kSizes) {
+    INFO("n " << n);
+    auto a = RandomVec(n, 3), b = RandomVec(n, 4), w = RandomVec(n, 5);
+    ForEachTarget([&] {
+      CHECK(std::fabs(Dot(a.data(), b.data(), n) - ref::Dot(a.data(), b.data(), n)) <= Tol(ref::Dot(a.data(), b.data(), n), n));
+      CHECK(std::fabs(SumSquares(a.data(), n) - ref::SumSquares(a.data(), n)) <= Tol(ref::SumSquares(a.data(), n), n));
+      CHECK(MaxValue(a.data(), n) == ref::MaxValue(a.data(), n));
+
+      auto y1 = b, y2 = b;
+      Axpy(0.37f, a.data(), y1.data(), n);
+      ref::Axpy(0.37f, a.data(), y2.data(), n);
+      for (size_t i = 0; i < n; ++i) CHECK(std::fabs(y1[i] - y2[i]) <= 1e-6f * (1 + std::fabs(y2[i])));
+
+      y1 = b, y2 = b;
+      Scale(y1.data(), -1.5f, n);
+      ref::Scale(y2.data(), -1.5f, n);
+      CHECK(y1 == y2);
+
+      std::vector<float> m1(n), m2(n);
+      MulScaled(a.data(), w.data(), 0.25f, m1.data(), n);
+      ref::MulScaled(a.data(), w.data(), 0.25f, m2.data(), n);
+      for (size_t i = 0; i < n; ++i) CHECK(std::fabs(m1[i] - m2[i]) <= 1e-6f * (1 + std::fabs(m2[i])));
+
+      auto e1 = a, e2 = a;
+      const float mx = ref::MaxValue(a.data(), n);
+      const float s1 = ExpShiftSum(e1.data(), n, mx), s2 = ref::ExpShiftSum(e2.data(), n, mx);
+      CHECK(std::fabs(s1 - s2) <= 1e-5f * s2);
+      for (size_t i = 0; i < n; ++i) CHECK(std::fabs(e1[i] - e2[i]) <= 2e-6f * (1 + e2[i]));
+    });
+  }
+  CHECK(std::isinf(MaxValue(nullptr, 0)));
+}
+
+TEST_CASE("the active SIMD target is reported", "[kernels]") {
+  CHECK(!ActiveTargetName().empty());
+  CHECK(RunnableTargets().size() >= 1);
+}
+
+}  // namespace
+}  // namespace m3::simd

@@ -1,0 +1,52 @@
+// Shared helpers for the tests.
+#pragma once
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+namespace m3::test {
+
+// ../shared beside the clone (golden data, oracle, tokenizer); set at configure time.
+inline std::string SharedDir() { return M3_SHARED_DIR; }
+inline std::string GoldenDir(const std::string& name) { return SharedDir() + "/golden/" + name; }
+
+// Reads JSON written by Python's json module, which may contain the non-standard tokens
+// Infinity, -Infinity and NaN (e.g. an infinite decision margin); they become null.
+inline nlohmann::json ReadPythonJson(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  static const std::regex non_finite(R"(-?\bInfinity\b|\bNaN\b)");
+  return nlohmann::json::parse(std::regex_replace(ss.str(), non_finite, "null"));
+}
+
+// A fresh empty folder under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir() {
+    path_ = std::filesystem::temp_directory_path() /
+            ("m3_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path path_;
+};
+
+}  // namespace m3::test
