@@ -157,6 +157,71 @@ void MatMulF32Impl(const float* HWY_RESTRICT a, size_t lda, size_t n_rows,
     for (size_t t = 0; t < n_tok; ++t) y[t * ldy + r] = RowDot(a + r * lda, x + t * ldx, k);
 }
 
+// Columns [c, c + width) of one row of P.V, accumulated in registers over all keys. Used for the
+// vector body and, with scalar code, for the tail, so every output follows the same u order.
+void MatMulAccumulateImpl(const float* HWY_RESTRICT p, size_t ldp, size_t n_rows, const float* HWY_RESTRICT v,
+                          size_t ldv, size_t n_keys, size_t d, float* HWY_RESTRICT out, size_t ldo) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  size_t h = 0;
+  // Four rows of P share each loaded V vector pair: 8 accumulators.
+  for (; h + 4 <= n_rows; h += 4) {
+    const float* p0 = p + h * ldp;
+    const float* p1 = p0 + ldp;
+    const float* p2 = p1 + ldp;
+    const float* p3 = p2 + ldp;
+    float* o0 = out + h * ldo;
+    float* o1 = o0 + ldo;
+    float* o2 = o1 + ldo;
+    float* o3 = o2 + ldo;
+    size_t c = 0;
+    for (; c + 2 * N <= d; c += 2 * N) {
+      auto a00 = hn::LoadU(df, o0 + c), a01 = hn::LoadU(df, o0 + c + N);
+      auto a10 = hn::LoadU(df, o1 + c), a11 = hn::LoadU(df, o1 + c + N);
+      auto a20 = hn::LoadU(df, o2 + c), a21 = hn::LoadU(df, o2 + c + N);
+      auto a30 = hn::LoadU(df, o3 + c), a31 = hn::LoadU(df, o3 + c + N);
+      for (size_t u = 0; u < n_keys; ++u) {
+        const float* vu = v + u * ldv + c;
+        const auto v0 = hn::LoadU(df, vu), v1 = hn::LoadU(df, vu + N);
+        const auto w0 = hn::Set(df, p0[u]), w1 = hn::Set(df, p1[u]), w2 = hn::Set(df, p2[u]), w3 = hn::Set(df, p3[u]);
+        a00 = hn::MulAdd(w0, v0, a00), a01 = hn::MulAdd(w0, v1, a01);
+        a10 = hn::MulAdd(w1, v0, a10), a11 = hn::MulAdd(w1, v1, a11);
+        a20 = hn::MulAdd(w2, v0, a20), a21 = hn::MulAdd(w2, v1, a21);
+        a30 = hn::MulAdd(w3, v0, a30), a31 = hn::MulAdd(w3, v1, a31);
+      }
+      hn::StoreU(a00, df, o0 + c), hn::StoreU(a01, df, o0 + c + N);
+      hn::StoreU(a10, df, o1 + c), hn::StoreU(a11, df, o1 + c + N);
+      hn::StoreU(a20, df, o2 + c), hn::StoreU(a21, df, o2 + c + N);
+      hn::StoreU(a30, df, o3 + c), hn::StoreU(a31, df, o3 + c + N);
+    }
+    for (; c < d; ++c)
+      for (size_t i = 0; i < 4; ++i) {
+        float acc = out[(h + i) * ldo + c];
+        for (size_t u = 0; u < n_keys; ++u) acc = std::fma(p[(h + i) * ldp + u], v[u * ldv + c], acc);
+        out[(h + i) * ldo + c] = acc;
+      }
+  }
+  for (; h < n_rows; ++h) {
+    const float* ph = p + h * ldp;
+    float* oh = out + h * ldo;
+    size_t c = 0;
+    for (; c + 2 * N <= d; c += 2 * N) {
+      auto a0 = hn::LoadU(df, oh + c), a1 = hn::LoadU(df, oh + c + N);
+      for (size_t u = 0; u < n_keys; ++u) {
+        const auto w = hn::Set(df, ph[u]);
+        a0 = hn::MulAdd(w, hn::LoadU(df, v + u * ldv + c), a0);
+        a1 = hn::MulAdd(w, hn::LoadU(df, v + u * ldv + c + N), a1);
+      }
+      hn::StoreU(a0, df, oh + c), hn::StoreU(a1, df, oh + c + N);
+    }
+    for (; c < d; ++c) {
+      float acc = oh[c];
+      for (size_t u = 0; u < n_keys; ++u) acc = std::fma(ph[u], v[u * ldv + c], acc);
+      oh[c] = acc;
+    }
+  }
+}
+
 float DotImpl(const float* a, const float* b, size_t n) { return RowDot(a, b, n); }
 
 void AxpyImpl(float alpha, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n) {
@@ -232,6 +297,7 @@ namespace m3::simd {
 
 HWY_EXPORT(DecodeRowsImpl);
 HWY_EXPORT(MatMulF32Impl);
+HWY_EXPORT(MatMulAccumulateImpl);
 HWY_EXPORT(DotImpl);
 HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(ScaleImpl);
@@ -246,6 +312,10 @@ void DecodeRows(const WeightRef& w, size_t row0, size_t n_rows, float* out) {
 void MatMulF32(const float* a, size_t lda, size_t n_rows, const float* x, size_t ldx,
                size_t n_tok, size_t k, float* y, size_t ldy) {
   HWY_DYNAMIC_DISPATCH(MatMulF32Impl)(a, lda, n_rows, x, ldx, n_tok, k, y, ldy);
+}
+void MatMulAccumulate(const float* p, size_t ldp, size_t n_rows, const float* v, size_t ldv, size_t n_keys,
+                      size_t d, float* out, size_t ldo) {
+  HWY_DYNAMIC_DISPATCH(MatMulAccumulateImpl)(p, ldp, n_rows, v, ldv, n_keys, d, out, ldo);
 }
 float Dot(const float* a, const float* b, size_t n) { return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n); }
 void Axpy(float alpha, const float* x, float* y, size_t n) { HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, y, n); }

@@ -29,6 +29,16 @@ void MatMulF32(const float* a, size_t lda, size_t n_rows, const float* x, size_t
     for (size_t r = 0; r < n_rows; ++r) y[t * ldy + r] = Dot(a + r * lda, x + t * ldx, k);
 }
 
+void MatMulAccumulate(const float* p, size_t ldp, size_t n_rows, const float* v, size_t ldv, size_t n_keys,
+                      size_t d, float* out, size_t ldo) {
+  for (size_t h = 0; h < n_rows; ++h)
+    for (size_t c = 0; c < d; ++c) {
+      double s = out[h * ldo + c];
+      for (size_t u = 0; u < n_keys; ++u) s += static_cast<double>(p[h * ldp + u]) * v[u * ldv + c];
+      out[h * ldo + c] = static_cast<float>(s);
+    }
+}
+
 float Dot(const float* a, const float* b, size_t n) {
   double s = 0;
   for (size_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];

@@ -116,6 +116,30 @@ TEST_CASE("MatMulF32 matches the reference and splits identically", "[kernels]")
   }
 }
 
+TEST_CASE("MatMulAccumulate matches the reference and key ranges compose", "[kernels]") {
+  for (size_t d : {1, 5, 16, 32, 33, 128, 130}) {
+    for (size_t rows : {1, 3, 4, 6, 16}) {
+      const size_t keys = 29, ldp = keys + 2, ldv = d + 5, ldo = d + 1;
+      INFO("d " << d << " rows " << rows);
+      auto p = RandomVec(rows * ldp, 8), v = RandomVec(keys * ldv, 9), o0 = RandomVec(rows * ldo, 10);
+      auto want = o0;
+      ref::MatMulAccumulate(p.data(), ldp, rows, v.data(), ldv, keys, d, want.data(), ldo);
+      ForEachTarget([&] {
+        auto got = o0, split = o0;
+        MatMulAccumulate(p.data(), ldp, rows, v.data(), ldv, keys, d, got.data(), ldo);
+        for (size_t h = 0; h < rows; ++h)
+          for (size_t c = 0; c < d; ++c) CHECK(std::fabs(got[h * ldo + c] - want[h * ldo + c]) <= Tol(want[h * ldo + c], keys));
+        // Two key ranges accumulated one after the other, rows one at a time: bit-identical.
+        for (size_t h = 0; h < rows; ++h) {
+          MatMulAccumulate(p.data() + h * ldp, ldp, 1, v.data(), ldv, 11, d, split.data() + h * ldo, ldo);
+          MatMulAccumulate(p.data() + h * ldp + 11, ldp, 1, v.data() + 11 * ldv, ldv, keys - 11, d, split.data() + h * ldo, ldo);
+        }
+        CHECK(split == got);
+      });
+    }
+  }
+}
+
 TEST_CASE("vector kernels match their references", "[kernels]") {
   for (size_t n : kSizes) {
     INFO("n " << n);

@@ -133,11 +133,12 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
         float* s = scores.data() + h * nk;
         simd::Scale(s, scale, nk);
         const float mx = simd::MaxValue(s, nk);
-        const float inv_sum = 1.0f / simd::ExpShiftSum(s, nk, mx);
-        float* oh = o + h * D;
-        off = 0;
-        for (auto [a, b] : ranges)
-          for (size_t u = a; u < b; ++u) simd::Axpy(s[off++] * inv_sum, v.Row(u) + grp.kv * D, oh, D);
+        simd::Scale(s, 1.0f / simd::ExpShiftSum(s, nk, mx), nk);  // probabilities
+      }
+      off = 0;
+      for (auto [a, b] : ranges) {
+        simd::MatMulAccumulate(scores.data() + off, nk, nh, v.Row(a) + grp.kv * D, v.width(), b - a, D, o, D);
+        off += b - a;
       }
     }
   });
