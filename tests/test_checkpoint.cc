@@ -515,3 +515,61 @@ TEST_CASE("bad or missing config.json and folders are refused", "[checkpoint]") 
     RequireError(m3::SafetensorsFile::Open(missing), StatusCode::kNotFound, {missing});
   }
 }
+
+namespace {
+
+// Adds MTP depth 0 to a copy of s1: the transformer layer reuses layer 2's tensors (sparse + MoE),
+// the norms reuse model.norm, eh_proj is new zeros [H, 2H].
+void AddMtpDepth(const fs::path& file, bool complete) {
+  Safetensors st = ReadSafetensors(file);
+  json added = json::object();
+  std::string extra;
+  auto append = [&](const std::string& name, const json& dtype, const json& shape, const std::string& bytes) {
+    const uint64_t begin = st.data.size() + extra.size();
+    extra += bytes;
+    added[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, begin + bytes.size()}}};
+  };
+  auto bytes_of = [&](const json& e) {
+    return st.data.substr(e["data_offsets"][0].get<size_t>(),
+                          e["data_offsets"][1].get<size_t>() - e["data_offsets"][0].get<size_t>());
+  };
+  const std::string layer = "model.layers.2.";
+  for (auto it = st.header.begin(); it != st.header.end(); ++it) {
+    if (it.key().rfind(layer, 0) != 0) continue;
+    if (!complete && it.key().find("o_proj") != std::string::npos) continue;  // leave a hole
+    append("model.mtp.layers.0.transformer_layer." + it.key().substr(layer.size()), it.value()["dtype"],
+           it.value()["shape"], bytes_of(it.value()));
+  }
+  const json& norm = st.header["model.norm.weight"];
+  for (const char* n : {"enorm", "hnorm", "final_layernorm"})
+    append(std::string("model.mtp.layers.0.") + n + ".weight", norm["dtype"], norm["shape"], bytes_of(norm));
+  const int64_t H = norm["shape"][0].get<int64_t>();
+  append("model.mtp.layers.0.eh_proj.weight", "F32", {H, 2 * H}, std::string(H * 2 * H * 4, '\0'));
+  for (auto it = added.begin(); it != added.end(); ++it) st.header[it.key()] = it.value();
+  WriteSafetensors(file, st.header, st.data + extra);
+}
+
+TEST_CASE("MTP modules are bound when their tensors are present", "[checkpoint][mtp]") {
+  m3::test::TempDir tmp;
+  SECTION("complete depth 0 binds and is counted") {
+    const fs::path dir = CopyGolden("s1_fp32_basic", tmp);
+    AddMtpDepth(dir / "model.safetensors", true);
+    auto model = m3::Model::Load(dir.string());
+    RequireOk(model);
+    CHECK((*model)->stats().mtp_depths == 1);
+    REQUIRE((*model)->weights().mtp.size() == 1);
+    const auto& mtp = (*model)->weights().mtp[0];
+    CHECK(mtp.eh_proj.rows == 64);
+    CHECK(mtp.eh_proj.cols == 128);
+    CHECK(mtp.layer.attn.sparse);
+    CHECK(mtp.layer.is_moe);
+  }
+  SECTION("an incomplete depth is refused, naming the missing tensor") {
+    const fs::path dir = CopyGolden("s1_fp32_basic", tmp);
+    AddMtpDepth(dir / "model.safetensors", false);
+    RequireError(m3::Model::Load(dir.string()), StatusCode::kNotFound,
+                 {"model.mtp.layers.0.transformer_layer.self_attn.o_proj.weight"});
+  }
+}
+
+}  // namespace
