@@ -1,0 +1,72 @@
+// Sampling: greedy, filters, penalties, determinism per seed, and the distribution it draws from.
+#include <map>
+#include <vector>
+
+#include "ops/sampling.h"
+#include "test_util.h"
+
+namespace m3 {
+namespace {
+
+TEST_CASE("greedy takes the argmax, ties to the lower id, NaN never wins", "[sampling]") {
+  Sampler s(SamplingParams{.temperature = 0});
+  CHECK(s.Sample(std::vector<float>{0.1f, 3.0f, 3.0f, -1.0f}, {}) == 1);
+  CHECK(s.Sample(std::vector<float>{NAN, 0.0f, -1.0f}, {}) == 1);
+}
+
+TEST_CASE("penalties push seen tokens down", "[sampling]") {
+  Sampler rep(SamplingParams{.temperature = 0, .repetition_penalty = 2.0f});
+  CHECK(rep.Sample(std::vector<float>{2.0f, 1.5f}, std::vector<int32_t>{0}) == 1);   // 2/2 = 1 < 1.5
+  CHECK(rep.Sample(std::vector<float>{-1.0f, -1.5f}, std::vector<int32_t>{0}) == 1);  // -1*2 = -2 < -1.5
+  Sampler pres(SamplingParams{.temperature = 0, .presence_penalty = 1.0f});
+  CHECK(pres.Sample(std::vector<float>{2.0f, 1.5f}, std::vector<int32_t>{0, 0, 7}) == 1);  // out-of-range 7 ignored
+}
+
+TEST_CASE("top-k, top-p and min-p restrict the candidates", "[sampling]") {
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    Sampler k1(SamplingParams{.top_k = 1, .seed = seed});
+    CHECK(k1.Sample(logits, {}) == 0);
+    Sampler k2(SamplingParams{.top_k = 2, .seed = seed});
+    CHECK(k2.Sample(logits, {}) <= 1);
+    Sampler p(SamplingParams{.top_p = 0.75f, .seed = seed});  // 0.5 + 0.3 >= 0.75
+    CHECK(p.Sample(logits, {}) <= 1);
+    Sampler m(SamplingParams{.min_p = 0.25f, .seed = seed});  // keeps p >= 0.125
+    CHECK(m.Sample(logits, {}) <= 2);
+  }
+}
+
+TEST_CASE("the same seed gives the same tokens; frequencies follow the distribution", "[sampling]") {
+  const std::vector<float> logits = {std::log(0.6f), std::log(0.3f), std::log(0.1f)};
+  Sampler a(SamplingParams{.seed = 42}), b(SamplingParams{.seed = 42}), c(SamplingParams{.seed = 43});
+  std::vector<int32_t> sa, sb, sc;
+  std::map<int32_t, int> count;
+  for (int i = 0; i < 20000; ++i) {
+    sa.push_back(a.Sample(logits, {}));
+    sb.push_back(b.Sample(logits, {}));
+    sc.push_back(c.Sample(logits, {}));
+    ++count[sa.back()];
+  }
+  CHECK(sa == sb);
+  CHECK(sa != sc);
+  CHECK(count[0] / 20000.0 == Approx(0.6).margin(0.02));
+  CHECK(count[1] / 20000.0 == Approx(0.3).margin(0.02));
+  CHECK(count[2] / 20000.0 == Approx(0.1).margin(0.02));
+  // Temperature 0.25 raises probabilities to the 4th power: 0.6^4 / (0.6^4 + 0.3^4 + 0.1^4) = 0.940.
+  Sampler cold(SamplingParams{.temperature = 0.25f, .seed = 1});
+  int top = 0;
+  for (int i = 0; i < 20000; ++i) top += cold.Sample(logits, {}) == 0;
+  CHECK(top / 20000.0 == Approx(0.1296 / 0.1378).margin(0.01));
+}
+
+TEST_CASE("invalid sampling options are refused by name", "[sampling]") {
+  CHECK(ValidateSamplingParams(SamplingParams{}).ok());
+  CHECK_THAT(ValidateSamplingParams(SamplingParams{.temperature = -1}).message(), Catch::Contains("temperature"));
+  CHECK_THAT(ValidateSamplingParams(SamplingParams{.top_p = 0}).message(), Catch::Contains("top_p"));
+  CHECK_THAT(ValidateSamplingParams(SamplingParams{.min_p = 2}).message(), Catch::Contains("min_p"));
+  CHECK_THAT(ValidateSamplingParams(SamplingParams{.top_k = -3}).message(), Catch::Contains("top_k"));
+  CHECK_THAT(ValidateSamplingParams(SamplingParams{.repetition_penalty = 0}).message(), Catch::Contains("repetition_penalty"));
+}
+
+}  // namespace
+}  // namespace m3
