@@ -4,7 +4,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libhwy-dev libomp-dev libdnnl-dev libnuma-dev libxsimd-dev
-  nlohmann-json3-dev libcli11-dev libpcre2-dev catch2
+  nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev catch2
   python3-numpy bc   # golden checks: the oracle's check_case.py needs NumPy
 )
 missing=()
