@@ -8,5 +8,7 @@ namespace m3::cli {
 // Each registers a subcommand whose callback stores the process exit code in *rc.
 void AddInspectCommand(CLI::App& app, int* rc);
 void AddLogitsCommand(CLI::App& app, int* rc);
+void AddTextCommands(CLI::App& app, int* rc);  // tokenize, template
+void AddRunCommands(CLI::App& app, int* rc);   // run, chat
 
 }  // namespace m3::cli

@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   int rc = 0;
   m3::cli::AddInspectCommand(app, &rc);
   m3::cli::AddLogitsCommand(app, &rc);
+  m3::cli::AddTextCommands(app, &rc);
+  m3::cli::AddRunCommands(app, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

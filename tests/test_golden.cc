@@ -60,7 +60,7 @@ double WorstRowRatio(const std::vector<float>& got, const NpyArray& want, double
   const size_t vocab = want.shape[1];
   REQUIRE(got.size() == want.data.size());
   double worst = 0;
-  for (size_t r = 0; r < want.shape[0]; ++r) {
+  for (size_t r = 0; r < static_cast<size_t>(want.shape[0]); ++r) {
     double err = 0, mag = 0;
     for (size_t j = 0; j < vocab; ++j) {
       err = std::max(err, std::fabs(double(got[r * vocab + j]) - want.data[r * vocab + j]));

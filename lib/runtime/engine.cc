@@ -1,5 +1,6 @@
 #include "runtime/engine.h"
 
+#include <algorithm>
 #include <new>
 
 #include "kernels.h"
@@ -40,15 +41,27 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
                             observer);
   } catch (const std::bad_alloc&) {
     cache_.Truncate(before);
+    tokens_.resize(before);
     return Status(StatusCode::kOutOfMemory, Str("out of memory evaluating ", ids.size(), " tokens at position ", before));
   }
+  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   return Status::Ok();
 }
 
 Status Session::Rewind(size_t n) {
   if (n > position()) return InvalidArgument("cannot rewind to ", n, ": session holds ", position(), " tokens");
   cache_.Truncate(n);
+  tokens_.resize(n);
   return Status::Ok();
+}
+
+size_t Session::ReusePrefix(std::span<const int32_t> prompt) {
+  size_t keep = 0;
+  const size_t limit = std::min(tokens_.size(), prompt.empty() ? 0 : prompt.size() - 1);
+  while (keep < limit && tokens_[keep] == prompt[keep]) ++keep;
+  cache_.Truncate(keep);
+  tokens_.resize(keep);
+  return keep;
 }
 
 }  // namespace m3

@@ -46,11 +46,17 @@ class Session {
   size_t max_context() const { return max_context_; }
   // Forgets positions >= n (n <= position()).
   Status Rewind(size_t n);
+  // Keeps the longest cached prefix shared with `prompt`, leaving at least one prompt token to
+  // evaluate (its logits are needed), and returns how many tokens were kept.
+  size_t ReusePrefix(std::span<const int32_t> prompt);
+  const std::vector<int32_t>& tokens() const { return tokens_; }  // ids at positions 0..position()-1
   const KvCache& cache() const { return cache_; }
+  const Engine& engine() const { return engine_; }
 
  private:
   const Engine& engine_;
   KvCache cache_;
+  std::vector<int32_t> tokens_;
   size_t max_context_;
 };
 

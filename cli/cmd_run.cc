@@ -1,0 +1,224 @@
+// m3 run: one prompt, streamed answer (reasoning shown apart), timing line.
+// m3 chat: interactive multi-turn; each turn reuses the cached prefix of the conversation.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "ops/sampling.h"
+#include "runtime/generate.h"
+#include "text/chat_template.h"
+#include "text/output_parser.h"
+#include "text/tokenizer.h"
+
+namespace m3::cli {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+struct RunArgs {
+  std::string model, tokenizer, prompt, system, think = "adaptive";
+  bool raw = false;
+  int max_tokens = 512;
+  int threads = 0;
+  size_t context = 0;
+  SamplingParams sampling{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f};  // CHAT_FORMAT.md §5
+};
+
+// Everything one conversation needs: engine, session, text layer, sampler.
+struct Runner {
+  explicit Runner(const RunArgs& a) : args(a) {}
+  RunArgs args;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Session> session;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::optional<ChatTemplate> chat_template;
+  std::unique_ptr<Sampler> sampler;
+  std::vector<int32_t> stop_ids;
+  bool color = isatty(STDOUT_FILENO);
+
+  Status Open() {
+    M3_RETURN_IF_ERROR(ValidateSamplingParams(args.sampling));
+    if (args.think != "enabled" && args.think != "disabled" && args.think != "adaptive")
+      return InvalidArgument("--think must be enabled, disabled or adaptive, got '", args.think, "'");
+    const std::string tok_dir = args.tokenizer.empty() ? args.model : args.tokenizer;
+    M3_ASSIGN_OR_RETURN(tokenizer, Tokenizer::Load(tok_dir));
+    if (!args.raw) {
+      auto t = ChatTemplate::Load(tok_dir);
+      if (!t.ok()) return Status(t.status().code(), t.status().message() + " (use --raw for plain completion)");
+      chat_template = std::move(t).value();
+    }
+    M3_ASSIGN_OR_RETURN(engine, Engine::Open(args.model, EngineOptions{args.threads}));
+    session = std::make_unique<Session>(*engine, SessionOptions{args.context});
+    sampler = std::make_unique<Sampler>(args.sampling);
+    for (const char* s : {"[e~[", "]~b]", "]~!b["}) {  // end of turn, plus defensive stops (§5)
+      const int32_t id = tokenizer->TokenId(s);
+      if (id >= 0) stop_ids.push_back(id);
+    }
+    const size_t model_vocab = engine->model().config().vocab_size;
+    if (tokenizer->vocab_size() > model_vocab)
+      std::fprintf(stderr, "warning: the tokenizer has %zu ids but the model only %zu; prompts using higher ids are refused\n",
+                   tokenizer->vocab_size(), model_vocab);
+    return Status::Ok();
+  }
+
+  void Print(const std::string& s, const char* style) {
+    if (s.empty()) return;
+    if (color && style) std::fputs(style, stdout);
+    std::fputs(s.c_str(), stdout);
+    if (color && style) std::fputs("\x1b[0m", stdout);
+    std::fflush(stdout);
+  }
+
+  // Generates one assistant turn for `prompt_ids`, streaming it; returns the parsed output.
+  StatusOr<ParsedOutput> Turn(const std::vector<int32_t>& prompt_ids, const ojson& tools) {
+    const ThinkState start = !args.raw && args.think == "enabled" ? ThinkState::kInside : ThinkState::kOutside;
+    StreamingDecoder decoder(*tokenizer, /*skip_special_tokens=*/false);
+    StreamingOutputParser parser(start, nlohmann::json::parse(tools.dump()));
+    ParsedOutput all;
+    bool in_reasoning = false;
+    auto show = [&](const StreamingOutputParser::Delta& d) {
+      if (!d.reasoning.empty()) {
+        if (!in_reasoning) Print("[reasoning]\n", "\x1b[2m");
+        in_reasoning = true;
+        Print(d.reasoning, "\x1b[2m");
+        all.reasoning += d.reasoning;
+      }
+      if (!d.content.empty()) {
+        if (in_reasoning) Print("\n[answer]\n", "\x1b[1m");
+        in_reasoning = false;
+        Print(d.content, nullptr);
+        all.content += d.content;
+      }
+      for (const auto& call : d.tool_calls) {
+        Print("\n[tool call] " + call.name + " " + SerializeArguments(call.arguments) + "\n", "\x1b[36m");
+        all.tool_calls.push_back(call);
+      }
+    };
+    GenerateStats stats;
+    Status s = Generate(*session, prompt_ids, GenerateOptions{args.max_tokens, stop_ids}, *sampler,
+                        [&](int32_t id) {
+                          const std::string text = decoder.Push(id);
+                          if (args.raw) Print(text, nullptr), all.content += text;
+                          else show(parser.Push(text));
+                          return true;
+                        },
+                        &stats);
+    if (!s.ok()) return s;
+    const std::string tail = decoder.Flush();
+    if (args.raw) {
+      Print(tail, nullptr);
+      all.content += tail;
+    } else {
+      show(parser.Push(tail));
+      show(parser.Finish());
+    }
+    std::printf("\n");
+    std::fprintf(stderr, "[prompt %zu tokens (%zu reused from cache, %zu prefilled) at %.1f tok/s | generated %zu tokens at %.1f tok/s | stop: %s]\n",
+                 stats.prompt_tokens, stats.reused_tokens, stats.prompt_tokens - stats.reused_tokens,
+                 stats.prefill_tok_s(), stats.generated_tokens, stats.decode_tok_s(), stats.stop_reason.c_str());
+    return all;
+  }
+
+  StatusOr<std::vector<int32_t>> Encode(const ojson& messages, const ojson& tools) {
+    if (args.raw) return tokenizer->Encode(args.prompt);
+    ojson options = {{"add_generation_prompt", true}, {"thinking_mode", args.think}};
+    M3_ASSIGN_OR_RETURN(std::string rendered, chat_template->Render(messages, tools, options));
+    return tokenizer->Encode(rendered);
+  }
+};
+
+ojson AssistantMessage(const ParsedOutput& out) {
+  ojson m = {{"role", "assistant"}, {"content", out.content}};
+  if (!out.reasoning.empty()) m["reasoning_content"] = out.reasoning;
+  if (!out.tool_calls.empty()) {
+    m["tool_calls"] = ojson::array();
+    for (const auto& c : out.tool_calls)
+      m["tool_calls"].push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  return m;
+}
+
+int Fail(const char* cmd, const Status& s) {
+  std::fprintf(stderr, "m3 %s: %s\n", cmd, s.ToString().c_str());
+  return 1;
+}
+
+int RunOnce(const RunArgs& args) {
+  Runner r(args);
+  if (Status s = r.Open(); !s.ok()) return Fail("run", s);
+  ojson messages = ojson::array();
+  if (!args.system.empty()) messages.push_back({{"role", "system"}, {"content", args.system}});
+  messages.push_back({{"role", "user"}, {"content", args.prompt}});
+  auto ids = r.Encode(messages, nullptr);
+  if (!ids.ok()) return Fail("run", ids.status());
+  auto out = r.Turn(*ids, nullptr);
+  return out.ok() ? 0 : Fail("run", out.status());
+}
+
+int RunChat(const RunArgs& args) {
+  Runner r(args);
+  if (Status s = r.Open(); !s.ok()) return Fail("chat", s);
+  const bool interactive = isatty(STDIN_FILENO);
+  ojson messages = ojson::array();
+  if (!args.system.empty()) messages.push_back({{"role", "system"}, {"content", args.system}});
+  if (interactive) std::fprintf(stderr, "m3 chat: type a message; /reset clears the conversation, /exit or Ctrl-D quits.\n");
+  std::string line;
+  while (true) {
+    if (interactive) std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      messages.erase(messages.begin() + (args.system.empty() ? 0 : 1), messages.end());
+      continue;
+    }
+    if (line.empty()) continue;
+    messages.push_back({{"role", "user"}, {"content", line}});
+    auto ids = r.Encode(messages, nullptr);
+    if (!ids.ok()) return Fail("chat", ids.status());
+    auto out = r.Turn(*ids, nullptr);
+    if (!out.ok()) return Fail("chat", out.status());
+    messages.push_back(AssistantMessage(*out));
+  }
+  return 0;
+}
+
+void AddGenerationOptions(CLI::App* cmd, RunArgs& a) {
+  cmd->add_option("-m,--model", a.model, "model folder (with tokenizer.json and chat_template.jinja)")->required();
+  cmd->add_option("--tokenizer", a.tokenizer, "folder with the tokenizer files, if not the model folder");
+  cmd->add_option("--system", a.system, "system message");
+  cmd->add_option("--think", a.think, "thinking mode: enabled, disabled or adaptive")->default_val("adaptive");
+  cmd->add_option("-n,--max-tokens", a.max_tokens, "most tokens to generate per turn")->default_val(512);
+  cmd->add_option("-t,--threads", a.threads, "threads (0 = all cores)")->default_val(0);
+  cmd->add_option("-c,--context", a.context, "context limit in tokens (0 = the model's)")->default_val(0);
+  cmd->add_option("--temp", a.sampling.temperature, "temperature (0 = greedy)")->default_val(1.0);
+  cmd->add_option("--top-k", a.sampling.top_k, "top-k (0 = off)")->default_val(40);
+  cmd->add_option("--top-p", a.sampling.top_p, "top-p (1 = off)")->default_val(0.95);
+  cmd->add_option("--min-p", a.sampling.min_p, "min-p (0 = off)")->default_val(0.0);
+  cmd->add_option("--repeat-penalty", a.sampling.repetition_penalty, "repetition penalty (1 = off)")->default_val(1.0);
+  cmd->add_option("--presence-penalty", a.sampling.presence_penalty, "presence penalty (0 = off)")->default_val(0.0);
+  cmd->add_option("--seed", a.sampling.seed, "random seed")->default_val(0);
+}
+
+}  // namespace
+
+void AddRunCommands(CLI::App& app, int* rc) {
+  auto run = std::make_shared<RunArgs>();
+  auto* cmd = app.add_subcommand("run", "Generate a reply to one prompt (chat-formatted unless --raw)");
+  AddGenerationOptions(cmd, *run);
+  cmd->add_option("-p,--prompt", run->prompt, "the prompt")->required();
+  cmd->add_flag("--raw", run->raw, "plain completion of the prompt text, no chat template");
+  cmd->callback([run, rc] { *rc = RunOnce(*run); });
+
+  auto chat = std::make_shared<RunArgs>();
+  auto* ccmd = app.add_subcommand("chat", "Interactive multi-turn chat reading lines from stdin");
+  AddGenerationOptions(ccmd, *chat);
+  ccmd->callback([chat, rc] { *rc = RunChat(*chat); });
+}
+
+}  // namespace m3::cli

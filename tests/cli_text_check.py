@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""End-to-end checks of the text commands through the `m3` binary:
+tokenize / detokenize every case of golden.jsonl, render + encode every case of
+chat_golden.jsonl, and `m3 run` / `m3 chat` on a tiny random model with the real
+vocabulary size (made by the oracle's make_tiny.py) with the real tokenizer files.
+Usage: cli_text_check.py M3_BINARY SHARED_DIR"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+m3, shared = sys.argv[1], sys.argv[2]
+tok_dir = os.path.join(shared, "tokenizer", "minimax-m3")
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+def run(args, stdin=None):
+    p = subprocess.run([m3] + args, input=stdin, capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stdout, p.stderr
+
+
+def lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+# 1. tokenize / decode
+cases = lines(os.path.join(tok_dir, "golden.jsonl"))
+rc, out, err = run(["tokenize", "--tokenizer", tok_dir], "\n".join(json.dumps({"text": c["text"]}) for c in cases) + "\n")
+check(rc == 0, f"tokenize exit {rc}: {err}")
+got = [json.loads(l) for l in out.rstrip("\n").split("\n")]
+check(len(got) == len(cases), "tokenize: one output line per request")
+for c, g in zip(cases, got):
+    check(g.get("ids") == c["ids"], f"tokenize {c['id']}")
+for skip, key in ((False, "decoded"), (True, "decoded_skip_special")):
+    req = "\n".join(json.dumps({"ids": c["ids"], "skip_special_tokens": skip}) for c in cases) + "\n"
+    rc, out, err = run(["tokenize", "--tokenizer", tok_dir, "--decode"], req)
+    check(rc == 0, f"decode exit {rc}: {err}")
+    for c, g in zip(cases, [json.loads(l) for l in out.rstrip("\n").split("\n")]):
+        check(g.get("text") == c[key], f"decode skip={skip} {c['id']}")
+rc, out, _ = run(["tokenize", "--tokenizer", tok_dir], "not json\n{\"text\": 5}\n")
+check(rc != 0 and out.count("error") == 2, "tokenize reports malformed requests as errors")
+
+# 2. chat template
+chats = lines(os.path.join(tok_dir, "chat_golden.jsonl"))
+req = "\n".join(json.dumps({"messages": c["messages"], "tools": c["tools"], "options": c["options"]}) for c in chats) + "\n"
+rc, out, err = run(["template", "--tokenizer", tok_dir], req)
+check(rc == 0, f"template exit {rc}: {err}")
+for c, g in zip(chats, [json.loads(l) for l in out.rstrip("\n").split("\n")]):
+    if "error" in c:
+        check("error" in g, f"template {c['id']} should be refused")
+    else:
+        check(g.get("rendered") == c["rendered"], f"template {c['id']} rendered")
+        check(g.get("ids") == c["ids"], f"template {c['id']} ids")
+
+# 3. run / chat on a tiny model with the real vocabulary
+tmp = tempfile.mkdtemp()
+try:
+    model = os.path.join(tmp, "model")
+    subprocess.run([sys.executable, os.path.join(shared, "oracle", "make_tiny.py"), "--out", model,
+                    "--set", "vocab_size=200064", "--set", 'dtype="bf16"', "--set", "seed=11"],
+                   check=True, capture_output=True)
+    for f in ("tokenizer.json", "chat_template.jinja"):
+        shutil.copy(os.path.join(tok_dir, f), model)
+    rc, out1, err = run(["run", "-m", model, "-p", "Hello! Who are you?", "-n", "12", "--seed", "5", "-t", "2"])
+    check(rc == 0 and len(out1.strip()) > 0, f"run streams text (exit {rc}): {err}")
+    check(re.search(r"generated 12 tokens at [0-9.]+ tok/s", err) is not None, f"run timing line: {err}")
+    rc, out2, _ = run(["run", "-m", model, "-p", "Hello! Who are you?", "-n", "12", "--seed", "5", "-t", "1"])
+    check(out1 == out2, "same seed, same text (any thread count)")
+    rc, out, err = run(["run", "-m", model, "-p", "x", "--raw", "--temp", "0", "-n", "4", "--think", "sideways"])
+    check(rc != 0 and "--think" in err, "bad --think is refused")
+    rc, out, err = run(["chat", "-m", model, "-n", "6", "--seed", "2"], "Hi there\nAnd a second question?\n")
+    stats = re.findall(r"prompt (\d+) tokens \((\d+) reused from cache, (\d+) prefilled\)", err)
+    check(rc == 0 and len(stats) == 2, f"chat ran two turns: {err}")
+    if len(stats) == 2:
+        total, reused, prefilled = map(int, stats[1])
+        check(reused > 0 and prefilled == total - reused and prefilled < int(stats[0][0]),
+              f"second chat turn reuses the cached prefix: {stats}")
+finally:
+    shutil.rmtree(tmp)
+
+for f in failures[:30]:
+    print("FAIL:", f)
+print(f"cli text checks: {len(failures)} failed")
+sys.exit(1 if failures else 0)
