@@ -13,13 +13,7 @@ namespace {
 
 const std::vector<size_t> kSizes = {1, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 129, 255, 1000};
 
-std::vector<float> RandomVec(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test::RandomVec;
 
 // Runs body once per runnable target with dispatch forced to that target.
 template <class Body>

@@ -15,13 +15,7 @@
 namespace m3 {
 namespace {
 
-std::vector<float> RandomVec(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using test::RandomVec;
 
 const ThreadConfig kOne{1}, kTwo{2};
 

@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <vector>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -16,6 +18,15 @@ namespace m3::test {
 // ../shared beside the clone (golden data, oracle, tokenizer); set at configure time.
 inline std::string SharedDir() { return M3_SHARED_DIR; }
 inline std::string GoldenDir(const std::string& name) { return SharedDir() + "/golden/" + name; }
+
+// n normally distributed floats, reproducible from `seed`.
+inline std::vector<float> RandomVec(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
 
 // Reads JSON written by Python's json module, which may contain the non-standard tokens
 // Infinity, -Infinity and NaN (e.g. an infinite decision margin); they become null.

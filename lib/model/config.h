@@ -8,17 +8,12 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "ops/attention.h"
 
 namespace m3 {
 
-struct SparseAttentionConfig {
-  int num_index_heads = 0;  // H_idx: one block selection per index head
-  int index_dim = 0;        // D_idx
-  int block_size = 0;       // B: keys per block
-  int topk_blocks = 0;      // blocks attended per query (forced ones included)
-  int init_blocks = 0;      // forced leading blocks
-  int local_blocks = 1;     // forced trailing blocks (the query's own block first)
-};
+// Sparse-attention settings are the op's parameters (ops/attention.h): one definition.
+using SparseAttentionConfig = SparseParams;
 
 struct ModelConfig {
   int hidden_size = 0;

@@ -71,8 +71,7 @@ void Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, si
     NormRope(*rope_, iq.data(), n, Hi, Di, w.index_q_norm, c.rms_norm_eps, pos0);
     NormRope(*rope_, ik.data(), n, 1, Di, w.index_k_norm, c.rms_norm_eps, pos0);
     StoreRows(cache->index_k(layer), static_cast<size_t>(pos0), ik.data(), n);
-    const SparseParams sp{s.num_index_heads, s.index_dim, s.block_size, s.topk_blocks, s.init_blocks, s.local_blocks};
-    SelectBlocks(tc, sp, iq.data(), cache->index_k(layer), pos0, n, &selection);
+    SelectBlocks(tc, s, iq.data(), cache->index_k(layer), pos0, n, &selection);
     if (observer) observer->OnBlockSelection(layer, pos0, selection);
     sel = &selection;
     ap.num_index_heads = s.num_index_heads;

@@ -35,13 +35,14 @@ class PagedRows {
   std::vector<std::unique_ptr<float, FreeDeleter>> pages_;
 };
 
+// MiniMax sparse attention settings (config: sparse_attention_config).
 struct SparseParams {
-  int num_index_heads = 1;
-  int index_dim = 0;
-  int block_size = 1;
-  int topk_blocks = 1;
-  int init_blocks = 0;
-  int local_blocks = 1;
+  int num_index_heads = 1;  // H_idx: one block selection per index head
+  int index_dim = 0;        // D_idx
+  int block_size = 1;       // B: keys per block
+  int topk_blocks = 1;      // blocks attended per query (forced ones included)
+  int init_blocks = 0;      // forced leading blocks
+  int local_blocks = 1;     // forced trailing blocks (the query's own block first)
 };
 
 // Selected key blocks per (query token, index head), ascending, at most topk each.
