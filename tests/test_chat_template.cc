@@ -260,6 +260,9 @@ TEST_CASE("jinja: loops, scoping, macros, namespaces", "[jinja]") {
         "ERROR: template:1: macro 'm' takes not more than 1 argument(s)");
   CHECK_THAT(Run("{% macro r() %}{{ r() }}{% endmacro %}{{ r() }}"),
              Contains("maximum recursion depth exceeded"));
+  // Self-references and macros stored in namespaces must not leak (checked under ASan).
+  CHECK(Run("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{% macro m() %}{{ ns.a }}{% endmacro %}"
+            "{% set ns.m = m %}{{ ns.me.me.a }}{{ ns.m() }}") == "11");
   CHECK(Run("{% set x = 1 %}{% set x.a = 2 %}") ==
         "ERROR: template:1: cannot assign attribute on non-namespace object");
 }
@@ -299,6 +302,30 @@ TEST_CASE("jinja: syntax errors carry the line number", "[jinja]") {
   CHECK_THAT(Run(deep), Contains("nested too deeply"));
   // Runtime errors report the line too.
   CHECK(Run("a\nb\n{{ 1 // 0 }}") == "ERROR: template:3: integer division or modulo by zero");
+}
+
+TEST_CASE("jinja: parsing corner cases follow Jinja2", "[jinja]") {
+  // Unknown filters/tests inside if-statements and inline ifs fail only when reached.
+  CHECK(Run("{% if false %}{{ x|nosuch }}{% endif %}{{ 'a' if true else x|nosuch2 }}ok") == "aok");
+  CHECK(Run("{% if true %}{{ x|nosuch }}{% endif %}") == "ERROR: template:1: No filter named 'nosuch'.");
+  CHECK_THAT(Run("{% if false %}{% for i in [1] %}{{ i|nosuch }}{% endfor %}{% endif %}"),
+             Contains("syntax error: No filter named 'nosuch'."));
+  // A Python-style colon may end a block tag; if-tests may be tuples.
+  CHECK(Run("{% if x: %}a{% elif true: %}b{% endif %}{% for i in [1]: %}{{ i }}{% endfor %}{% if 1, 0 %}t{% "
+            "endif %}") == "b1t");
+  CHECK(Run("{{ d[1, 2] }}|{{ l[] }}|", ojson::parse(R"({"d": {}, "l": [1]})")) == "||");
+  CHECK(Run("{{ 0o17 + 0b11 + 0x_f }} {{ 00 }} {{ 0or 1 }}") == "33 0 1");
+  CHECK_THAT(Run("{{ 012 }}"), Contains("got 'integer'"));
+  CHECK_THAT(Run("{% for k, in [[1]] %}{% endfor %}"), Contains("syntax error"));
+  CHECK_THAT(Run("{% set none = 1 %}"), Contains("can't assign"));
+  CHECK(Run("{{ 'a' }}{#") == "a");  // Jinja accepts a bare comment opener at the very end
+  // printf-style formatting is lenient with list/dict arguments exactly where Python is.
+  CHECK(Run("{{ '<s' % [1, 2] }}|{{ 'x' % {'a': 1} }}") == "<s|x");
+  CHECK(Run("{{ 'x' % 5 }}") == "ERROR: template:1: not all arguments converted during string formatting");
+  // Ints are 64-bit: where Python would grow the int, the result is an error, never a wrong number.
+  CHECK(Run("{{ 2 ** 62 }} {{ -9223372036854775807 - 1 }}") == "4611686018427387904 -9223372036854775808");
+  CHECK_THAT(Run("{{ 9223372036854775807 + 1 }}"), Contains("integer overflow"));
+  CHECK_THAT(Run("{{ 99999999999999999999 }}"), Contains("does not fit in 64 bits"));
 }
 
 TEST_CASE("jinja: host functions and values", "[jinja]") {

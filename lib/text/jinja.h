@@ -5,7 +5,11 @@
 // str() of None is "None", floats print as Python's repr, dicts keep insertion order.
 //
 // Not covered: template inheritance/includes/imports (there is no loader), recursive for loops,
-// autoescaping, arbitrary-precision integers (ints are 64-bit).
+// autoescaping. Ints are 64-bit: an overflow is an error where Python would grow the int.
+// Unicode case mapping and character classes cover Latin, Greek and Cyrillic (plus CJK etc.
+// as letters), not Python's full tables.
+//
+// A parsed Template is immutable; Render may run on several threads at once.
 #pragma once
 
 #include <cstdint>

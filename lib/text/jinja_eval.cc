@@ -87,8 +87,10 @@ class Renderer {
     builtins_["range"] = MakeBuiltin("range", BuiltinRange);
     builtins_["dict"] =
         MakeBuiltin("dict", [](const CallArgs& a) { return Value::MakeDict(DictFromArgs(a, "dict")); });
-    builtins_["namespace"] = MakeBuiltin(
-        "namespace", [](const CallArgs& a) { return Value::MakeNamespace(DictFromArgs(a, "namespace")); });
+    builtins_["namespace"] = MakeBuiltin("namespace", [this](const CallArgs& a) {
+      namespaces_.push_back(Value::MakeNamespace(DictFromArgs(a, "namespace")));
+      return namespaces_.back();
+    });
     builtins_["joiner"] = MakeBuiltin("joiner", BuiltinJoiner);
     for (const auto& [k, v] : globals) root_->vars[k] = v;
   }
@@ -100,6 +102,10 @@ class Renderer {
   }
 
   int line() const { return line_; }
+
+  ~Renderer() {
+    for (Value& ns : namespaces_) ns.namespace_attrs().items.clear();
+  }
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
@@ -248,9 +254,16 @@ class Renderer {
     }
   }
 
+  // A macro stored in the scope it closes over would make a shared_ptr cycle (a leak per
+  // render), so it holds the scope weakly and the renderer keeps it alive until the end.
   Value MakeMacro(const Macro& m, const ScopePtr& closure) {
-    return MakeBuiltin(m.name,
-                       [this, &m, closure](const CallArgs& args) { return CallMacro(m, closure, args); });
+    closures_.push_back(closure);
+    std::weak_ptr<Scope> weak = closure;
+    return MakeBuiltin(m.name, [this, &m, weak](const CallArgs& args) {
+      ScopePtr scope = weak.lock();
+      if (!scope) Fail("macro '" + m.name + "' called after its template finished rendering");
+      return CallMacro(m, scope, args);
+    });
   }
 
   Value CallMacro(const Macro& m, const ScopePtr& closure, const CallArgs& args) {
@@ -428,6 +441,8 @@ class Renderer {
 
   const Program& program_;
   ScopePtr root_;
+  std::vector<ScopePtr> closures_;  // scopes that macros close over (see MakeMacro)
+  std::vector<Value> namespaces_;   // cleared at the end: `set ns.me = ns` must not leak
   std::unordered_map<std::string, Value> builtins_;
   int line_ = 0;
   int call_depth_ = 0;
