@@ -75,6 +75,8 @@ void DecodeRowsImpl(const WeightRef& w, size_t row0, size_t n_rows, float* out) 
         }
         continue;  // tail and scales done
       }
+      default:  // tiled formats: element by element (embedding lookups only; matmuls use the int8 kernels)
+        break;
     }
     for (; c < cols; ++c) o[c] = WeightAt(w, row0 + r, c);
   }

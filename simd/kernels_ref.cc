@@ -12,6 +12,9 @@ const char* WeightFormatName(WeightFormat f) {
     case WeightFormat::kBF16: return "bf16";
     case WeightFormat::kF16: return "f16";
     case WeightFormat::kE4M3Mx32: return "mxfp8";
+    case WeightFormat::kQ8: return "q8";
+    case WeightFormat::kQ4: return "q4";
+    case WeightFormat::kBF16Tiled: return "bf16t";
   }
   return "?";
 }

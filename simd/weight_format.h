@@ -17,13 +17,26 @@ enum class WeightFormat : uint8_t {
   // MXFP8: FP8 E4M3 (OCP "fn": bias 7, no inf, 0x7F/0xFF = NaN) with one E8M0 exponent per 32
   // consecutive inputs of a row: W[o, i] = e4m3(q[o, i]) * 2^(scale[o, i / 32] - 127).
   kE4M3Mx32 = 3,
+  // Packed tile formats written by `m3 pack` (docs/PACKED_FORMAT.md). Rows are stored in tiles of
+  // 16 (kTileRows), inputs padded with zeros to a multiple of `group`; scales are fp16, one per
+  // (row, group), laid out [row_tile][group][16].
+  kQ8 = 4,         // u8 code c in 1..255:  W = (c - 128) * scale
+  kQ4 = 5,         // 4-bit code c in 0..15: W = (c - 8) * scale
+  kBF16Tiled = 6,  // bf16 values, 16 rows x 2 inputs per 64 bytes; no scales (group pads only)
 };
 
 inline constexpr size_t kMxGroup = 32;
+inline constexpr size_t kTileRows = 16;
+inline constexpr int kQ8Zero = 128;
+inline constexpr int kQ4Zero = 8;
+
+inline constexpr bool IsTiled(WeightFormat f) {
+  return f == WeightFormat::kQ8 || f == WeightFormat::kQ4 || f == WeightFormat::kBF16Tiled;
+}
 
 const char* WeightFormatName(WeightFormat f);
 
-// Bytes per stored element of the value tensor.
+// Bytes per stored element of the value tensor (row-major formats only).
 inline constexpr size_t ElementBytes(WeightFormat f) {
   return f == WeightFormat::kF32 ? 4 : (f == WeightFormat::kE4M3Mx32 ? 1 : 2);
 }
@@ -32,15 +45,35 @@ inline constexpr size_t ElementBytes(WeightFormat f) {
 struct WeightRef {
   WeightFormat format = WeightFormat::kF32;
   const void* data = nullptr;     // [rows, cols] elements
-  const uint8_t* scales = nullptr;  // kE4M3Mx32 only: [rows, ceil(cols/32)] E8M0 codes
+  const uint8_t* scales = nullptr;  // kE4M3Mx32: [rows, ceil(cols/32)] E8M0 codes;
+                                    // kQ8/kQ4: fp16 [row_tiles][groups][16]
   size_t rows = 0;
   size_t cols = 0;
+  size_t group = 0;  // tiled formats: inputs per scale (multiple of 32); cols pad to a multiple
 
   size_t scale_cols() const { return (cols + kMxGroup - 1) / kMxGroup; }
-  const uint8_t* row_bytes(size_t r) const {
+  const uint8_t* row_bytes(size_t r) const {  // row-major formats only
     return static_cast<const uint8_t*>(data) + r * cols * ElementBytes(format);
   }
+  // Tiled formats.
+  size_t row_tiles() const { return (rows + kTileRows - 1) / kTileRows; }
+  size_t padded_cols() const { return (cols + group - 1) / group * group; }
+  size_t groups() const { return padded_cols() / group; }
+  // Bytes of codes (or bf16 values) in one row tile; tile t starts at data + t * tile_bytes().
+  size_t tile_bytes() const {
+    const size_t p = padded_cols();
+    return format == WeightFormat::kQ4 ? kTileRows * p / 2 : format == WeightFormat::kQ8 ? kTileRows * p : kTileRows * p * 2;
+  }
+  const uint16_t* tile_scales(size_t tile) const {  // fp16 [groups][16]
+    return reinterpret_cast<const uint16_t*>(scales) + tile * groups() * kTileRows;
+  }
 };
+
+// Total bytes of a tiled matrix's codes and of its scales (0 for kBF16Tiled).
+inline size_t TiledCodeBytes(const WeightRef& w) { return w.row_tiles() * w.tile_bytes(); }
+inline size_t TiledScaleBytes(const WeightRef& w) {
+  return w.format == WeightFormat::kBF16Tiled ? 0 : w.row_tiles() * w.groups() * kTileRows * 2;
+}
 
 inline float BitsToF32(uint32_t bits) {
   float f;
@@ -62,6 +95,29 @@ inline float F16ToF32(uint16_t h) {
   return BitsToF32(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
+// fp32 -> fp16 bits, round to nearest even; overflow gives inf, NaN stays NaN.
+inline uint16_t F32ToF16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t abs = x & 0x7FFFFFFFu;
+  if (abs > 0x7F800000u) return sign | 0x7E00u;             // NaN
+  if (abs >= 0x477FF000u) return sign | 0x7C00u;            // rounds to >= 65520: inf
+  if (abs < 0x38800000u) {                                  // fp16 subnormal or zero
+    const float a = BitsToF32(abs);
+    return sign | static_cast<uint16_t>(std::nearbyint(a * 0x1p24f));  // exact scaling, RNE
+  }
+  const uint32_t rounded = abs + 0xFFFu + ((abs >> 13) & 1u);  // RNE on the 13 dropped bits
+  return sign | static_cast<uint16_t>((rounded >> 13) - (112u << 10));
+}
+
+inline uint16_t F32ToBf16(float f) {  // round to nearest even; NaN stays NaN
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
 inline float E4M3ToF32(uint8_t b) {
   if ((b & 0x7F) == 0x7F) return std::numeric_limits<float>::quiet_NaN();
   const uint32_t exp = (b >> 3) & 0xF;
@@ -76,8 +132,33 @@ inline float E8M0ToF32(uint8_t code) {
   return std::ldexp(1.0f, static_cast<int>(code) - 127);
 }
 
+// Exact value of element (r, c) of a tiled matrix (see the layout in docs/PACKED_FORMAT.md).
+inline float TiledWeightAt(const WeightRef& w, size_t r, size_t c) {
+  const size_t tile = r / kTileRows, tr = r % kTileRows;
+  const uint8_t* t = static_cast<const uint8_t*>(w.data) + tile * w.tile_bytes();
+  if (w.format == WeightFormat::kBF16Tiled) {
+    uint16_t h;
+    std::memcpy(&h, t + ((c / 2) * kTileRows * 2 + tr * 2 + c % 2) * 2, 2);
+    return Bf16ToF32(h);
+  }
+  const size_t g = c / w.group, in = c % w.group;  // input within the group
+  uint16_t scale_bits;
+  std::memcpy(&scale_bits, w.tile_scales(tile) + g * kTileRows + tr, 2);
+  const float scale = F16ToF32(scale_bits);
+  if (w.format == WeightFormat::kQ8) {
+    const uint8_t code = t[g * w.group * kTileRows + (in / 4) * 64 + tr * 4 + in % 4];
+    return static_cast<float>(static_cast<int>(code) - kQ8Zero) * scale;
+  }
+  // kQ4: 64-byte chunk v of a group holds quad v in low nibbles and quad v + group/8 in high ones.
+  const size_t quad = in / 4, half = w.group / 8;
+  const uint8_t byte = t[g * w.group * kTileRows / 2 + (quad % half) * 64 + tr * 4 + in % 4];
+  const int code = quad < half ? (byte & 0xF) : (byte >> 4);
+  return static_cast<float>(code - kQ4Zero) * scale;
+}
+
 // Exact value of element (r, c).
 inline float WeightAt(const WeightRef& w, size_t r, size_t c) {
+  if (IsTiled(w.format)) return TiledWeightAt(w, r, c);
   const uint8_t* row = w.row_bytes(r);
   switch (w.format) {
     case WeightFormat::kF32: {
@@ -97,6 +178,8 @@ inline float WeightAt(const WeightRef& w, size_t r, size_t c) {
     }
     case WeightFormat::kE4M3Mx32:
       return E4M3ToF32(row[c]) * E8M0ToF32(w.scales[r * w.scale_cols() + c / kMxGroup]);
+    default:
+      break;
   }
   return 0.0f;
 }

@@ -1,0 +1,159 @@
+#include "weight_pack.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace m3::simd {
+namespace {
+
+int RoundToInt(float v) { return static_cast<int>(std::nearbyint(v)); }
+
+// Squared error of quantizing x with scale d (rounded to fp16 first); writes the codes.
+double TryScale(const float* x, size_t n, float d, int lo, int hi, int8_t* q, uint16_t* bits) {
+  *bits = F32ToF16(d);
+  const float d16 = F16ToF32(*bits);
+  double err = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int v = d16 == 0.0f ? 0 : std::clamp(RoundToInt(x[i] / d16), lo, hi);
+    q[i] = static_cast<int8_t>(v);
+    const double e = static_cast<double>(x[i]) - static_cast<double>(v) * d16;
+    err += e * e;
+  }
+  return err;
+}
+
+// Signed value of largest magnitude (the first one on ties, as llama.cpp does).
+float SignedMax(const float* x, size_t n) {
+  float amax = 0, m = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), m = x[i];
+  return m;
+}
+
+// Q4_0's own codes and scale for one group of 32.
+void Q4_0Group(const float* x, size_t n, int8_t* q, uint16_t* bits) {
+  const float d = SignedMax(x, n) / -8.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (size_t i = 0; i < n; ++i) {
+    const int c = std::min(15, static_cast<int>(x[i] * id + 8.5f));
+    q[i] = static_cast<int8_t>(std::max(c, 0) - 8);
+  }
+  *bits = F32ToF16(d);
+}
+
+double GroupError(const float* x, size_t n, const int8_t* q, uint16_t bits) {
+  const double d = F16ToF32(bits);
+  double err = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double e = x[i] - q[i] * d;
+    err += e * e;
+  }
+  return err;
+}
+
+}  // namespace
+
+WeightRef TiledShape(WeightFormat format, size_t rows, size_t cols, size_t group) {
+  WeightRef w;
+  w.format = format;
+  w.rows = rows;
+  w.cols = cols;
+  w.group = group ? group
+                  : (format == WeightFormat::kQ8 ? kQ8Group : format == WeightFormat::kQ4 ? kQ4Group : kBf16TiledGroup);
+  return w;
+}
+
+double QuantizeQ4Group(const float* x, size_t n, int8_t* q, uint16_t* scale_bits) {
+  int8_t cand[256];
+  uint16_t cand_bits;
+  Q4_0Group(x, n, q, scale_bits);
+  double best = GroupError(x, n, q, *scale_bits);
+  const float m = SignedMax(x, n);
+  if (m == 0.0f) return best;
+  auto consider = [&](float d) {
+    if (!std::isfinite(d) || d == 0.0f) return;
+    const double e = TryScale(x, n, d, -8, 7, cand, &cand_bits);
+    if (e < best) {
+      best = e;
+      *scale_bits = cand_bits;
+      std::memcpy(q, cand, n);
+    }
+  };
+  // Map the extreme value onto -8 .. -6.5 or +6.5 .. +7.5 steps, then refine the best by least
+  // squares (d = sum(x q) / sum(q^2) for the chosen codes) and requantize.
+  for (int s = 0; s <= 15; ++s) {
+    consider(m / -(8.0f - 0.1f * s));
+    consider(m / (7.5f - 0.1f * s));
+  }
+  for (int iter = 0; iter < 2; ++iter) {
+    double sxq = 0, sqq = 0;
+    for (size_t i = 0; i < n; ++i) sxq += static_cast<double>(x[i]) * q[i], sqq += static_cast<double>(q[i]) * q[i];
+    if (sqq > 0) consider(static_cast<float>(sxq / sqq));
+  }
+  return best;
+}
+
+void ReconstructQ4_0(const float* x, size_t n, float* out) {
+  int8_t q[32];
+  uint16_t bits;
+  for (size_t b = 0; b + 32 <= n; b += 32) {
+    Q4_0Group(x + b, 32, q, &bits);
+    const float d = F16ToF32(bits);
+    for (size_t i = 0; i < 32; ++i) out[b + i] = q[i] * d;
+  }
+}
+
+bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t n_tiles, uint8_t* codes,
+                  uint16_t* scales) {
+  const size_t cols = shape.cols, group = shape.group, groups = shape.groups();
+  std::memset(codes, 0, n_tiles * shape.tile_bytes());
+  std::vector<float> x(group);
+  std::vector<int8_t> q(group);
+  for (size_t t = 0; t < n_tiles; ++t) {
+    uint8_t* tile = codes + t * shape.tile_bytes();
+    for (size_t tr = 0; tr < kTileRows; ++tr) {
+      const size_t r = (tile0 + t) * kTileRows + tr;
+      const bool present = r < shape.rows;
+      const float* row = src + (t * kTileRows + tr) * cols;
+      for (size_t g = 0; g < groups; ++g) {
+        for (size_t i = 0; i < group; ++i) {
+          const size_t c = g * group + i;
+          x[i] = present && c < cols ? row[c] : 0.0f;
+          if (!std::isfinite(x[i])) return false;
+        }
+        if (shape.format == WeightFormat::kBF16Tiled) {
+          for (size_t i = 0; i < group; ++i) {
+            const size_t c = g * group + i;
+            const uint16_t b = F32ToBf16(x[i]);
+            std::memcpy(tile + ((c / 2) * kTileRows * 2 + tr * 2 + c % 2) * 2, &b, 2);
+          }
+          continue;
+        }
+        uint16_t bits = 0;
+        if (shape.format == WeightFormat::kQ8) {
+          float amax = 0;
+          for (size_t i = 0; i < group; ++i) amax = std::max(amax, std::fabs(x[i]));
+          TryScale(x.data(), group, amax / 127.0f, -127, 127, q.data(), &bits);
+          for (size_t i = 0; i < group; ++i)
+            tile[g * group * kTileRows + (i / 4) * 64 + tr * 4 + i % 4] = static_cast<uint8_t>(q[i] + kQ8Zero);
+        } else {
+          QuantizeQ4Group(x.data(), group, q.data(), &bits);
+          const size_t half = group / 8;
+          for (size_t i = 0; i < group; ++i) {
+            const size_t quad = i / 4;
+            uint8_t& byte = tile[g * group * kTileRows / 2 + (quad % half) * 64 + tr * 4 + i % 4];
+            const uint8_t code = static_cast<uint8_t>(q[i] + kQ4Zero);
+            byte |= quad < half ? code : static_cast<uint8_t>(code << 4);
+          }
+        }
+        if ((bits & 0x7C00u) == 0x7C00u) return false;  // scale overflowed fp16
+        scales[(t * groups + g) * kTileRows + tr] = bits;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace m3::simd

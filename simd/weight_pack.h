@@ -1,0 +1,39 @@
+// Quantizers that write the tiled weight formats of weight_format.h (m3 pack, tests, benchmarks).
+//
+// q8: per (row, group of 128 inputs) one fp16 scale d = amax / 127, codes round(x / d) + 128.
+// q4: per (row, group of 32 inputs) one fp16 scale chosen by a small search that minimises the
+//     squared reconstruction error of the group; the candidates include llama.cpp's Q4_0 choice
+//     (d = max / -8), so the error is never larger than Q4_0's at the same 4.5 bits per weight.
+// bf16 (tiled): round to nearest even.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "weight_format.h"
+
+namespace m3::simd {
+
+inline constexpr size_t kQ8Group = 128;
+inline constexpr size_t kQ4Group = 32;
+inline constexpr size_t kBf16TiledGroup = 32;  // padding unit only
+
+// Geometry of a tiled matrix (data and scales left null). `group` 0 picks the format's default.
+WeightRef TiledShape(WeightFormat format, size_t rows, size_t cols, size_t group = 0);
+
+// Packs row tiles [tile0, tile0 + n_tiles) of `shape`. `src` holds the fp32 rows of those tiles,
+// row-major with stride shape.cols, starting at row tile0 * 16 (a final partial tile has only
+// the rows that exist). Writes n_tiles * shape.tile_bytes() bytes to `codes` and, for q8/q4,
+// n_tiles * groups * 16 fp16 scales to `scales`. Padding rows and inputs are zero.
+// Returns false (writing nothing useful) when a value is not finite or a scale overflows fp16.
+bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t n_tiles, uint8_t* codes,
+                  uint16_t* scales);
+
+// Reconstruction of n values (n % 32 == 0) through llama.cpp's Q4_0 (fp16 d = max / -8 per 32,
+// codes min(15, (int)(x / d + 8.5))): the baseline the q4 quality test compares against.
+void ReconstructQ4_0(const float* x, size_t n, float* out);
+
+// The q4 choice for one group: codes in -8..7 and the fp16 scale bits; returns the squared error.
+double QuantizeQ4Group(const float* x, size_t n, int8_t* q, uint16_t* scale_bits);
+
+}  // namespace m3::simd

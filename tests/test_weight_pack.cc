@@ -1,0 +1,126 @@
+// The tiled weight formats and their quantizers: layout round trips, fp16 rounding, and the q4
+// quality guarantee against llama.cpp's Q4_0.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "test_util.h"
+#include "weight_pack.h"
+
+namespace m3::simd {
+namespace {
+
+struct Packed {
+  WeightRef w;
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> scales;
+};
+
+Packed Pack(WeightFormat f, size_t rows, size_t cols, const std::vector<float>& src) {
+  Packed p;
+  p.w = TiledShape(f, rows, cols);
+  p.codes.resize(TiledCodeBytes(p.w));
+  p.scales.resize(std::max<size_t>(1, TiledScaleBytes(p.w) / 2));
+  std::vector<float> padded(p.w.row_tiles() * kTileRows * cols, 0.0f);
+  std::copy(src.begin(), src.end(), padded.begin());
+  REQUIRE(PackRowTiles(p.w, padded.data(), 0, p.w.row_tiles(), p.codes.data(), p.scales.data()));
+  p.w.data = p.codes.data();
+  p.w.scales = reinterpret_cast<const uint8_t*>(p.scales.data());
+  return p;
+}
+
+TEST_CASE("F32ToF16 rounds to nearest even and round-trips every fp16 value") {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7C00) == 0x7C00 && (h & 0x3FF)) continue;  // NaN payloads
+    const float f = F16ToF32(static_cast<uint16_t>(h));
+    REQUIRE(F32ToF16(f) == h);
+  }
+  CHECK(F32ToF16(1.0f + 0x1p-11f) == F32ToF16(1.0f));                 // tie to even (down)
+  CHECK(F32ToF16(1.0f + 3 * 0x1p-11f) == F32ToF16(1.0f + 0x1p-9f));   // tie to even (up)
+  CHECK(F32ToF16(65520.0f) == 0x7C00);
+  CHECK(F32ToF16(65519.0f) == 0x7BFF);
+  CHECK(F32ToF16(0x1p-25f) == 0);            // tie to even at the bottom
+  CHECK(F32ToF16(0x1p-25f * 1.5f) == 1);
+  CHECK(std::isnan(F16ToF32(F32ToF16(NAN))));
+  CHECK(F32ToBf16(1.0f) == 0x3F80);
+  CHECK(F32ToBf16(BitsToF32(0x3F808000u)) == 0x3F80);  // tie to even
+  CHECK(F32ToBf16(BitsToF32(0x3F818000u)) == 0x3F82);
+}
+
+TEST_CASE("Tiled formats decode to the quantized values, with zero padding, for odd shapes") {
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kBF16Tiled}) {
+    for (auto [rows, cols] : {std::pair<size_t, size_t>{1, 1}, {5, 33}, {16, 128}, {17, 200}, {40, 96}, {33, 257}}) {
+      INFO(WeightFormatName(f) << " " << rows << "x" << cols);
+      const auto src = test::RandomVec(rows * cols, 7 + static_cast<uint32_t>(rows * cols), 0.5f);
+      const Packed p = Pack(f, rows, cols, src);
+      double err = 0, ref = 0;
+      for (size_t r = 0; r < rows; ++r)
+        for (size_t c = 0; c < cols; ++c) {
+          const float v = WeightAt(p.w, r, c), x = src[r * cols + c];
+          if (f == WeightFormat::kBF16Tiled) REQUIRE(v == Bf16ToF32(F32ToBf16(x)));
+          err += (v - x) * (v - x);
+          ref += x * x;
+        }
+      const double rel = std::sqrt(err / ref);
+      CHECK(rel < (f == WeightFormat::kQ4 ? 0.12 : f == WeightFormat::kQ8 ? 0.01 : 0.004));
+      // Padding rows and inputs decode to zero.
+      for (size_t r = rows; r < p.w.row_tiles() * kTileRows; ++r)
+        for (size_t c = 0; c < p.w.padded_cols(); ++c) REQUIRE(TiledWeightAt(p.w, r, c) == 0.0f);
+      for (size_t r = 0; r < rows; ++r)
+        for (size_t c = cols; c < p.w.padded_cols(); ++c) REQUIRE(TiledWeightAt(p.w, r, c) == 0.0f);
+    }
+  }
+}
+
+TEST_CASE("q8 codes are the rounded values of x / d with d = fp16(amax / 127)") {
+  std::vector<float> src(128);
+  for (size_t i = 0; i < 128; ++i) src[i] = static_cast<float>(i) - 64.0f;  // amax 64
+  const Packed p = Pack(WeightFormat::kQ8, 1, 128, src);
+  const float d = F16ToF32(F32ToF16(64.0f / 127.0f));
+  for (size_t c = 0; c < 128; ++c)
+    REQUIRE(WeightAt(p.w, 0, c) == static_cast<float>(std::clamp<int>(static_cast<int>(std::nearbyint(src[c] / d)), -127, 127)) * d);
+}
+
+TEST_CASE("q4 reconstruction error is never above llama.cpp Q4_0 on any group") {
+  for (uint32_t seed = 0; seed < 400; ++seed) {
+    auto x = test::RandomVec(32, seed, seed % 3 == 0 ? 0.02f : 1.0f);
+    if (seed % 5 == 0) x[seed % 32] *= 12.0f;  // an outlier
+    if (seed % 7 == 0)
+      for (auto& v : x) v = std::fabs(v);  // one-signed group
+    std::vector<float> q40(32);
+    ReconstructQ4_0(x.data(), 32, q40.data());
+    int8_t q[32];
+    uint16_t bits;
+    const double err = QuantizeQ4Group(x.data(), 32, q, &bits);
+    double err40 = 0, err_check = 0;
+    for (size_t i = 0; i < 32; ++i) {
+      err40 += (x[i] - q40[i]) * static_cast<double>(x[i] - q40[i]);
+      const double v = q[i] * static_cast<double>(F16ToF32(bits));
+      err_check += (x[i] - v) * (x[i] - v);
+      REQUIRE(q[i] >= -8);
+      REQUIRE(q[i] <= 7);
+    }
+    REQUIRE(err == Approx(err_check).epsilon(1e-9).margin(1e-30));
+    REQUIRE(err <= err40 * (1 + 1e-12));
+  }
+}
+
+TEST_CASE("Packing refuses non-finite values") {
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kBF16Tiled}) {
+    WeightRef w = TiledShape(f, 3, 40);
+    std::vector<float> src(16 * 40, 1.0f);
+    src[77] = NAN;
+    std::vector<uint8_t> codes(TiledCodeBytes(w));
+    std::vector<uint16_t> scales(TiledScaleBytes(w) / 2 + 1);
+    CHECK_FALSE(PackRowTiles(w, src.data(), 0, 1, codes.data(), scales.data()));
+  }
+  WeightRef w = TiledShape(WeightFormat::kQ8, 1, 128);
+  std::vector<float> big(16 * 128, 0.0f);
+  big[3] = 1e9f;  // scale would overflow fp16
+  std::vector<uint8_t> codes(TiledCodeBytes(w));
+  std::vector<uint16_t> scales(TiledScaleBytes(w) / 2);
+  CHECK_FALSE(PackRowTiles(w, big.data(), 0, 1, codes.data(), scales.data()));
+}
+
+}  // namespace
+}  // namespace m3::simd
