@@ -1,4 +1,6 @@
-// m3 inspect -m DIR: config summary, layer kinds, tensors, bytes by dtype, parameter counts, SIMD target.
+// m3 inspect -m DIR [--verify]: config summary, layer kinds, tensors, bytes by dtype (or by packed
+// format, with the pack type), parameter counts, SIMD target; --verify hashes a packed file.
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -19,7 +21,7 @@ std::string Human(double n, const char* unit) {
   return buf;
 }
 
-int RunInspect(const std::string& dir) {
+int RunInspect(const std::string& dir, bool verify) {
   auto model = Model::Load(dir);
   if (!model.ok()) {
     std::fprintf(stderr, "m3 inspect: %s\n", model.status().ToString().c_str());
@@ -45,16 +47,33 @@ int RunInspect(const std::string& dir) {
     std::printf(" %s%s", c.sparse_layer[l] ? "S" : "D", c.moe_layer[l] ? "+moe" : "+mlp");
   std::printf("   (S sparse / D dense attention)\n");
 
-  std::map<std::string, std::pair<size_t, size_t>> by_dtype;  // dtype -> (tensors, bytes)
+  std::map<std::string, std::pair<size_t, size_t>> by_dtype;  // dtype or packed format -> (tensors, bytes)
   size_t tensors = 0;
-  for (const auto& [name, t] : m.checkpoint().text_tensors()) {
-    auto& e = by_dtype[DTypeName(t->dtype)];
-    ++e.first;
-    e.second += t->nbytes;
-    ++tensors;
+  if (const PackFile* pack = m.pack()) {
+    for (const auto& t : pack->tensors()) {
+      auto& e = by_dtype[PackedFormatName(t.format)];
+      ++e.first;
+      e.second += t.data.bytes + t.scales.bytes;
+      ++tensors;
+    }
+    const nlohmann::json& d = pack->directory();
+    std::string version = "?", source = "?";
+    if (d.contains("m3_version") && d["m3_version"].is_string()) version = d["m3_version"].get<std::string>();
+    if (d.contains("source") && d["source"].is_object() && d["source"].value("dir", nlohmann::json()).is_string())
+      source = d["source"]["dir"].get<std::string>();
+    std::printf("packed           %s by m3 %s from %s\n", pack->pack_type().c_str(), version.c_str(), source.c_str());
+    std::printf("tensors          %zu in %s (%s), %zu expert ranges\n", tensors, kPackFileName,
+                Human(static_cast<double>(pack->file().size()), "B").c_str(), pack->expert_ranges().size());
+  } else {
+    for (const auto& [name, t] : m.checkpoint()->text_tensors()) {
+      auto& e = by_dtype[DTypeName(t->dtype)];
+      ++e.first;
+      e.second += t->nbytes;
+      ++tensors;
+    }
+    std::printf("tensors          %zu text tensors in %zu file(s), %zu non-text skipped\n", tensors,
+                m.checkpoint()->files().size(), m.checkpoint()->skipped_tensor_count());
   }
-  std::printf("tensors          %zu text tensors in %zu file(s), %zu non-text skipped\n", tensors,
-              m.checkpoint().files().size(), m.checkpoint().skipped_tensor_count());
   for (const auto& [dtype, e] : by_dtype)
     std::printf("  %-8s       %6zu tensors  %s\n", dtype.c_str(), e.first, Human(static_cast<double>(e.second), "B").c_str());
   const WeightStats& s = m.stats();
@@ -63,6 +82,21 @@ int RunInspect(const std::string& dir) {
               Human(static_cast<double>(s.active_params), "").c_str());
   std::printf("mtp modules      %d bound (config declares %d)\n", s.mtp_depths, c.num_mtp_modules);
   std::printf("simd target      %s\n", simd::ActiveTargetName().c_str());
+  if (!verify) return 0;
+  if (!m.pack()) {
+    std::fprintf(stderr, "m3 inspect: --verify needs a packed model folder (model.m3w); %s has none\n", dir.c_str());
+    return 1;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const Status st = m.pack()->Verify(ThreadConfig{DefaultThreadCount()});
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!st.ok()) {
+    std::printf("verify           FAILED\n");
+    std::fprintf(stderr, "m3 inspect: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  std::printf("verify           ok: %zu tensor hashes match (%s in %.2f s)\n", m.pack()->tensors().size(),
+              Human(static_cast<double>(m.pack()->file().size()), "B").c_str(), secs);
   return 0;
 }
 
@@ -71,8 +105,10 @@ int RunInspect(const std::string& dir) {
 void AddInspectCommand(CLI::App& app, int* rc) {
   auto* cmd = app.add_subcommand("inspect", "Summarize a model folder: config, layers, tensors, parameters");
   auto dir = std::make_shared<std::string>();
-  cmd->add_option("-m,--model", *dir, "HuggingFace checkpoint folder")->required();
-  cmd->callback([dir, rc] { *rc = RunInspect(*dir); });
+  auto verify = std::make_shared<bool>(false);
+  cmd->add_option("-m,--model", *dir, "HuggingFace checkpoint folder or packed folder (m3 pack)")->required();
+  cmd->add_flag("--verify", *verify, "packed folders: hash every tensor and compare with the directory");
+  cmd->callback([dir, verify, rc] { *rc = RunInspect(*dir, *verify); });
 }
 
 }  // namespace m3::cli

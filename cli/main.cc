@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   m3::cli::AddLogitsCommand(app, &rc);
   m3::cli::AddTextCommands(app, &rc);
   m3::cli::AddRunCommands(app, &rc);
+  m3::cli::AddPackCommand(app, &rc);
+  m3::cli::AddBenchCommand(app, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

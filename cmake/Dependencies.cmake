@@ -11,3 +11,25 @@ find_package(ICU REQUIRED COMPONENTS uc)
 if(M3_BUILD_TESTS)
   find_package(Catch2 2 REQUIRED)
 endif()
+# oneDNN (libdnnl-dev), optional: the int8 matmul peer in `m3 bench --kernels`. Found by header and
+# library rather than find_package(dnnl): Debian's dnnl-config.cmake hard-requires OpenCL for its
+# GPU runtime, which the CPU engine never uses, and a missing OpenCL would make configure fail.
+# The benchmark uses the 2.x API (matmul::desc, output scales), so only major version 2 is taken.
+find_path(M3_DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
+find_library(M3_DNNL_LIBRARY dnnl)
+set(M3_HAVE_DNNL OFF)
+if(M3_DNNL_INCLUDE_DIR AND M3_DNNL_LIBRARY AND EXISTS "${M3_DNNL_INCLUDE_DIR}/oneapi/dnnl/dnnl_version.h")
+  file(STRINGS "${M3_DNNL_INCLUDE_DIR}/oneapi/dnnl/dnnl_version.h" _m3_dnnl_major REGEX "#define DNNL_VERSION_MAJOR ")
+  string(REGEX REPLACE ".*DNNL_VERSION_MAJOR ([0-9]+).*" "\\1" _m3_dnnl_major "${_m3_dnnl_major}")
+  if(_m3_dnnl_major STREQUAL "2")
+    set(M3_HAVE_DNNL ON)
+    add_library(m3::dnnl UNKNOWN IMPORTED)
+    set_target_properties(m3::dnnl PROPERTIES IMPORTED_LOCATION "${M3_DNNL_LIBRARY}"
+                                              INTERFACE_INCLUDE_DIRECTORIES "${M3_DNNL_INCLUDE_DIR}")
+    message(STATUS "oneDNN ${_m3_dnnl_major}.x: ${M3_DNNL_LIBRARY} (benchmark peer)")
+  else()
+    message(STATUS "oneDNN ${_m3_dnnl_major}.x found; the benchmark peer needs 2.x: onednn rows disabled")
+  endif()
+else()
+  message(STATUS "oneDNN not found (libdnnl-dev): m3 bench --kernels skips its onednn rows")
+endif()

@@ -16,6 +16,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "weight_format.h"
 
@@ -34,7 +36,7 @@ struct QuantizedActivations {
 
 // Quantizes x [n_tok, cols] (row stride ldx) for a weight with the given group (padded_cols =
 // round_up(cols, group)). Output buffers: q [n_tok * padded_cols], scale and sum [n_tok * groups].
-// q = round_half_even(x * (127 / amax)) clamped to [-127, 127].
+// q = round_half_even(x * (127 / amax)) clamped to [-127, 127]; x must be finite.
 void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
                          float* scale, int32_t* sum);
 
@@ -52,6 +54,21 @@ void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_to
 // "avx2", "highway-NEON", "avx512-bf16"); for benchmark reports.
 const char* QuantKernelName();
 const char* Bf16KernelName();
+
+// Runs the fastest int8 dot-product instruction of this CPU (vpdpbusd with 16 independent
+// accumulators when AVX-512 VNNI is present, else the active path's sequence) from registers
+// only, `iterations` times; returns the int8 operations performed (2 per multiply-add).
+uint64_t Int8DotPeakLoop(uint64_t iterations);
+
+// Tests only (not thread safe). Every implementation runnable here: "ref", "avx512-vnni",
+// "avx512-bf16" (bf16 only), and one per Highway target ("avx512", "avx2", "highway-SSE4", ...).
+std::vector<std::string> RunnableQuantKernels();
+// Forces QuantizeActivations / QuantMatMul / Bf16TiledMatMul to the named implementation where it
+// provides them (automatic choice for the others); nullptr or "" restores automatic choice.
+// Returns false for a name not in RunnableQuantKernels().
+bool ForceQuantKernelForTest(const char* name);
+// Whether the active QuantMatMul uses fused multiply-add and so matches ref bit for bit.
+bool QuantKernelIsExact();
 
 namespace ref {
 void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,

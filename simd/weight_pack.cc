@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace m3::simd {
@@ -65,34 +66,54 @@ WeightRef TiledShape(WeightFormat format, size_t rows, size_t cols, size_t group
   return w;
 }
 
+// Squared error of codes round_half_even(clamp(x / d16, lo, hi)) for a candidate fp16 scale, in
+// float with 8 partial sums so the loop vectorizes (the search runs over every packed weight).
+float CandidateError(const float* x, size_t n, float d16, float lo, float hi) {
+  const float inv = 1.0f / d16;
+  float acc[8] = {};
+  for (size_t i = 0; i < n; i += 8)
+    for (size_t j = 0; j < 8; ++j) {
+      float v = std::min(std::max(x[i + j] * inv, lo), hi);
+      v = (v + 0x1.8p23f) - 0x1.8p23f;  // round half to even (|v| <= 8)
+      const float e = x[i + j] - v * d16;
+      acc[j] += e * e;
+    }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 double QuantizeQ4Group(const float* x, size_t n, int8_t* q, uint16_t* scale_bits) {
+  Q4_0Group(x, n, q, scale_bits);
+  const double err_q4_0 = GroupError(x, n, q, *scale_bits);
+  const float m = SignedMax(x, n);
+  if (m == 0.0f || n % 8 != 0) return err_q4_0;
+  // Candidates map the extreme value onto -8 .. -6.65 or +7.5 .. +6.15 (fp16-rounded), then the
+  // best is refined once by least squares (d = sum(x q) / sum(q^2) for its codes).
+  float best_d = 0, best_err = std::numeric_limits<float>::infinity();
+  auto consider = [&](float d) {
+    const float d16 = F16ToF32(F32ToF16(d));
+    if (!std::isfinite(d16) || d16 == 0.0f) return;
+    const float e = CandidateError(x, n, d16, -8.0f, 7.0f);
+    if (e < best_err) best_err = e, best_d = d16;
+  };
+  for (int s = 0; s < 10; ++s) {
+    consider(m / -(8.0f - 0.15f * s));
+    consider(m / (7.5f - 0.15f * s));
+  }
+  if (best_d == 0) return err_q4_0;
+  double sxq = 0, sqq = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double c = std::clamp(std::nearbyint(x[i] / best_d), -8.0f, 7.0f);
+    sxq += x[i] * c, sqq += c * c;
+  }
+  if (sqq > 0) consider(static_cast<float>(sxq / sqq));
+  // Final choice in double against Q4_0 itself, so the error is never above Q4_0's.
   int8_t cand[256];
   uint16_t cand_bits;
-  Q4_0Group(x, n, q, scale_bits);
-  double best = GroupError(x, n, q, *scale_bits);
-  const float m = SignedMax(x, n);
-  if (m == 0.0f) return best;
-  auto consider = [&](float d) {
-    if (!std::isfinite(d) || d == 0.0f) return;
-    const double e = TryScale(x, n, d, -8, 7, cand, &cand_bits);
-    if (e < best) {
-      best = e;
-      *scale_bits = cand_bits;
-      std::memcpy(q, cand, n);
-    }
-  };
-  // Map the extreme value onto -8 .. -6.5 or +6.5 .. +7.5 steps, then refine the best by least
-  // squares (d = sum(x q) / sum(q^2) for the chosen codes) and requantize.
-  for (int s = 0; s <= 15; ++s) {
-    consider(m / -(8.0f - 0.1f * s));
-    consider(m / (7.5f - 0.1f * s));
-  }
-  for (int iter = 0; iter < 2; ++iter) {
-    double sxq = 0, sqq = 0;
-    for (size_t i = 0; i < n; ++i) sxq += static_cast<double>(x[i]) * q[i], sqq += static_cast<double>(q[i]) * q[i];
-    if (sqq > 0) consider(static_cast<float>(sxq / sqq));
-  }
-  return best;
+  const double err = TryScale(x, n, best_d, -8, 7, cand, &cand_bits);
+  if (err >= err_q4_0) return err_q4_0;
+  std::memcpy(q, cand, n);
+  *scale_bits = cand_bits;
+  return err;
 }
 
 void ReconstructQ4_0(const float* x, size_t n, float* out) {

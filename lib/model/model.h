@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "format/pack_file.h"
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
@@ -30,13 +31,16 @@ class ForwardObserver {
 
 class Model {
  public:
-  // Opens a HuggingFace checkpoint folder; validates config and every tensor before returning.
+  // Opens a model folder: a packed one (model.m3w from `m3 pack`, used when present) or a
+  // HuggingFace checkpoint; validates config and every tensor before returning.
   static StatusOr<std::unique_ptr<Model>> Load(const std::string& dir);
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   const WeightStats& stats() const { return stats_; }
-  const Checkpoint& checkpoint() const { return *checkpoint_; }
+  // Exactly one of these is set: the HuggingFace checkpoint or the packed file the weights map.
+  const Checkpoint* checkpoint() const { return checkpoint_.get(); }
+  const PackFile* pack() const { return pack_.get(); }
 
   // Runs tokens ids[0..n) at positions cache->length() + t and appends them to the cache (one
   // matrix-matrix pass for a prompt, n = 1 for decode). Logits: [n, vocab] (kAllRows) or
@@ -50,6 +54,7 @@ class Model {
                       float* out, ForwardObserver* observer) const;
 
   std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<PackFile> pack_;
   ModelConfig config_;
   ModelWeights weights_;
   WeightStats stats_;

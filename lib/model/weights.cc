@@ -90,7 +90,50 @@ StatusOr<WeightFormat> MatrixFormat(DType d) {
   }
 }
 
+// How many MTP depths (up to num_mtp_modules) have at least one tensor: depth d counts when
+// any name starts with "model.mtp.layers.d." and every shallower depth counts.
+int CountMtpDepths(const ModelConfig& cfg, const std::function<bool(const std::string& prefix)>& has_prefix) {
+  int depths = 0;
+  while (depths < cfg.num_mtp_modules && has_prefix("model.mtp.layers." + std::to_string(depths) + ".")) ++depths;
+  return depths;
+}
+
+void CountParams(const TensorSlot& s, int64_t numel, WeightStats* stats) {
+  stats->total_params += numel;
+  if (s.is_routed_expert) stats->routed_expert_params += numel;
+  if (s.name == "model.embed_tokens.weight") stats->embedding_params += numel;
+}
+
+// Norm weights become the (1 + w) multiplier for Gemma-style norms, formed once in fp32.
+void PrepareVector(const ModelConfig& cfg, TensorSlot& s) {
+  if (s.is_norm && cfg.gemma_norm)
+    for (float& x : *s.vector) x = 1.0f + x;
+}
+
+Status UnexplainedTensor(const ModelConfig& cfg, const std::string& where, const std::string& name) {
+  if (name.find(".mtp.") != std::string::npos || name.rfind("mtp.", 0) == 0)
+    return InvalidArgument(where, ": tensor '", name, "' belongs to an MTP depth beyond num_mtp_modules (",
+                           cfg.num_mtp_modules, ") or an incomplete MTP module");
+  return InvalidArgument(where, ": tensor '", name, "' is not part of the model that config.json describes");
+}
+
+// Tied LM head, zero router bias where unused, and the active-parameter count.
+void FinishBinding(const ModelConfig& cfg, ModelWeights* w, WeightStats* stats) {
+  if (cfg.tie_word_embeddings) w->lm_head = w->embed;
+  for (auto& L : w->layers)
+    if (L.is_moe && !cfg.use_routing_bias) L.moe.router_bias.assign(cfg.num_experts, 0.0f);
+  for (auto& m : w->mtp)
+    if (m.layer.is_moe && !cfg.use_routing_bias) m.layer.moe.router_bias.assign(cfg.num_experts, 0.0f);
+  const int64_t H = cfg.hidden_size;
+  stats->active_params = stats->total_params - stats->embedding_params + H;
+  if (cfg.num_experts > 0)
+    stats->active_params -= stats->routed_expert_params * (cfg.num_experts - cfg.experts_per_token) / cfg.num_experts;
+  if (cfg.tie_word_embeddings) stats->active_params += stats->embedding_params - H;  // the LM head reads it all
+}
+
 }  // namespace
+
+StatusOr<simd::WeightFormat> CheckpointWeightFormat(DType d) { return MatrixFormat(d); }
 
 void ForEachTensor(const ModelConfig& cfg, int mtp_depths, ModelWeights* w,
                    const std::function<void(TensorSlot&)>& fn) {
@@ -128,13 +171,10 @@ StatusOr<WeightStats> BindWeights(const ModelConfig& cfg, const Checkpoint& ck, 
       return Unsupported("config.json: quantization_config.weight_block_size ", b.dump(), " is not supported (only [1, 32])");
   }
 
-  int depths = 0;
-  while (depths < cfg.num_mtp_modules) {
-    const std::string p = "model.mtp.layers." + std::to_string(depths) + ".";
+  const int depths = CountMtpDepths(cfg, [&](const std::string& p) {
     auto it = ck.text_tensors().lower_bound(p);
-    if (it == ck.text_tensors().end() || it->first.rfind(p, 0) != 0) break;
-    ++depths;
-  }
+    return it != ck.text_tensors().end() && it->first.rfind(p, 0) == 0;
+  });
 
   WeightStats stats;
   stats.mtp_depths = depths;
@@ -154,9 +194,7 @@ StatusOr<WeightStats> BindWeights(const ModelConfig& cfg, const Checkpoint& ck, 
       return;
     }
     const int64_t numel = t->numel();
-    stats.total_params += numel;
-    if (s.is_routed_expert) stats.routed_expert_params += numel;
-    if (s.name == "model.embed_tokens.weight") stats.embedding_params += numel;
+    CountParams(s, numel, &stats);
 
     if (s.vector) {
       if (t->dtype != DType::kF32 && t->dtype != DType::kBF16 && t->dtype != DType::kF16) {
@@ -165,10 +203,8 @@ StatusOr<WeightStats> BindWeights(const ModelConfig& cfg, const Checkpoint& ck, 
       }
       WeightRef ref{*MatrixFormat(t->dtype), t->data, nullptr, 1, static_cast<size_t>(numel)};
       s.vector->resize(numel);
-      for (int64_t i = 0; i < numel; ++i) {
-        const float x = simd::WeightAt(ref, 0, static_cast<size_t>(i));
-        (*s.vector)[i] = (s.is_norm && cfg.gemma_norm) ? 1.0f + x : x;
-      }
+      for (int64_t i = 0; i < numel; ++i) (*s.vector)[i] = simd::WeightAt(ref, 0, static_cast<size_t>(i));
+      PrepareVector(cfg, s);
       return;
     }
     auto fmt = MatrixFormat(t->dtype);
@@ -197,23 +233,52 @@ StatusOr<WeightStats> BindWeights(const ModelConfig& cfg, const Checkpoint& ck, 
     }
   });
   M3_RETURN_IF_ERROR(status);
-  if (cfg.tie_word_embeddings) w->lm_head = w->embed;
-  for (auto& L : w->layers)
-    if (L.is_moe && !cfg.use_routing_bias) L.moe.router_bias.assign(cfg.num_experts, 0.0f);
+  for (const auto& [name, info] : ck.text_tensors())
+    if (!used.count(name)) return UnexplainedTensor(cfg, ck.dir(), name);
+  FinishBinding(cfg, w, &stats);
+  return stats;
+}
 
-  for (const auto& [name, info] : ck.text_tensors()) {
-    if (used.count(name)) continue;
-    if (name.find(".mtp.") != std::string::npos || name.rfind("mtp.", 0) == 0)
-      return InvalidArgument(ck.dir(), ": tensor '", name, "' belongs to an MTP depth beyond num_mtp_modules (",
-                             cfg.num_mtp_modules, ") or an incomplete MTP module");
-    return InvalidArgument(ck.dir(), ": tensor '", name, "' is not part of the model that config.json describes");
-  }
-
-  const int64_t H = cfg.hidden_size;
-  stats.active_params = stats.total_params - stats.embedding_params + H;
-  if (cfg.num_experts > 0)
-    stats.active_params -= stats.routed_expert_params * (cfg.num_experts - cfg.experts_per_token) / cfg.num_experts;
-  if (cfg.tie_word_embeddings) stats.active_params += stats.embedding_params - H;  // the LM head reads it all
+StatusOr<WeightStats> BindPackedWeights(const ModelConfig& cfg, const PackFile& pack, ModelWeights* w) {
+  const int depths = CountMtpDepths(cfg, [&](const std::string& p) { return pack.HasPrefix(p); });
+  WeightStats stats;
+  stats.mtp_depths = depths;
+  std::set<std::string> used;
+  Status status;
+  ForEachTensor(cfg, depths, w, [&](TensorSlot& s) {
+    if (!status.ok()) return;
+    const PackedTensor* t = pack.Find(s.name);
+    if (!t) {
+      status = NotFound(pack.path(), ": tensor '", s.name, "' ", ShapeStr(s.shape), " is missing from the packed file");
+      return;
+    }
+    used.insert(s.name);
+    // A 1-D tensor of n values is stored as [1, n].
+    const int64_t rows = static_cast<int64_t>(t->rows), cols = static_cast<int64_t>(t->cols);
+    const bool shape_ok = s.vector ? (rows == 1 && cols == s.shape[0]) : (rows == s.shape[0] && cols == s.shape[1]);
+    if (!shape_ok) {
+      const std::string stored = s.vector && rows == 1 ? Str("[", cols, "]") : Str("[", rows, ", ", cols, "]");
+      status = InvalidArgument(pack.path(), ": tensor '", s.name, "' has shape ", stored, " but config.json implies ",
+                               ShapeStr(s.shape));
+      return;
+    }
+    CountParams(s, static_cast<int64_t>(t->numel()), &stats);
+    if (s.vector) {
+      if (t->format != WeightFormat::kF32) {
+        status = Corrupt(pack.path(), ": tensor '", s.name, "' is ", simd::WeightFormatName(t->format),
+                         "; vectors are stored as f32");
+        return;
+      }
+      *s.vector = pack.F32Values(*t);
+      PrepareVector(cfg, s);
+      return;
+    }
+    *s.matrix = pack.Weight(*t);  // used in place from the mapping
+  });
+  M3_RETURN_IF_ERROR(status);
+  for (const auto& t : pack.tensors())
+    if (!used.count(t.name)) return UnexplainedTensor(cfg, pack.path(), t.name);
+  FinishBinding(cfg, w, &stats);
   return stats;
 }
 

@@ -1,6 +1,6 @@
-// MiniMax-M3 weights bound to checkpoint tensors (spec §4.1). Matrices are views into the mapped
-// files in their stored format; only the small norm vectors and the router bias are decoded to
-// fp32 at load (norms are prepared as the (1 + w) multiplier, formed in fp32, spec G8).
+// MiniMax-M3 weights bound to checkpoint or packed-file tensors (spec §4.1). Matrices are views
+// into the mapped files in their stored format; only the small norm vectors and the router bias
+// are decoded to fp32 at load (norms are prepared as the (1 + w) multiplier, formed in fp32, G8).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "format/pack_file.h"
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "ops/mlp.h"
@@ -72,5 +73,13 @@ struct WeightStats {
 // Binds every tensor, checking presence, dtype, shape (and MXFP8 scale companions) against the
 // config before any compute. Tensors the config does not explain are an error.
 StatusOr<WeightStats> BindWeights(const ModelConfig& cfg, const Checkpoint& ck, ModelWeights* w);
+
+// The same for a packed file (`m3 pack`): every expected tensor present with the config's shape
+// (1-D tensors stored as [1, n] f32), nothing unexplained, the same stats. Matrices are used in
+// place from the mapping; only the f32 vectors are copied.
+StatusOr<WeightStats> BindPackedWeights(const ModelConfig& cfg, const PackFile& pack, ModelWeights* w);
+
+// The weight format a checkpoint dtype is read as (F32, BF16, F16, F8_E4M3 -> MXFP8).
+StatusOr<simd::WeightFormat> CheckpointWeightFormat(DType d);
 
 }  // namespace m3

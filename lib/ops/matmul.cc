@@ -4,6 +4,7 @@
 
 #include "base/aligned_buffer.h"
 #include "kernels.h"
+#include "quant_kernels.h"
 
 namespace m3 {
 namespace {
@@ -11,10 +12,47 @@ namespace {
 constexpr size_t kRowTile = 16;
 // Tokens per inner step: keeps the activation block in L2 for large prefills.
 constexpr size_t kTokenTile = 64;
+
+// Reused per thread: decode calls this for every projection of every token.
+struct ActivationScratch {
+  AlignedBuffer<int8_t> q;
+  AlignedBuffer<float> scale;
+  AlignedBuffer<int32_t> sum;
+};
+
+// Packed q8/q4: quantize the activations once, then every thread takes a range of row tiles.
+void QuantizedMatMul(const ThreadConfig& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
+                     float* y, size_t ldy) {
+  thread_local ActivationScratch scratch;
+  const size_t kp = w.padded_cols(), groups = w.groups();
+  scratch.q.EnsureSize(n_tok * kp);
+  scratch.scale.EnsureSize(n_tok * groups);
+  scratch.sum.EnsureSize(n_tok * groups);
+  int8_t* q = scratch.q.data();
+  float* scale = scratch.scale.data();
+  int32_t* sum = scratch.sum.data();
+  ParallelFor(tc, n_tok, 16, [&](size_t t0, size_t t1, int) {
+    simd::QuantizeActivations(x + t0 * ldx, ldx, t1 - t0, w.cols, w.group, q + t0 * kp, scale + t0 * groups,
+                              sum + t0 * groups);
+  });
+  const simd::QuantizedActivations a{q, scale, sum, n_tok, kp, w.group};
+  ParallelFor(tc, w.row_tiles(), 1, [&](size_t tile_begin, size_t tile_end, int) {
+    simd::QuantMatMul(w, a, tile_begin, tile_end, y, ldy);
+  });
+}
+
 }  // namespace
 
 void MatMul(const ThreadConfig& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
             float* y, size_t ldy) {
+  if ((w.format == simd::WeightFormat::kQ8 || w.format == simd::WeightFormat::kQ4))
+    return QuantizedMatMul(tc, w, x, ldx, n_tok, y, ldy);
+  if (w.format == simd::WeightFormat::kBF16Tiled) {
+    ParallelFor(tc, w.row_tiles(), 1, [&](size_t tile_begin, size_t tile_end, int) {
+      simd::Bf16TiledMatMul(w, x, ldx, n_tok, tile_begin, tile_end, y, ldy);
+    });
+    return;
+  }
   const size_t k = w.cols;
   const size_t n_tiles = (w.rows + kRowTile - 1) / kRowTile;
   // Few tokens: split rows finely so both threads get work; many tokens: any split is balanced.

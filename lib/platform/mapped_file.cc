@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -52,6 +53,14 @@ void MappedFile::WillNeed(size_t offset, size_t len) const {
   size_t begin = offset / page * page;
   size_t end = std::min(size_, offset + len);
   ::madvise(const_cast<uint8_t*>(data_) + begin, end - begin, MADV_WILLNEED);
+}
+
+void MappedFile::DontNeed(size_t offset, size_t len) const {
+  if (!data_ || offset >= size_ || len == 0) return;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t begin = offset / page * page;
+  const size_t end = std::min(size_, offset + len);
+  ::madvise(const_cast<uint8_t*>(data_) + begin, end - begin, MADV_DONTNEED);
 }
 
 }  // namespace m3

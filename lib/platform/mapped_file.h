@@ -23,6 +23,9 @@ class MappedFile {
 
   // Hints the kernel that [offset, offset+len) will be read soon (best effort).
   void WillNeed(size_t offset, size_t len) const;
+  // Drops [offset, offset+len) (rounded out to whole pages) from this process's resident set;
+  // the data stays valid and is read back from the page cache or disk when touched again.
+  void DontNeed(size_t offset, size_t len) const;
 
  private:
   MappedFile() = default;

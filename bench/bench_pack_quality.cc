@@ -1,0 +1,121 @@
+// Packs each golden checkpoint as q8, q4 and q4-mixed and reports, per case and type, the weight
+// reconstruction error (q4 against llama.cpp Q4_0 at the same 4.5 bits per weight) and the KL
+// divergence / top-1 agreement of the packed model's logits against the unpacked fp32 engine.
+//
+//   bench_pack_quality [--json] [--check] GOLDEN_CASE_DIR...
+//
+// --check exits non-zero when a q4 error exceeds Q4_0's or a figure falls below the bars below
+// (ctest runs it that way).
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/packer.h"
+#include "pack_quality.h"
+
+namespace {
+
+// Regression bars for --check, set from measurements with margin. The golden models are tiny,
+// random and built with deliberately small routing/block/argmax margins, so small weight errors
+// flip discrete decisions: q8 (0.6% rms weight error) measures KL 0.003-0.15 and top-1 0.75-0.97
+// whether activations are int8 or fp32. A broken kernel gives KL of several nats.
+struct Bar {
+  double max_kl_mean;
+  double min_top1;
+};
+Bar BarFor(m3::PackType t) {
+  switch (t) {
+    case m3::PackType::kQ8: return {0.25, 0.65};
+    case m3::PackType::kQ4Mixed: return {0.3, 0.55};
+    case m3::PackType::kQ4: return {1.2, 0.25};
+  }
+  return {0, 0};
+}
+
+// case.json from Python may hold Infinity/NaN; only prompt_ids and decode_steps are needed.
+bool ReadCase(const std::string& dir, std::vector<int32_t>* prompt, int* steps) {
+  std::ifstream in(dir + "/case.json");
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  static const std::regex non_finite(R"(-?\bInfinity\b|\bNaN\b)");
+  const auto j = nlohmann::json::parse(std::regex_replace(ss.str(), non_finite, "null"), nullptr, false);
+  if (j.is_discarded() || !j.contains("prompt_ids")) return false;
+  *prompt = j["prompt_ids"].get<std::vector<int32_t>>();
+  *steps = j.value("decode_steps", 4);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false, check = false;
+  std::vector<std::string> cases;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json")) json = true;
+    else if (!std::strcmp(argv[i], "--check")) check = true;
+    else cases.push_back(argv[i]);
+  }
+  if (cases.empty()) {
+    std::fprintf(stderr, "usage: bench_pack_quality [--json] [--check] GOLDEN_CASE_DIR...\n");
+    return 2;
+  }
+  const auto tmp = std::filesystem::temp_directory_path() / ("m3_pack_quality_" + std::to_string(getpid()));
+  int failures = 0;
+  if (!json)
+    std::printf("%-40s %-9s %6s %10s %10s %6s %11s %11s %11s\n", "case", "type", "rows", "KL mean", "KL max", "top1",
+                "q8 relMSE", "q4 relMSE", "Q4_0 relMSE");
+  for (const auto& dir : cases) {
+    std::vector<int32_t> prompt;
+    int steps = 0;
+    if (!ReadCase(dir, &prompt, &steps)) {
+      std::fprintf(stderr, "%s: cannot read case.json prompt_ids\n", dir.c_str());
+      return 1;
+    }
+    std::string trimmed = dir;
+    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+    const std::string name = std::filesystem::path(trimmed).filename().string();
+    for (m3::PackType type : {m3::PackType::kQ8, m3::PackType::kQ4Mixed, m3::PackType::kQ4}) {
+      m3::PackOptions opt;
+      opt.source_dir = dir;
+      opt.output_dir = (tmp / (name + "_" + m3::PackTypeName(type))).string();
+      opt.type = type;
+      opt.force = true;
+      opt.threads = 2;
+      auto packed = m3::PackModel(opt);
+      auto q = packed.ok() ? m3::MeasurePackQuality(dir, opt.output_dir, prompt, steps, 2)
+                           : m3::StatusOr<m3::PackQuality>(packed.status());
+      if (!q.ok()) {
+        std::fprintf(stderr, "%s %s: %s\n", name.c_str(), m3::PackTypeName(type), q.status().ToString().c_str());
+        ++failures;
+        continue;
+      }
+      const Bar bar = BarFor(type);
+      const bool ok = q->kl_mean <= bar.max_kl_mean && q->top1 >= bar.min_top1 && q->q4_rel_mse <= q->q4_0_rel_mse;
+      if (!ok) ++failures;
+      if (json) {
+        nlohmann::json row = {{"case", name}, {"type", m3::PackTypeName(type)}, {"rows", q->rows},
+                              {"kl_mean", q->kl_mean}, {"kl_max", q->kl_max}, {"top1", q->top1},
+                              {"q8_rel_mse", q->q8_rel_mse}, {"q4_rel_mse", q->q4_rel_mse},
+                              {"q4_0_rel_mse", q->q4_0_rel_mse}, {"q4_weights", q->q4_weights},
+                              {"bits_per_weight", packed->bits_per_weight()}, {"within_bars", ok}};
+        std::printf("%s\n", row.dump().c_str());
+      } else {
+        std::printf("%-40s %-9s %6zu %10.2e %10.2e %6.3f %11.2e %11.2e %11.2e%s\n", name.c_str(),
+                    m3::PackTypeName(type), q->rows, q->kl_mean, q->kl_max, q->top1, q->q8_rel_mse, q->q4_rel_mse,
+                    q->q4_0_rel_mse, ok ? "" : "  <-- outside the bars");
+      }
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(tmp, ec);
+  return check && failures ? 1 : 0;
+}

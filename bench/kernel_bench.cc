@@ -1,0 +1,688 @@
+// `m3 bench --kernels` (kernel_bench.h).
+//
+// Weights are random packed matrices: uniform codes (q8 1..255, q4 0..15), fp16 scales in
+// [2^-9, 2^-7), bf16 values of magnitude 2^-10..2^-3. They are written directly in the tiled layout
+// rather than through PackRowTiles, whose q4 scale search costs ~250 ns per weight (minutes for the
+// 300 MB a cold GEMV needs); no kernel's time depends on the values. Every buffer is mapped with a
+// huge-page hint and written before timing, so no page faults land inside a measurement, and the
+// bandwidth probe and the weights see the same kind of pages.
+#include "kernel_bench.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <new>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "bandwidth.h"
+#include "bench/onednn_peer.h"
+#include "bench/shapes.h"
+#include "kernels.h"
+#include "platform/parallel.h"
+#include "quant_kernels.h"
+#include "weight_format.h"
+#include "weight_pack.h"
+
+#ifndef M3_COMMIT
+#define M3_COMMIT "unknown"
+#endif
+
+namespace m3::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using simd::WeightFormat;
+using simd::WeightRef;
+
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Machine facts.
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t b = line.find_first_not_of(" \t", colon + 1);
+    return b == std::string::npos ? "unknown" : line.substr(b);
+  }
+  return "unknown";
+}
+
+size_t L3Bytes() {
+  const long s = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (s > 0) return static_cast<size_t>(s);
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");  // "36608K"
+  size_t v = 0;
+  char unit = 0;
+  if (in >> v >> unit) return v * (unit == 'M' ? (1u << 20) : unit == 'K' ? 1024u : 1u);
+  return size_t{32} << 20;  // unknown: assume a large server L3
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory: anonymous mappings, huge pages advised, pre-faulted by the caller's writes.
+
+class BigBuffer {
+ public:
+  explicit BigBuffer(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    madvise(p, bytes_, MADV_HUGEPAGE);  // best effort
+    data_ = static_cast<uint8_t*>(p);
+  }
+  BigBuffer(const BigBuffer&) = delete;
+  BigBuffer& operator=(const BigBuffer&) = delete;
+  ~BigBuffer() { munmap(data_, bytes_); }
+  uint8_t* data() { return data_; }
+  size_t size() const { return bytes_; }
+
+ private:
+  size_t bytes_;
+  uint8_t* data_ = nullptr;
+};
+
+struct Rng {  // SplitMix64
+  uint64_t s;
+  uint64_t Next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  float Uniform() { return static_cast<float>(Next() >> 40) * 0x1p-24f; }  // [0, 1)
+};
+
+constexpr size_t kPage = 4096;
+size_t RoundUp(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// `count` random packed matrices of one geometry, each page-aligned (like experts in a packed file).
+class MatrixSet {
+ public:
+  MatrixSet(const WeightRef& shape, size_t count, const ThreadConfig& tc)
+      : shape_(shape),
+        count_(count),
+        code_stride_(RoundUp(simd::TiledCodeBytes(shape), kPage)),
+        scale_stride_(RoundUp(simd::TiledScaleBytes(shape), kPage)),
+        codes_(code_stride_ * count),
+        scales_(std::max<size_t>(scale_stride_ * count, 1)) {
+    // Written in parallel with the same static split the kernels use (first touch on NUMA).
+    ParallelFor(tc, count, 1, [&](size_t b, size_t e, int) {
+      for (size_t i = b; i < e; ++i) Fill(i);
+    });
+  }
+  size_t count() const { return count_; }
+  size_t matrix_bytes() const { return simd::TiledCodeBytes(shape_) + simd::TiledScaleBytes(shape_); }
+  WeightRef at(size_t i) {
+    WeightRef w = shape_;
+    w.data = codes_.data() + i * code_stride_;
+    w.scales = scale_stride_ ? scales_.data() + i * scale_stride_ : nullptr;
+    return w;
+  }
+
+ private:
+  void Fill(size_t i) {
+    Rng rng{0x5EEDull * (i + 1) + static_cast<uint64_t>(shape_.format) * 0x1000003ull + shape_.rows * 31 + shape_.cols};
+    uint8_t* c = codes_.data() + i * code_stride_;
+    const size_t n = simd::TiledCodeBytes(shape_);
+    for (size_t j = 0; j < n; j += 8) {
+      uint64_t v = rng.Next();
+      if (shape_.format == WeightFormat::kQ8) {
+        for (int b = 0; b < 8; ++b) v |= ((((v >> (8 * b)) & 0xFF) == 0) ? 1ull : 0ull) << (8 * b);  // codes 1..255
+      } else if (shape_.format == WeightFormat::kBF16Tiled) {
+        // Four bf16 values: random sign and mantissa, exponent 117..124.
+        uint64_t r = 0;
+        for (int h = 0; h < 4; ++h) {
+          const uint64_t x = (v >> (16 * h)) & 0xFFFF;
+          r |= ((x & 0x807F) | ((117 + ((x >> 7) & 7)) << 7)) << (16 * h);
+        }
+        v = r;
+      }
+      std::memcpy(c + j, &v, std::min<size_t>(8, n - j));
+    }
+    if (!scale_stride_) return;
+    uint16_t* s = reinterpret_cast<uint16_t*>(scales_.data() + i * scale_stride_);
+    const size_t ns = simd::TiledScaleBytes(shape_) / 2;
+    for (size_t j = 0; j < ns; ++j) s[j] = simd::F32ToF16(std::ldexp(1.0f + 3.0f * rng.Uniform(), -9));
+  }
+
+  WeightRef shape_;
+  size_t count_, code_stride_, scale_stride_;
+  BigBuffer codes_, scales_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// One matmul call as the engine makes it: quantize the activations (q8/q4), then split the row
+// tiles over the threads.
+
+class MatMulRunner {
+ public:
+  MatMulRunner(const WeightRef& shape, size_t max_tokens) : shape_(shape), max_tokens_(max_tokens) {
+    Rng rng{7};
+    x_.resize(max_tokens * shape.cols);
+    for (float& v : x_) v = 2.0f * rng.Uniform() - 1.0f;
+    y_.resize(max_tokens * shape.rows);
+    if (quantized()) {
+      q_.resize(max_tokens * shape.padded_cols());
+      scale_.resize(max_tokens * shape.groups());
+      sum_.resize(max_tokens * shape.groups());
+    }
+  }
+  bool quantized() const { return shape_.format != WeightFormat::kBF16Tiled; }
+
+  void Quantize(const ThreadConfig& tc, size_t n_tok) {
+    const size_t pc = shape_.padded_cols(), g = shape_.groups(), cols = shape_.cols;
+    ParallelFor(tc, n_tok, 16, [&](size_t b, size_t e, int) {
+      simd::QuantizeActivations(x_.data() + b * cols, cols, e - b, cols, shape_.group, q_.data() + b * pc,
+                                scale_.data() + b * g, sum_.data() + b * g);
+    });
+  }
+  simd::QuantizedActivations Activations(size_t n_tok) const {
+    simd::QuantizedActivations a;
+    a.q = q_.data();
+    a.scale = scale_.data();
+    a.sum = sum_.data();
+    a.n_tok = n_tok;
+    a.padded_cols = shape_.padded_cols();
+    a.group = shape_.group;
+    return a;
+  }
+
+  void Run(const ThreadConfig& tc, const WeightRef& w, size_t n_tok) {
+    if (quantized()) {
+      Quantize(tc, n_tok);
+      const simd::QuantizedActivations a = Activations(n_tok);
+      ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int) { simd::QuantMatMul(w, a, b, e, y_.data(), w.rows); });
+    } else {
+      ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int) {
+        simd::Bf16TiledMatMul(w, x_.data(), w.cols, n_tok, b, e, y_.data(), w.rows);
+      });
+    }
+  }
+
+  // Compares y (from Run with n_tok tokens) on row tiles [t0, t1) with the scalar reference.
+  // Returns the largest difference relative to the largest reference output.
+  double CompareWithReference(const WeightRef& w, size_t n_tok, size_t t0, size_t t1) {
+    std::vector<float> ref(n_tok * w.rows, 0.0f);
+    if (quantized()) {
+      // Reference activations too, so a wrong fast quantizer shows up here.
+      std::vector<int8_t> q(n_tok * w.padded_cols());
+      std::vector<float> s(n_tok * w.groups());
+      std::vector<int32_t> sum(n_tok * w.groups());
+      simd::ref::QuantizeActivations(x_.data(), w.cols, n_tok, w.cols, w.group, q.data(), s.data(), sum.data());
+      simd::QuantizedActivations a = Activations(n_tok);
+      a.q = q.data();
+      a.scale = s.data();
+      a.sum = sum.data();
+      simd::ref::QuantMatMul(w, a, t0, t1, ref.data(), w.rows);
+    } else {
+      simd::ref::Bf16TiledMatMul(w, x_.data(), w.cols, n_tok, t0, t1, ref.data(), w.rows);
+    }
+    double max_ref = 0, max_diff = 0;
+    const size_t r0 = t0 * simd::kTileRows, r1 = std::min(w.rows, t1 * simd::kTileRows);
+    for (size_t t = 0; t < n_tok; ++t)
+      for (size_t r = r0; r < r1; ++r) {
+        const float a = y_[t * w.rows + r], b = ref[t * w.rows + r];
+        max_ref = std::max(max_ref, std::fabs(static_cast<double>(b)));
+        max_diff = std::max(max_diff, std::isfinite(a) ? std::fabs(static_cast<double>(a) - b) : INFINITY);
+      }
+    return max_ref > 0 ? max_diff / max_ref : max_diff;
+  }
+
+ private:
+  WeightRef shape_;
+  size_t max_tokens_;
+  std::vector<float> x_, y_;
+  std::vector<int8_t> q_;
+  std::vector<float> scale_;
+  std::vector<int32_t> sum_;
+};
+
+// Per-call seconds of fn() after `warmup` untimed calls: at least min_calls (unless cap_s passes
+// first; one call always), then more until target_s has passed, at most max_calls.
+struct CallPolicy {
+  int warmup, min_calls, max_calls;
+  double target_s, cap_s;
+};
+
+template <class Fn>
+std::vector<double> TimeCalls(const CallPolicy& p, Fn&& fn) {
+  for (int i = 0; i < p.warmup; ++i) fn();
+  std::vector<double> secs;
+  const auto start = Clock::now();
+  for (int i = 0; i < p.max_calls; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    const auto t1 = Clock::now();
+    secs.push_back(Seconds(t0, t1));
+    const double elapsed = Seconds(start, t1);
+    if ((i + 1 >= p.min_calls && elapsed >= p.target_s) || elapsed >= p.cap_s) break;
+  }
+  return secs;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sizes and repetitions.
+
+struct Plan {
+  size_t read_bytes;                // bandwidth probe buffer
+  size_t read_chunk;                // timed unit of the probe (about one weight matrix)
+  int read_reps;
+  double peak_seconds;              // one timed peak loop per thread
+  int peak_reps;
+  int reprobe_reps;                 // limit samples taken before each block of rows
+  std::vector<shapes::MatShape> shapes;
+  std::vector<size_t> gemv_tokens;
+  size_t gemm_tokens;
+  size_t working_set;               // GEMV weights per (type, shape)
+  CallPolicy gemv;                  // min_calls is raised to one full cycle over the matrices
+  CallPolicy gemm;                  // also used for oneDNN
+};
+
+Plan MakePlan(bool quick, size_t l3) {
+  Plan p;
+  if (quick) {
+    p.read_bytes = size_t{8} << 20;
+    p.read_chunk = size_t{1} << 20;
+    p.read_reps = 2;
+    p.peak_seconds = 0.005;
+    p.peak_reps = 1;
+    p.reprobe_reps = 1;
+    p.shapes = {{128, 256}, {256, 128}};
+    p.gemv_tokens = {1, 8};
+    p.gemm_tokens = 32;
+    p.working_set = size_t{1} << 20;
+    p.gemv = {1, 3, 50, 0.01, 0.5};
+    p.gemm = {1, 2, 3, 0.01, 0.5};
+    return p;
+  }
+  // >= 8x L3 so neither the probe nor a GEMV is served from cache; 1 GiB at least.
+  p.read_bytes = std::max(size_t{1} << 30, RoundUp(8 * l3, size_t{1} << 21));
+  p.read_chunk = size_t{16} << 20;  // the expert matrices are 10.6 (q4) to 37.7 MB (bf16)
+  p.read_reps = 3;
+  p.peak_seconds = 0.2;
+  p.peak_reps = 3;
+  p.reprobe_reps = 1;
+  p.shapes = {shapes::kExpertGateUp, shapes::kExpertDown};
+  p.gemv_tokens.assign(std::begin(shapes::kDecodeTokens), std::end(shapes::kDecodeTokens));
+  p.gemm_tokens = shapes::kPrefillTokens;
+  p.working_set = std::max(size_t{256} << 20, 8 * l3);
+  p.gemv = {2, 30, 100000, 0.3, 10.0};
+  p.gemm = {1, 5, 15, 1.0, 10.0};
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits.
+
+// Read bandwidth samples in GB/s: `reps` passes over buf (after one warm-up pass), each timed in
+// chunks of `chunk` bytes that the threads split as a GEMV call splits its row tiles (one
+// contiguous slice each, one parallel region per chunk). Chunks the size of one matrix give
+// samples at the time scale of one kernel call, so a probe and a GEMV meet the same interference
+// from other processes; the buffer as a whole (>= 8x L3) keeps every chunk cold.
+std::vector<double> MeasureReadBandwidth(BigBuffer& buf, size_t chunk, int threads, int reps) {
+  const ThreadConfig tc{threads};
+  const size_t slices = static_cast<size_t>(threads);
+  std::vector<uint64_t> sums(slices);
+  std::vector<double> gbs;
+  uint64_t keep = 0;
+  for (int r = 0; r < reps + 1; ++r) {  // the first pass is a warm-up
+    for (size_t c0 = 0; c0 + chunk <= buf.size(); c0 += chunk) {
+      const size_t slice = RoundUp(chunk / slices, kPage);
+      const auto t0 = Clock::now();
+      ParallelFor(tc, slices, 1, [&](size_t b, size_t e, int) {
+        for (size_t s = b; s < e; ++s) {
+          const size_t begin = std::min(chunk, s * slice), end = std::min(chunk, begin + slice);
+          sums[s] = simd::StreamRead(buf.data() + c0 + begin, end - begin);
+        }
+      });
+      const double dt = Seconds(t0, Clock::now());
+      for (uint64_t v : sums) keep += v;
+      if (r > 0) gbs.push_back(static_cast<double>(chunk) / dt / 1e9);
+    }
+  }
+  if (keep == 0x5EED) std::fputc(' ', stderr);  // makes the sums observable
+  return gbs;
+}
+
+// Runs loop(iterations) -> operations on every thread at once for ~seconds each; returns one
+// sample per rep: the per-thread rates summed, in GOP/s. iters[t] (0: not yet) keeps each
+// thread's calibrated iteration count between calls.
+template <class Loop>
+std::vector<double> MeasurePeak(int threads, double seconds, int reps, std::vector<size_t>& iters, Loop&& loop) {
+  const ThreadConfig tc{threads};
+  std::vector<double> rates(static_cast<size_t>(threads)), totals;
+  iters.resize(static_cast<size_t>(threads), 0);
+  for (int r = 0; r < reps; ++r) {
+    ParallelFor(tc, static_cast<size_t>(threads), 1, [&](size_t b, size_t e, int) {
+      for (size_t t = b; t < e; ++t) {
+        if (iters[t] == 0) {  // calibrate: double until a run takes >= seconds / 8
+          size_t n = 1024;
+          for (;;) {
+            const auto t0 = Clock::now();
+            loop(n);
+            const double dt = Seconds(t0, Clock::now());
+            if (dt >= seconds / 8 || n >= (size_t{1} << 40)) {
+              iters[t] = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(n) * seconds / std::max(dt, 1e-9)));
+              break;
+            }
+            n *= 2;
+          }
+        }
+        const auto t0 = Clock::now();
+        const double ops = loop(iters[t]);
+        rates[t] = ops / Seconds(t0, Clock::now()) / 1e9;
+      }
+    });
+    double total = 0;
+    for (double v : rates) total += v;
+    totals.push_back(total);
+  }
+  return totals;
+}
+
+double Int8PeakLoop(size_t n) { return static_cast<double>(simd::Int8DotPeakLoop(n)); }
+double FmaLoop(size_t n) {
+  float sink;
+  const double ops = static_cast<double>(simd::FmaPeakLoop(n, &sink));
+  return sink == 0.123f ? ops + 1 : ops;  // sink is observed
+}
+
+// The machine limits, probed at the start and again before each block of kernel rows. Other
+// processes can only lower a probe, so each limit is the best sample of the whole run: a quiet
+// moment anywhere sets it, and no kernel row is compared against a limit taken in a noisy one.
+class LimitProbes {
+ public:
+  enum Kind { kReadBw, kInt8Peak, kFmaPeak, kKinds };
+
+  LimitProbes(const Plan& plan, const std::vector<int>& thread_counts)
+      : plan_(plan), thread_counts_(thread_counts), buf_(plan.read_bytes) {
+    const int max_threads = *std::max_element(thread_counts.begin(), thread_counts.end());
+    ParallelFor(ThreadConfig{max_threads}, buf_.size() / kPage, 1, [&](size_t b, size_t e, int) {
+      for (size_t i = b; i < e; ++i) std::memset(buf_.data() + i * kPage, static_cast<int>(i & 0xFF), kPage);
+    });
+  }
+
+  void Probe(Kind kind, int reps) {
+    for (int t : thread_counts_) {
+      std::vector<double> v = kind == kReadBw    ? MeasureReadBandwidth(buf_, plan_.read_chunk, t, reps)
+                              : kind == kInt8Peak ? MeasurePeak(t, plan_.peak_seconds, reps, iters_[kind][t], Int8PeakLoop)
+                                                  : MeasurePeak(t, plan_.peak_seconds, reps, iters_[kind][t], FmaLoop);
+      auto& all = samples_[kind][t];
+      all.insert(all.end(), v.begin(), v.end());
+    }
+  }
+  double Best(Kind kind, int threads) const {
+    const auto& v = samples_[kind].at(threads);
+    return *std::max_element(v.begin(), v.end());
+  }
+  double MedianOf(Kind kind, int threads) const { return Median(samples_[kind].at(threads)); }
+  size_t Samples(Kind kind, int threads) const { return samples_[kind].at(threads).size(); }
+
+ private:
+  const Plan& plan_;
+  std::vector<int> thread_counts_;
+  BigBuffer buf_;
+  std::map<int, std::vector<double>> samples_[kKinds];
+  std::map<int, std::vector<size_t>> iters_[kKinds];
+};
+
+// ---------------------------------------------------------------------------------------------
+// Rows: one figure against one limit.
+
+struct Row {
+  std::string kernel, type, shape;
+  size_t tokens = 0;
+  int threads = 1;
+  double value = 0;
+  std::string unit;
+  double limit = 0;
+  std::string limit_kind;
+  std::string impl;
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+double LoadAverage() {
+  double load[1] = {0};
+  return getloadavg(load, 1) == 1 ? load[0] : -1;
+}
+
+// Collects the rows; Print() fills in the limits from the probes (the best of the whole run) and
+// writes JSON lines or the table.
+class Report {
+ public:
+  void Add(Row row) {
+    row.extra["loadavg"] = LoadAverage();  // 1-minute load when the row was measured (noise hint)
+    rows_.push_back(std::move(row));
+  }
+
+  void Print(const LimitProbes& probes, const std::string& header, bool json, FILE* out) {
+    const std::string cpu = CpuModel(), simd_target = simd::ActiveTargetName();
+    for (Row& r : rows_) {
+      if (r.limit_kind == "read_bw") r.limit = probes.Best(LimitProbes::kReadBw, r.threads);
+      if (r.limit_kind == "int8_peak") r.limit = probes.Best(LimitProbes::kInt8Peak, r.threads);
+      if (r.limit_kind == "fma_peak") r.limit = probes.Best(LimitProbes::kFmaPeak, r.threads);
+      if (r.limit_kind == "fma_peak_x2") r.limit = 2 * probes.Best(LimitProbes::kFmaPeak, r.threads);
+    }
+    if (json) {
+      for (const Row& r : rows_) {
+        nlohmann::json j = {{"kernel", r.kernel},         {"type", r.type},
+                            {"shape", r.shape},           {"tokens", r.tokens},
+                            {"threads", r.threads},       {"value", r.value},
+                            {"unit", r.unit},             {"limit", r.limit},
+                            {"limit_kind", r.limit_kind}, {"ratio", Ratio(r)},
+                            {"cpu", cpu},                 {"simd_target", simd_target},
+                            {"kernel_impl", r.impl},      {"commit", M3_COMMIT}};
+        for (auto& [k, v] : r.extra.items()) j[k] = v;
+        std::fprintf(out, "%s\n", j.dump().c_str());
+      }
+      return;
+    }
+    std::fprintf(out, "%s\n", header.c_str());
+    std::fprintf(out, "%-12s %-5s %-10s %4s %4s %10s %-6s %10s %-12s %6s %5s  %s\n", "kernel", "type", "shape", "tok",
+                 "thr", "value", "unit", "limit", "limit kind", "ratio", "load", "impl");
+    // Grouped by section (limits, GEMV, GEMM, oneDNN, GEMM vs oneDNN), in measured order within.
+    std::vector<const Row*> sorted;
+    for (const Row& r : rows_) sorted.push_back(&r);
+    std::stable_sort(sorted.begin(), sorted.end(), [](const Row* a, const Row* b) { return Section(*a) < Section(*b); });
+    int last = -1;
+    for (const Row* rp : sorted) {
+      const Row& r = *rp;
+      if (last >= 0 && Section(r) != last) std::fprintf(out, "\n");
+      last = Section(r);
+      std::fprintf(out, "%-12s %-5s %-10s %4s %4d %10.2f %-6s %10.2f %-12s %6.3f %5.2f  %s\n", r.kernel.c_str(),
+                   r.type.c_str(), r.shape.c_str(), r.tokens ? std::to_string(r.tokens).c_str() : "-", r.threads,
+                   r.value, r.unit.c_str(), r.limit, r.limit_kind.c_str(), Ratio(r), r.extra["loadavg"].get<double>(),
+                   r.impl.c_str());
+    }
+  }
+
+ private:
+  static double Ratio(const Row& r) { return r.limit > 0 ? r.value / r.limit : 0.0; }
+  static int Section(const Row& r) {
+    static const char* const kOrder[] = {"read_bw", "int8_peak", "fma_peak", "gemv", "gemm", "onednn_int8"};
+    if (r.kernel == "gemm" && r.limit_kind == "onednn") return 6;
+    for (int i = 0; i < 6; ++i)
+      if (r.kernel == kOrder[i]) return i;
+    return 7;
+  }
+
+  std::vector<Row> rows_;
+};
+
+const char* TypeName(WeightFormat f) {
+  return f == WeightFormat::kQ8 ? "q8" : f == WeightFormat::kQ4 ? "q4" : "bf16";
+}
+std::string ShapeName(size_t rows, size_t cols) { return std::to_string(rows) + "x" + std::to_string(cols); }
+
+}  // namespace
+
+int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
+  std::vector<int> thread_counts = options.threads;
+  if (thread_counts.empty()) {
+    thread_counts = {1};
+    if (DefaultThreadCount() > 1) thread_counts.push_back(DefaultThreadCount());
+  }
+  std::sort(thread_counts.begin(), thread_counts.end());
+  thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
+  const int max_threads = thread_counts.back();
+  const size_t l3 = L3Bytes();
+  const Plan plan = MakePlan(options.quick, l3);
+  Report report;
+  int status = 0;
+  const double load_start = LoadAverage();
+
+  // 1. Limits for every thread count; probed again before each block below.
+  LimitProbes probes(plan, thread_counts);
+  probes.Probe(LimitProbes::kReadBw, plan.read_reps);
+  probes.Probe(LimitProbes::kInt8Peak, plan.peak_reps);
+  probes.Probe(LimitProbes::kFmaPeak, plan.peak_reps);
+
+  // 2. GEMV and GEMM per shape and type; the q8 GEMM figures are kept for the oneDNN rows.
+  std::map<std::pair<std::string, int>, double> q8_gemm;  // (shape, threads) -> GOP/s
+  const bool bf16_dot = std::string(simd::Bf16KernelName()).find("bf16") != std::string::npos;
+  for (const shapes::MatShape& ms : plan.shapes) {
+    const std::string shape = ShapeName(ms.rows, ms.cols);
+    const double ops = 2.0 * static_cast<double>(ms.rows) * static_cast<double>(ms.cols) * plan.gemm_tokens;
+    for (WeightFormat f : {WeightFormat::kQ4, WeightFormat::kQ8, WeightFormat::kBF16Tiled}) {
+      const WeightRef geometry = simd::TiledShape(f, ms.rows, ms.cols);
+      const size_t bytes = simd::TiledCodeBytes(geometry) + simd::TiledScaleBytes(geometry);
+      const size_t count = std::max<size_t>(2, (plan.working_set + bytes - 1) / bytes);
+      MatrixSet set(geometry, count, ThreadConfig{max_threads});
+      const size_t max_tokens = std::max(plan.gemm_tokens, plan.gemv_tokens.back());
+      MatMulRunner runner(geometry, max_tokens);
+      const std::string impl = f == WeightFormat::kBF16Tiled ? simd::Bf16KernelName() : simd::QuantKernelName();
+      const char* type = TypeName(f);
+
+      // Correctness first (a fast wrong kernel is no result): 1 token on all rows, and the GEMM
+      // on its first and last row tiles, against the scalar reference.
+      const double tol = f == WeightFormat::kBF16Tiled ? 1e-3 : 1e-5;
+      runner.Run(ThreadConfig{max_threads}, set.at(0), 1);
+      const double gemv_err = runner.CompareWithReference(set.at(0), 1, 0, geometry.row_tiles());
+      runner.Run(ThreadConfig{max_threads}, set.at(0), plan.gemm_tokens);
+      const size_t last = geometry.row_tiles() - 1;
+      const double gemm_err = std::max(runner.CompareWithReference(set.at(0), plan.gemm_tokens, 0, 1),
+                                       runner.CompareWithReference(set.at(0), plan.gemm_tokens, last, last + 1));
+      const char* check = gemv_err <= tol && gemm_err <= tol ? "ok" : "mismatch";
+      if (std::string(check) != "ok") {
+        std::fprintf(log, "m3 bench: %s %s differs from the scalar reference (relative error gemv %.3g, gemm %.3g)\n",
+                     type, shape.c_str(), gemv_err, gemm_err);
+        status = 1;
+      }
+
+      probes.Probe(LimitProbes::kReadBw, plan.reprobe_reps);
+      size_t next = 0;  // matrices are used round robin across all GEMV rows: each read is cold
+      for (int t : thread_counts) {
+        const ThreadConfig tc{t};
+        for (size_t n_tok : plan.gemv_tokens) {
+          CallPolicy policy = plan.gemv;
+          policy.min_calls = std::max(policy.min_calls, static_cast<int>(count));
+          const std::vector<double> secs = TimeCalls(policy, [&] {
+            runner.Run(tc, set.at(next % count), n_tok);
+            ++next;
+          });
+          const double s = Median(secs);
+          report.Add({"gemv", type, shape, n_tok, t, static_cast<double>(bytes) / s / 1e9, "GB/s", 0, "read_bw", impl,
+                      {{"seconds", s},
+                       {"best_seconds", *std::min_element(secs.begin(), secs.end())},
+                       {"calls", secs.size()},
+                       {"bytes", bytes},
+                       {"matrices", count},
+                       {"working_set", bytes * count},
+                       {"check", check}}});
+        }
+      }
+
+      probes.Probe(f == WeightFormat::kBF16Tiled ? LimitProbes::kFmaPeak : LimitProbes::kInt8Peak, plan.reprobe_reps);
+      for (int t : thread_counts) {
+        const ThreadConfig tc{t};
+        const WeightRef w = set.at(0);
+        const std::vector<double> secs = TimeCalls(plan.gemm, [&] { runner.Run(tc, w, plan.gemm_tokens); });
+        const double s = Median(secs);
+        const double gops = ops / s / 1e9;
+        // vdpbf16ps does two products per fp32 lane where an FMA does one: twice the FMA peak.
+        const char* kind = f != WeightFormat::kBF16Tiled ? "int8_peak" : bf16_dot ? "fma_peak_x2" : "fma_peak";
+        report.Add({"gemm", type, shape, plan.gemm_tokens, t, gops, "GOP/s", 0, kind, impl,
+                    {{"seconds", s},
+                     {"best_seconds", *std::min_element(secs.begin(), secs.end())},
+                     {"calls", secs.size()},
+                     {"ops", ops},
+                     {"check", check}}});
+        if (f == WeightFormat::kQ8) q8_gemm[{shape, t}] = gops;
+      }
+    }
+
+    // 3. oneDNN's int8 matmul on the same shape and thread counts.
+    if (!OneDnnAvailable()) continue;
+    for (int t : thread_counts) {
+      std::string error;
+      const std::unique_ptr<OneDnnInt8MatMul> od =
+          OneDnnInt8MatMul::Create(plan.gemm_tokens, ms.cols, ms.rows, t, &error);
+      if (!od) {
+        std::fprintf(log, "m3 bench: onednn_int8 %s, %d threads: %s\n", shape.c_str(), t, error.c_str());
+        continue;
+      }
+      const std::vector<double> secs = TimeCalls(plan.gemm, [&] { od->Run(); });
+      const double s = Median(secs);
+      const double gops = ops / s / 1e9;
+      report.Add({"onednn_int8", "q8", shape, plan.gemm_tokens, t, gops, "GOP/s", 0, "int8_peak", od->impl(),
+                  {{"seconds", s}, {"calls", secs.size()}, {"ops", ops}, {"src", "u8"}, {"wei", "s8"}}});
+      report.Add({"gemm", "q8", shape, plan.gemm_tokens, t, q8_gemm[{shape, t}], "GOP/s", gops, "onednn",
+                  simd::QuantKernelName(), {{"peer", od->impl()}}});
+    }
+  }
+  if (!OneDnnAvailable()) std::fprintf(log, "m3 bench: %s: onednn rows skipped\n", OneDnnDescription().c_str());
+
+  // The limit rows: best sample of the run (ratio 1 by definition); median and count alongside.
+  struct LimitRow {
+    LimitProbes::Kind kind;
+    const char *kernel, *type, *unit;
+    std::string shape, impl;
+  };
+  const LimitRow limit_rows[] = {
+      {LimitProbes::kReadBw, "read_bw", "bytes", "GB/s", std::to_string(plan.read_bytes >> 20) + "MiB",
+       "stream-read-" + simd::ActiveTargetName()},
+      {LimitProbes::kInt8Peak, "int8_peak", "int8", "GOP/s", "-", simd::QuantKernelName()},
+      {LimitProbes::kFmaPeak, "fma_peak", "f32", "GOP/s", "-", "fma-" + simd::ActiveTargetName()},
+  };
+  for (const LimitRow& lr : limit_rows)
+    for (int t : thread_counts)
+      report.Add({lr.kernel, lr.type, lr.shape, 0, t, probes.Best(lr.kind, t), lr.unit, 0, lr.kernel, lr.impl,
+                  {{"median", probes.MedianOf(lr.kind, t)},
+                   {"samples", probes.Samples(lr.kind, t)},
+                   {"stat", "best"},
+                   {"sample_bytes", lr.kind == LimitProbes::kReadBw ? plan.read_chunk : 0}}});
+
+  char header[1024];
+  std::snprintf(header, sizeof header,
+                "m3 bench --kernels%s\ncpu %s | simd %s | quant kernels %s | bf16 kernels %s | commit %s\n"
+                "L3 %.1f MiB | read_bw: %zu MiB buffer timed in %zu MiB chunks | GEMV weights cycled through >= %zu MiB per type and shape "
+                "(every call cold)\nkernel rows: median call | limits: best sample of the run | load: 1-min load "
+                "average when measured (%d CPUs; start %.2f)\n",
+                options.quick ? " --quick (tiny sizes: figures are not meaningful)" : "", CpuModel().c_str(),
+                simd::ActiveTargetName().c_str(), simd::QuantKernelName(), simd::Bf16KernelName(), M3_COMMIT,
+                static_cast<double>(l3) / (1 << 20), plan.read_bytes >> 20, plan.read_chunk >> 20, plan.working_set >> 20,
+                DefaultThreadCount(), load_start);
+  report.Print(probes, header, options.json, out);
+  return status;
+}
+
+}  // namespace m3::bench

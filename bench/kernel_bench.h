@@ -1,0 +1,33 @@
+// `m3 bench --kernels`: the packed-format kernels at the real MiniMax-M3 expert shapes, each
+// against a limit measured on this machine in the same run.
+//
+//   read_bw     memory read bandwidth (simd::StreamRead over a buffer >= 8x L3, best of reps)
+//   int8_peak   int8 dot-product peak (simd::Int8DotPeakLoop on every thread, summed, best of reps)
+//   fma_peak    fp32 FMA peak (simd::FmaPeakLoop, likewise), the limit of the bf16 GEMM
+//   gemv        q4/q8/bf16, 1/4/8 tokens: GB/s of weights read (codes + scales) vs read_bw; the
+//               weights cycle through enough distinct matrices (>= 8x L3) that every call is cold
+//   gemm        q4/q8/bf16, 512 tokens: GOP/s (2*rows*cols*tokens) vs int8_peak (fma_peak for bf16),
+//               and q8 again vs oneDNN's int8 matmul on the same shape and threads
+//   onednn_int8 oneDNN's own GOP/s vs int8_peak
+// Kernel rows report the median call (activation quantization included). The limits are probed
+// at the start and again before each block of rows; each is the best sample of the run (other
+// processes only ever lower a probe). Every row carries the 1-minute load average when it was
+// measured. Output: JSON lines (one per figure) or a table, after all measurements.
+#pragma once
+
+#include <cstdio>
+#include <vector>
+
+namespace m3::bench {
+
+struct KernelBenchOptions {
+  std::vector<int> threads;  // thread counts; empty: 1 and all cores
+  bool json = false;         // JSON lines instead of the human table
+  bool quick = false;        // tiny sizes and few repetitions (smoke test; figures meaningless)
+};
+
+// Runs the benchmark, writing results to `out` and notes (skipped rows, check failures) to `log`.
+// Returns 0, or 1 when a kernel result disagrees with its scalar reference.
+int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log);
+
+}  // namespace m3::bench

@@ -1,0 +1,109 @@
+#include "pack_quality.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels.h"
+#include "model/weights.h"
+#include "runtime/engine.h"
+#include "weight_pack.h"
+
+namespace m3 {
+namespace {
+
+std::vector<const simd::WeightRef*> Matrices(const Model& m, ModelWeights* copy) {
+  *copy = m.weights();
+  std::vector<const simd::WeightRef*> out;
+  ForEachTensor(m.config(), m.stats().mtp_depths, copy, [&](TensorSlot& s) {
+    if (s.matrix) out.push_back(s.matrix);
+  });
+  return out;
+}
+
+void AddWeightErrors(const simd::WeightRef& src, const simd::WeightRef& packed, PackQuality* q, double* ref_q4,
+                     double* ref_q8) {
+  const size_t cols = src.cols, padded = (cols + 31) / 32 * 32;
+  std::vector<float> a(padded, 0.0f), b(cols), q40(padded);
+  for (size_t r = 0; r < src.rows; ++r) {
+    simd::DecodeRows(src, r, 1, a.data());
+    simd::DecodeRows(packed, r, 1, b.data());
+    double err = 0, ref = 0;
+    for (size_t c = 0; c < cols; ++c) err += (a[c] - b[c]) * static_cast<double>(a[c] - b[c]), ref += a[c] * static_cast<double>(a[c]);
+    if (packed.format == simd::WeightFormat::kQ4) {
+      simd::ReconstructQ4_0(a.data(), padded, q40.data());
+      double err40 = 0;
+      for (size_t c = 0; c < cols; ++c) err40 += (a[c] - q40[c]) * static_cast<double>(a[c] - q40[c]);
+      q->q4_rel_mse += err;
+      q->q4_0_rel_mse += err40;
+      *ref_q4 += ref;
+      q->q4_weights += cols;
+    } else if (packed.format == simd::WeightFormat::kQ8) {
+      q->q8_rel_mse += err;
+      *ref_q8 += ref;
+    }
+  }
+}
+
+// KL(p || q) of softmax(a) and softmax(b), in double.
+double KlDivergence(const float* a, const float* b, size_t n) {
+  const double ma = *std::max_element(a, a + n), mb = *std::max_element(b, b + n);
+  double za = 0, zb = 0;
+  for (size_t i = 0; i < n; ++i) za += std::exp(a[i] - ma), zb += std::exp(b[i] - mb);
+  const double la = std::log(za), lb = std::log(zb);
+  double kl = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double lpa = a[i] - ma - la, lpb = b[i] - mb - lb;
+    kl += std::exp(lpa) * (lpa - lpb);
+  }
+  return std::max(0.0, kl);
+}
+
+size_t Argmax(const float* x, size_t n) { return static_cast<size_t>(std::max_element(x, x + n) - x); }
+
+}  // namespace
+
+StatusOr<PackQuality> MeasurePackQuality(const std::string& source_dir, const std::string& packed_dir,
+                                         const std::vector<int32_t>& prompt, int decode_steps, int threads) {
+  M3_ASSIGN_OR_RETURN(auto source, Engine::Open(source_dir, EngineOptions{threads}));
+  M3_ASSIGN_OR_RETURN(auto packed, Engine::Open(packed_dir, EngineOptions{threads}));
+  const ModelConfig& cfg = source->model().config();
+  if (packed->model().config().vocab_size != cfg.vocab_size || packed->model().config().num_layers != cfg.num_layers)
+    return InvalidArgument(packed_dir, " is not a packing of ", source_dir, " (config differs)");
+
+  PackQuality q;
+  ModelWeights wa, wb;
+  const auto ma = Matrices(source->model(), &wa), mb = Matrices(packed->model(), &wb);
+  if (ma.size() != mb.size()) return InvalidArgument(packed_dir, ": tensor lists differ from ", source_dir);
+  double ref_q4 = 0, ref_q8 = 0;
+  for (size_t i = 0; i < ma.size(); ++i) AddWeightErrors(*ma[i], *mb[i], &q, &ref_q4, &ref_q8);
+  if (ref_q4 > 0) q.q4_rel_mse /= ref_q4, q.q4_0_rel_mse /= ref_q4;
+  if (ref_q8 > 0) q.q8_rel_mse /= ref_q8;
+
+  const size_t vocab = cfg.vocab_size;
+  Session sa(*source), sb(*packed);
+  std::vector<float> la, lb;
+  M3_RETURN_IF_ERROR(sa.Eval(prompt, LogitsMode::kAllRows, &la));
+  M3_RETURN_IF_ERROR(sb.Eval(prompt, LogitsMode::kAllRows, &lb));
+  std::vector<float> step_a, step_b;
+  int32_t next = static_cast<int32_t>(Argmax(&la[(prompt.size() - 1) * vocab], vocab));
+  for (int i = 0; i < decode_steps; ++i) {
+    M3_RETURN_IF_ERROR(sa.Eval({&next, 1}, LogitsMode::kLastRow, &step_a));
+    M3_RETURN_IF_ERROR(sb.Eval({&next, 1}, LogitsMode::kLastRow, &step_b));
+    la.insert(la.end(), step_a.begin(), step_a.end());
+    lb.insert(lb.end(), step_b.begin(), step_b.end());
+    next = static_cast<int32_t>(Argmax(step_a.data(), vocab));
+  }
+  q.rows = la.size() / vocab;
+  size_t agree = 0;
+  for (size_t r = 0; r < q.rows; ++r) {
+    const double kl = KlDivergence(&la[r * vocab], &lb[r * vocab], vocab);
+    q.kl_mean += kl;
+    q.kl_max = std::max(q.kl_max, kl);
+    agree += Argmax(&la[r * vocab], vocab) == Argmax(&lb[r * vocab], vocab);
+  }
+  q.kl_mean /= static_cast<double>(q.rows);
+  q.top1 = static_cast<double>(agree) / static_cast<double>(q.rows);
+  return q;
+}
+
+}  // namespace m3

@@ -1,0 +1,116 @@
+// m3 pack -m HF_DIR -o OUT_DIR --type q8|q4|q4-mixed [--force] [-t THREADS]: writes a packed
+// model folder (docs/PACKED_FORMAT.md) with a progress bar on stderr and a summary on stdout.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cli/commands.h"
+#include "model/packer.h"
+
+namespace m3::cli {
+namespace {
+
+struct PackArgs {
+  std::string model, output, type = "q4-mixed";
+  bool force = false;
+  int threads = 0;
+};
+
+std::string Duration(double s) {
+  char buf[32];
+  if (s < 60) std::snprintf(buf, sizeof buf, "%.0fs", s);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, static_cast<int>(s) % 3600 / 60);
+  return buf;
+}
+
+double Mb(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
+
+// Percentage, MB/s and ETA: redrawn in place on a terminal, one line per ~10% otherwise.
+class ProgressBar {
+ public:
+  ProgressBar() : tty_(::isatty(STDERR_FILENO) != 0), start_(Clock::now()), last_draw_(start_) {}
+
+  void Update(uint64_t done, uint64_t total) {
+    const auto now = Clock::now();
+    const double pct = total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0;
+    const bool finished = done >= total;
+    if (tty_) {
+      if (!finished && now - last_draw_ < std::chrono::milliseconds(100)) return;
+    } else {
+      const int decile = static_cast<int>(pct / 10);
+      if (decile <= last_decile_) return;
+      last_decile_ = decile;
+    }
+    last_draw_ = now;
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    const double rate = secs > 0 ? Mb(done) / secs : 0;
+    const std::string eta = rate > 0 && !finished ? Duration(Mb(total - done) / rate) : "0s";
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(pct / 100 * kWidth);
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.append(static_cast<size_t>(kWidth - filled), '.');
+    std::fprintf(stderr, "%s[%s] %5.1f%%  %8.1f / %.1f MB  %7.1f MB/s  ETA %s%s", tty_ ? "\r" : "", bar.c_str(), pct,
+                 Mb(done), Mb(total), rate, eta.c_str(), tty_ ? "   " : "\n");
+    if (tty_ && finished) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool tty_;
+  Clock::time_point start_, last_draw_;
+  int last_decile_ = -1;
+};
+
+int RunPack(const PackArgs& a) {
+  const auto type = ParsePackType(a.type);
+  if (!type) {
+    std::fprintf(stderr, "m3 pack: unknown --type '%s' (q8, q4 or q4-mixed)\n", a.type.c_str());
+    return 2;
+  }
+  ProgressBar bar;
+  PackOptions opt;
+  opt.source_dir = a.model;
+  opt.output_dir = a.output;
+  opt.type = *type;
+  opt.force = a.force;
+  opt.threads = a.threads;
+  opt.progress = [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); };
+  auto r = PackModel(opt);
+  if (!r.ok()) {
+    std::fprintf(stderr, "\nm3 pack: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  const PackSummary& s = r.value();
+  std::printf("packed           %s -> %s/%s (%s)\n", a.model.c_str(), a.output.c_str(), kPackFileName, a.type.c_str());
+  std::printf("tensors          %zu (%d MTP depth(s))\n", s.tensors, s.mtp_depths);
+  std::printf("bytes            %.2f MB file, %.2f MB tensor data\n", Mb(s.file_bytes), Mb(s.payload_bytes));
+  for (const auto& [fmt, bytes] : s.bytes_by_format) std::printf("  %-6s         %.2f MB\n", fmt.c_str(), Mb(bytes));
+  std::printf("bits per weight  %.3f overall", s.bits_per_weight());
+  if (s.expert_params) std::printf(", %.3f routed experts", s.expert_bits_per_weight());
+  std::printf(" (%lld weights)\n", static_cast<long long>(s.params));
+  std::printf("time             %.2f s (%.1f MB/s written)\n", s.seconds,
+              s.seconds > 0 ? Mb(s.payload_bytes) / s.seconds : 0.0);
+  return 0;
+}
+
+}  // namespace
+
+void AddPackCommand(CLI::App& app, int* rc) {
+  auto* cmd = app.add_subcommand("pack", "Convert a HuggingFace checkpoint into a packed m3 model folder");
+  auto a = std::make_shared<PackArgs>();
+  cmd->add_option("-m,--model", a->model, "HuggingFace checkpoint folder (F32, BF16, F16 or MXFP8)")->required();
+  cmd->add_option("-o,--output", a->output, "output folder (model.m3w, config.json, tokenizer files)")->required();
+  cmd->add_option("--type", a->type, "q8 | q4 | q4-mixed (routed experts q4, the rest q8)")
+      ->check(CLI::IsMember({"q8", "q4", "q4-mixed"}))
+      ->capture_default_str();
+  cmd->add_flag("--force", a->force, "replace an existing model.m3w in the output folder");
+  cmd->add_option("-t,--threads", a->threads, "threads (0: every core)")->capture_default_str();
+  cmd->callback([a, rc] { *rc = RunPack(*a); });
+}
+
+}  // namespace m3::cli

@@ -1,0 +1,390 @@
+#include "model/packer.h"
+
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include "base/aligned_buffer.h"
+#include "base/hash.h"
+#include "format/safetensors.h"
+#include "kernels.h"
+#include "platform/parallel.h"
+#include "weight_pack.h"
+
+#ifndef M3_VERSION_STRING
+#define M3_VERSION_STRING "unknown"
+#endif
+
+namespace m3 {
+namespace {
+
+namespace fs = std::filesystem;
+using simd::WeightFormat;
+using simd::WeightRef;
+
+// Row tiles quantized per step: bounds memory (a few MB) while giving every thread work.
+constexpr size_t kChunkTiles = 64;
+
+// Files copied next to model.m3w when the source has them.
+const char* const kSideFiles[] = {"config.json",        "generation_config.json",  "tokenizer.json",
+                                  "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                                  "vocab.json",         "merges.txt",              "tokenizer.model",
+                                  "chat_template.jinja", "chat_template.json"};
+
+bool IsRouter(const std::string& name) {
+  static const std::string suffix = "block_sparse_moe.gate.weight";
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Parses the decimal number at name[pos...] up to the next '.'; -1 when there is none.
+int NumberAt(const std::string& name, size_t pos) {
+  int v = 0;
+  size_t i = pos;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && i - pos < 9; ++i) v = v * 10 + (name[i] - '0');
+  return i > pos && i < name.size() && name[i] == '.' ? v : -1;
+}
+
+// One tensor to pack: the plan entry's source.
+struct SourceTensor {
+  TensorSlot slot;             // name, shape, role (pointers into `weights` below)
+  WeightRef matrix;            // bound source matrix (MXFP8 scales included)
+  const TensorInfo* info = nullptr;    // stored tensor (for page dropping and vectors)
+  const TensorInfo* scales = nullptr;  // MXFP8 `_scale_inv` companion
+};
+
+void AddToLayout(const ModelConfig& cfg, const TensorSlot& s, PackType type, PackLayout* layout) {
+  const WeightFormat f = PackedFormatFor(s, type);
+  const uint64_t rows = s.vector ? 1 : static_cast<uint64_t>(s.shape[0]);
+  const uint64_t cols = static_cast<uint64_t>(s.vector ? s.shape[0] : s.shape[1]);
+  const uint64_t group = simd::IsTiled(f) ? simd::TiledShape(f, rows, cols).group : 0;
+  int layer = -1, expert = -1;
+  if (s.is_routed_expert) RoutedExpertOf(cfg, s.name, &layer, &expert);
+  layout->Add(s.name, f, rows, cols, group, layer, expert);
+}
+
+// Removes the partial output unless disarmed (every early return of PackModel after creating it).
+struct PartialFileGuard {
+  std::string path;
+  bool armed = true;
+  ~PartialFileGuard() {
+    if (!armed) return;
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+};
+
+std::string Gb(uint64_t bytes) { return Str(static_cast<double>(bytes) / 1e9, " GB"); }
+
+// Where and why a tile could not be quantized.
+struct TileFailure {
+  bool set = false;
+  size_t tile = 0;
+  size_t row = 0, col = 0;
+  float value = 0;
+  bool non_finite = false;
+};
+
+class TensorPacker {
+ public:
+  TensorPacker(const std::string& source_dir, PackWriter* writer, const ThreadConfig& tc,
+               const std::function<void(uint64_t)>& advanced)
+      : source_dir_(source_dir), writer_(writer), tc_(tc), advanced_(advanced) {}
+
+  // Writes one tensor at its planned offsets and sets its hash.
+  Status Pack(const SourceTensor& src, PackedTensor* out) {
+    if (out->format == WeightFormat::kF32) return PackF32(src, out);
+    return PackTiled(src, out);
+  }
+
+ private:
+  Status NonFinite(const std::string& name, size_t row, size_t col, float v) const {
+    return InvalidArgument(source_dir_, ": tensor '", name, "' has a non-finite value (", v, ") at [", row, ", ", col,
+                           "]; it cannot be packed");
+  }
+
+  // Releases the source pages of rows [r0, r1): the mapping would otherwise keep every byte read.
+  void DropSourceRows(const SourceTensor& src, size_t r0, size_t r1) const {
+    if (!src.info) return;
+    const size_t row_bytes = src.info->nbytes / std::max<size_t>(1, src.slot.vector ? 1 : src.matrix.rows);
+    const MappedFile& f = *src.info->file;
+    f.DontNeed(static_cast<size_t>(src.info->data - f.data()) + r0 * row_bytes, (r1 - r0) * row_bytes);
+    if (src.scales) {
+      const size_t srow = src.scales->nbytes / std::max<size_t>(1, src.matrix.rows);
+      const MappedFile& sf = *src.scales->file;
+      sf.DontNeed(static_cast<size_t>(src.scales->data - sf.data()) + r0 * srow, (r1 - r0) * srow);
+    }
+  }
+
+  // Vectors and the router: decoded exactly to f32, row chunks at a time.
+  Status PackF32(const SourceTensor& src, PackedTensor* out) {
+    WeightRef ref = src.matrix;
+    if (src.slot.vector) {  // raw stored values (the bound vector may already hold 1 + w)
+      auto fmt = CheckpointWeightFormat(src.info->dtype);
+      if (!fmt.ok()) return Unsupported(source_dir_, ": tensor '", out->name, "': ", fmt.status().message());
+      ref = WeightRef{*fmt, src.info->data, nullptr, 1, static_cast<size_t>(src.info->numel())};
+    }
+    const size_t rows = ref.rows, cols = ref.cols;
+    const size_t chunk_rows = std::max<size_t>(1, (size_t{4} << 20) / (cols * 4));
+    std::vector<float> buf;
+    Hasher64 data_hash;
+    for (size_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+      const size_t nr = std::min(chunk_rows, rows - r0);
+      buf.resize(nr * cols);
+      simd::DecodeRows(ref, r0, nr, buf.data());
+      for (size_t i = 0; i < buf.size(); ++i)
+        if (!std::isfinite(buf[i])) return NonFinite(out->name, r0 + i / cols, i % cols, buf[i]);
+      const size_t bytes = buf.size() * sizeof(float);
+      M3_RETURN_IF_ERROR(writer_->Write(out->data.offset + r0 * cols * sizeof(float), buf.data(), bytes));
+      data_hash.Update(buf.data(), bytes);
+      DropSourceRows(src, r0, r0 + nr);
+      advanced_(bytes);
+    }
+    out->hash = PackedTensorHash(data_hash.Digest(), Hasher64().Digest());
+    return Status::Ok();
+  }
+
+  // Tiled matrices: per chunk of row tiles, each thread decodes and quantizes whole tiles.
+  Status PackTiled(const SourceTensor& src, PackedTensor* out) {
+    const WeightRef shape = out->Shape();
+    const size_t tiles = shape.row_tiles(), tile_bytes = shape.tile_bytes();
+    const size_t tile_scales = shape.groups() * simd::kTileRows;  // fp16 values per tile
+    const int threads = std::max(1, tc_.threads);
+    const size_t chunk = std::max(kChunkTiles, static_cast<size_t>(threads) * 4);
+    codes_.EnsureSize(std::min(chunk, tiles) * tile_bytes);
+    scales_.EnsureSize(std::min(chunk, tiles) * tile_scales);
+    decoded_.resize(threads);
+    for (auto& d : decoded_) d.EnsureSize(simd::kTileRows * shape.cols);
+    std::vector<TileFailure> failures(threads);
+    Hasher64 data_hash, scales_hash;
+    for (size_t t0 = 0; t0 < tiles; t0 += chunk) {
+      const size_t n = std::min(chunk, tiles - t0);
+      ParallelFor(tc_, n, 1, [&](size_t begin, size_t end, int th) {
+        float* rows = decoded_[th].data();
+        for (size_t i = begin; i < end; ++i) {
+          const size_t tile = t0 + i, r0 = tile * simd::kTileRows;
+          const size_t nr = std::min(simd::kTileRows, shape.rows - r0);
+          simd::DecodeRows(src.matrix, r0, nr, rows);
+          if (simd::PackRowTiles(shape, rows, tile, 1, codes_.data() + i * tile_bytes,
+                                 scales_.data() + i * tile_scales))
+            continue;
+          TileFailure& f = failures[th];
+          f = TileFailure{true, tile, r0, 0, 0, false};
+          for (size_t k = 0; k < nr * shape.cols; ++k)
+            if (!std::isfinite(rows[k])) {
+              f.row = r0 + k / shape.cols, f.col = k % shape.cols, f.value = rows[k], f.non_finite = true;
+              break;
+            }
+          return;
+        }
+      });
+      const TileFailure* first = nullptr;
+      for (const auto& f : failures)
+        if (f.set && (!first || f.tile < first->tile)) first = &f;
+      if (first) {
+        if (first->non_finite) return NonFinite(out->name, first->row, first->col, first->value);
+        return InvalidArgument(source_dir_, ": tensor '", out->name, "' rows ", first->row, "..",
+                               first->row + simd::kTileRows - 1, " hold values too large for an fp16 scale (|w| > ",
+                               out->format == WeightFormat::kQ8 ? "8.3e6" : "5.2e5", ")");
+      }
+      const size_t code_bytes = n * tile_bytes, scale_bytes = n * tile_scales * sizeof(uint16_t);
+      M3_RETURN_IF_ERROR(writer_->Write(out->data.offset + t0 * tile_bytes, codes_.data(), code_bytes));
+      data_hash.Update(codes_.data(), code_bytes);
+      if (out->scales.bytes) {
+        M3_RETURN_IF_ERROR(
+            writer_->Write(out->scales.offset + t0 * tile_scales * sizeof(uint16_t), scales_.data(), scale_bytes));
+        scales_hash.Update(scales_.data(), scale_bytes);
+      }
+      DropSourceRows(src, t0 * simd::kTileRows, std::min(shape.rows, (t0 + n) * simd::kTileRows));
+      advanced_(code_bytes + (out->scales.bytes ? scale_bytes : 0));
+    }
+    out->hash = PackedTensorHash(data_hash.Digest(), scales_hash.Digest());
+    return Status::Ok();
+  }
+
+  std::string source_dir_;
+  PackWriter* writer_;
+  ThreadConfig tc_;
+  std::function<void(uint64_t)> advanced_;
+  AlignedBuffer<uint8_t> codes_;
+  AlignedBuffer<uint16_t> scales_;
+  std::vector<AlignedBuffer<float>> decoded_;
+};
+
+Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return IoError(dir, ": cannot open folder to sync it");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return IoError(dir, ": fsync of the folder failed");
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* PackTypeName(PackType t) {
+  switch (t) {
+    case PackType::kQ8: return "q8";
+    case PackType::kQ4: return "q4";
+    case PackType::kQ4Mixed: return "q4-mixed";
+  }
+  return "?";
+}
+
+std::optional<PackType> ParsePackType(const std::string& name) {
+  for (PackType t : {PackType::kQ8, PackType::kQ4, PackType::kQ4Mixed})
+    if (name == PackTypeName(t)) return t;
+  return std::nullopt;
+}
+
+WeightFormat PackedFormatFor(const TensorSlot& slot, PackType type) {
+  if (slot.vector || IsRouter(slot.name)) return WeightFormat::kF32;
+  switch (type) {
+    case PackType::kQ8: return WeightFormat::kQ8;
+    case PackType::kQ4: return WeightFormat::kQ4;
+    case PackType::kQ4Mixed: return slot.is_routed_expert ? WeightFormat::kQ4 : WeightFormat::kQ8;
+  }
+  return WeightFormat::kQ8;
+}
+
+bool RoutedExpertOf(const ModelConfig& cfg, const std::string& name, int* layer, int* expert) {
+  static const std::string kExperts = "block_sparse_moe.experts.";
+  static const std::string kLayers = "model.layers.", kMtp = "model.mtp.layers.";
+  const size_t at = name.find(kExperts);
+  if (at == std::string::npos) return false;
+  const int e = NumberAt(name, at + kExperts.size());
+  int l = -1;
+  if (name.rfind(kLayers, 0) == 0) {
+    l = NumberAt(name, kLayers.size());
+  } else if (name.rfind(kMtp, 0) == 0) {
+    const int d = NumberAt(name, kMtp.size());
+    l = d < 0 ? -1 : cfg.num_layers + d;
+  }
+  if (e < 0 || l < 0) return false;
+  *layer = l, *expert = e;
+  return true;
+}
+
+PackLayout PlanPackLayout(const ModelConfig& cfg, int mtp_depths, PackType type) {
+  PackLayout layout;
+  ModelWeights scratch;
+  ForEachTensor(cfg, mtp_depths, &scratch, [&](TensorSlot& s) { AddToLayout(cfg, s, type, &layout); });
+  return layout;
+}
+
+StatusOr<PackSummary> PackModel(const PackOptions& opt) {
+  const auto start = std::chrono::steady_clock::now();
+  const ThreadConfig tc{opt.threads > 0 ? opt.threads : DefaultThreadCount()};
+  const fs::path out_dir(opt.output_dir);
+  const fs::path final_path = out_dir / kPackFileName;
+  const fs::path partial_path = out_dir / (std::string(kPackFileName) + ".partial");
+  std::error_code ec;
+  if (opt.output_dir.empty()) return InvalidArgument("pack: no output folder given");
+  if (fs::exists(final_path) && !opt.force)
+    return InvalidArgument(opt.output_dir, ": already holds ", kPackFileName, " (use --force to replace it)");
+  if (fs::exists(out_dir) && fs::equivalent(out_dir, opt.source_dir, ec))
+    return InvalidArgument(opt.output_dir, ": the output folder must differ from the source folder");
+
+  if (fs::exists(fs::path(opt.source_dir) / kPackFileName)) {
+    // A packed folder has no safetensors; say so rather than "no model.safetensors".
+    bool has_safetensors = false;
+    for (const auto& e : fs::directory_iterator(opt.source_dir, ec))
+      has_safetensors = has_safetensors || e.path().extension() == ".safetensors";
+    if (!has_safetensors)
+      return InvalidArgument(opt.source_dir, ": is already a packed folder; pack from the HuggingFace checkpoint");
+  }
+  // The whole source is validated (presence, dtypes, shapes, MXFP8 scales) before any output.
+  M3_ASSIGN_OR_RETURN(auto ck, Checkpoint::Open(opt.source_dir));
+  auto parsed = ParseModelConfig(ck->config_json());
+  if (!parsed.ok()) return Status(parsed.status().code(), opt.source_dir + "/" + parsed.status().message());
+  const ModelConfig& cfg = parsed.value();
+  ModelWeights source;
+  M3_ASSIGN_OR_RETURN(WeightStats stats, BindWeights(cfg, *ck, &source));
+
+  std::vector<SourceTensor> sources;
+  PackLayout layout;
+  ForEachTensor(cfg, stats.mtp_depths, &source, [&](TensorSlot& s) {
+    SourceTensor t;
+    t.slot = s;
+    if (s.matrix) t.matrix = *s.matrix;
+    t.info = ck->Find(s.name);
+    if (s.matrix && s.matrix->format == WeightFormat::kE4M3Mx32) t.scales = ck->Find(s.name + "_scale_inv");
+    AddToLayout(cfg, s, opt.type, &layout);
+    sources.push_back(std::move(t));
+  });
+
+  fs::create_directories(out_dir, ec);
+  if (ec) return IoError(opt.output_dir, ": cannot create the folder: ", ec.message());
+  const uint64_t file_estimate = layout.data_end() + (uint64_t{1} << 20) * (1 + layout.tensors().size() / 4096);
+  struct statvfs vfs;
+  if (::statvfs(out_dir.c_str(), &vfs) == 0) {
+    const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (avail < file_estimate)
+      return IoError(opt.output_dir, ": the packed file needs about ", Gb(file_estimate), " but only ", Gb(avail),
+                     " are free");
+  }
+
+  PartialFileGuard guard{partial_path.string()};
+  M3_ASSIGN_OR_RETURN(auto writer, PackWriter::Create(partial_path.string()));
+  const uint64_t total = layout.payload_bytes();
+  uint64_t done = 0;
+  if (opt.progress) opt.progress(0, total);
+  TensorPacker packer(opt.source_dir, writer.get(), tc, [&](uint64_t bytes) {
+    done += bytes;
+    if (opt.progress) opt.progress(done, total);
+  });
+  auto& planned = layout.mutable_tensors();
+  for (size_t i = 0; i < planned.size(); ++i) M3_RETURN_IF_ERROR(packer.Pack(sources[i], &planned[i]));
+
+  nlohmann::json dtypes = nlohmann::json::object();
+  for (const auto& [name, info] : ck->text_tensors()) {
+    const char* d = DTypeName(info->dtype);
+    dtypes[d] = dtypes.value(d, 0) + 1;
+  }
+  const nlohmann::json meta = {
+      {"pack_type", PackTypeName(opt.type)},
+      {"m3_version", M3_VERSION_STRING},
+      {"source",
+       {{"dir", fs::absolute(opt.source_dir, ec).lexically_normal().string()},
+        {"files", ck->files().size()},
+        {"tensors", ck->text_tensors().size()},
+        {"skipped_non_text_tensors", ck->skipped_tensor_count()},
+        {"dtypes", dtypes},
+        {"vl_layout", ck->is_vl_layout()},
+        {"mtp_depths", stats.mtp_depths}}}};
+  M3_RETURN_IF_ERROR(writer->Finish(layout, meta));
+
+  // Side files before the rename: once model.m3w appears, the folder is complete.
+  for (const char* name : kSideFiles) {
+    const fs::path from = fs::path(opt.source_dir) / name;
+    if (!fs::exists(from)) continue;
+    fs::copy_file(from, out_dir / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) return IoError(opt.output_dir, ": cannot copy ", name, ": ", ec.message());
+  }
+  fs::rename(partial_path, final_path, ec);
+  if (ec) return IoError(final_path.string(), ": cannot rename the finished file into place: ", ec.message());
+  guard.armed = false;
+  M3_RETURN_IF_ERROR(SyncDirectory(opt.output_dir));
+
+  PackSummary sum;
+  sum.tensors = planned.size();
+  sum.mtp_depths = stats.mtp_depths;
+  sum.file_bytes = fs::file_size(final_path, ec);
+  sum.payload_bytes = total;
+  sum.params = stats.total_params;
+  sum.expert_params = stats.routed_expert_params;
+  for (size_t i = 0; i < planned.size(); ++i) {
+    const uint64_t bytes = planned[i].data.bytes + planned[i].scales.bytes;
+    sum.bytes_by_format[PackedFormatName(planned[i].format)] += bytes;
+    if (sources[i].slot.is_routed_expert) sum.expert_bytes += bytes;
+  }
+  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return sum;
+}
+
+}  // namespace m3

@@ -1,0 +1,70 @@
+// `m3 pack`: converts a HuggingFace checkpoint (F32, BF16, F16 or MXFP8) into a packed folder:
+// model.m3w (lib/format/pack_file.h) plus config.json and the tokenizer/chat files.
+//
+// Formats: vectors (norms, router bias) and the MoE router [E, H] are f32 (tiny and precision
+// sensitive); every other matrix is q8 (type q8), q4 (type q4), or q4 for routed experts and q8
+// for the rest (type q4-mixed). The source is streamed a chunk of row tiles at a time, so memory
+// stays bounded whatever the model size; the output is written to model.m3w.partial and renamed
+// only once complete.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "base/status.h"
+#include "format/pack_file.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace m3 {
+
+enum class PackType { kQ8, kQ4, kQ4Mixed };
+
+const char* PackTypeName(PackType t);  // "q8" | "q4" | "q4-mixed"
+std::optional<PackType> ParsePackType(const std::string& name);
+
+struct PackOptions {
+  std::string source_dir;
+  std::string output_dir;
+  PackType type = PackType::kQ4Mixed;
+  bool force = false;  // replace an existing model.m3w in output_dir
+  int threads = 0;     // 0: every core
+  // Called after each written chunk (and once at 0) with output bytes done and in total.
+  std::function<void(uint64_t done, uint64_t total)> progress;
+};
+
+struct PackSummary {
+  size_t tensors = 0;
+  int mtp_depths = 0;
+  uint64_t file_bytes = 0;
+  uint64_t payload_bytes = 0;  // tensor data and scales
+  int64_t params = 0;
+  uint64_t expert_bytes = 0;   // routed experts' data and scales
+  int64_t expert_params = 0;
+  std::map<std::string, uint64_t> bytes_by_format;  // "f32", "q8", "q4"
+  double seconds = 0;
+
+  double bits_per_weight() const {
+    return params ? 8.0 * static_cast<double>(payload_bytes) / static_cast<double>(params) : 0;
+  }
+  double expert_bits_per_weight() const {
+    return expert_params ? 8.0 * static_cast<double>(expert_bytes) / static_cast<double>(expert_params) : 0;
+  }
+};
+
+StatusOr<PackSummary> PackModel(const PackOptions& options);
+
+// The stored format of one tensor under a pack type.
+simd::WeightFormat PackedFormatFor(const TensorSlot& slot, PackType type);
+
+// Layer index of a routed expert's tensor (main layer l, or num_layers + d for MTP depth d) and
+// the expert id; false for any other tensor.
+bool RoutedExpertOf(const ModelConfig& cfg, const std::string& name, int* layer, int* expert);
+
+// Where every tensor of the model goes in model.m3w, in ForEachTensor order (hashes left zero).
+PackLayout PlanPackLayout(const ModelConfig& cfg, int mtp_depths, PackType type);
+
+}  // namespace m3

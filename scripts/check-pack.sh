@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# `m3 pack` end to end: packs golden cases, checks `m3 inspect --verify`, that a second pack
+# without --force is refused, and that `m3 logits` runs on the packed folder with finite logits.
+# (How close packed logits are to the fp32 engine is judged elsewhere.)
+# Usage: scripts/check-pack.sh [BUILD_DIR] [SHARED_DIR] [THREADS]
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$here/build}
+shared=${2:-$here/../shared}
+threads=${3:-0}
+m3="$build/bin/m3"
+py=/usr/bin/python3
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+fail=0
+
+check() {  # name type
+  local name=$1 type=$2 case_dir="$shared/golden/$1" dst="$out/$1-$2"
+  "$m3" pack -m "$case_dir" -o "$dst" --type "$type" -t "$threads" >"$out/pack.log" 2>"$out/pack.err" ||
+    { cat "$out/pack.log" "$out/pack.err"; echo "FAIL $name $type: pack"; return 1; }
+  grep -q "bits per weight" "$out/pack.log" || { echo "FAIL $name $type: no summary"; return 1; }
+  grep -q "100.0%" "$out/pack.err" || { echo "FAIL $name $type: no progress"; return 1; }
+  "$m3" inspect -m "$dst" --verify >"$out/inspect.log" 2>&1 || { cat "$out/inspect.log"; echo "FAIL $name $type: verify"; return 1; }
+  grep -q "packed           $type" "$out/inspect.log" || { cat "$out/inspect.log"; echo "FAIL $name $type: inspect"; return 1; }
+  if "$m3" pack -m "$case_dir" -o "$dst" --type "$type" >/dev/null 2>"$out/again.err"; then
+    echo "FAIL $name $type: overwrote without --force"; return 1
+  fi
+  grep -q -- "--force" "$out/again.err" || { cat "$out/again.err"; echo "FAIL $name $type: refusal message"; return 1; }
+  local ids steps
+  read -r ids steps < <($py -c "import json,sys; c=json.load(open(sys.argv[1])); print(','.join(map(str,c['prompt_ids'])), c['decode_steps'])" "$case_dir/case.json")
+  "$m3" logits -m "$dst" --ids "$ids" -n "$steps" -o "$out/logits-$name-$type" -t "$threads" 2>"$out/logits.log" ||
+    { cat "$out/logits.log"; echo "FAIL $name $type: logits"; return 1; }
+  $py - "$out/logits-$name-$type" <<'EOF' || { echo "FAIL $name $type: logits not finite"; return 1; }
+import sys, numpy as np
+d = sys.argv[1]
+for f in ("prefill_logits.npy", "decode_logits.npy"):
+    a = np.load(f"{d}/{f}")
+    assert a.size > 0 and np.isfinite(a).all(), f
+EOF
+  echo "PASS $name $type: $(grep '^time' "$out/pack.log")"
+}
+
+for c in "s1_fp32_basic q8" "s5_realprop_mxfp8_vl q4-mixed" "s6_fp16_mha_top1_sharded3 q4"; do
+  # shellcheck disable=SC2086
+  check $c || fail=1
+done
+exit $fail

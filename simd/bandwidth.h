@@ -1,0 +1,27 @@
+// Machine-limit probes for the benchmarks (m3 bench --kernels): the memory read bandwidth a
+// stream of vector loads reaches, and the fp32 FMA throughput of one core. Dispatched at run time
+// like every other kernel; the caller does the timing and the threading.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace m3::simd {
+
+// Reads bytes [p, p + n) with full-width vector loads and returns the wrapping sum of the
+// buffer's 64-bit words (a trailing n % 8 bytes are added as one zero-padded word), which keeps
+// the loads from being optimised away; equal to ref::StreamRead. The buffer is read as four
+// quarters in lockstep with software prefetch, the pattern of the GEMV kernels, so the probe is
+// a limit for them. p needs no alignment; 64-byte aligned reads are fastest.
+uint64_t StreamRead(const void* p, size_t n);
+
+// Runs `iterations` rounds of 12 independent vector fused multiply-adds on fp32 lanes (enough
+// chains to cover 4-cycle latency on two FMA ports) and returns the floating-point operations
+// performed (2 per lane per FMA). The final accumulator sum goes to *sink so the work stays.
+uint64_t FmaPeakLoop(size_t iterations, float* sink);
+
+namespace ref {
+uint64_t StreamRead(const void* p, size_t n);
+}  // namespace ref
+
+}  // namespace m3::simd

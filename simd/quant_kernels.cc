@@ -1,0 +1,562 @@
+// Highway implementations of quant_kernels.h, compiled once per SIMD target, and the run-time
+// choice between them, the AVX-512 VNNI / BF16 kernels (quant_kernels_x86.cc) and the references.
+// x86 targets use maddubs/madd intrinsics (AVX3 without VNNI, AVX2); every other target (SSE4,
+// EMU128, NEON, ...) a portable int32 multiply-add on 16-row tiles.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "quant_kernels.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
+#include "quant_kernels.h"
+#include "quant_kernels_x86.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace m3::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// ------------------------------------------------------------------------------------------
+// QuantizeActivations: the vector body performs exactly the reference's float operations.
+
+void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
+                             float* scale, int32_t* sum) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  const size_t N = hn::Lanes(df);
+  const size_t padded = (cols + group - 1) / group * group, groups = padded / group;
+  for (size_t t = 0; t < n_tok; ++t) {
+    const float* xt = x + t * ldx;
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t begin = g * group, end = std::min(cols, begin + group);
+      int8_t* qg = q + t * padded + begin;
+      auto vmax = hn::Zero(df);
+      size_t c = begin;
+      for (; c + N <= end; c += N) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xt + c)));
+      float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      for (; c < end; ++c) amax = std::max(amax, std::fabs(xt[c]));
+      std::memset(qg, 0, group);
+      if (amax == 0.0f) {
+        scale[t * groups + g] = 0.0f;
+        sum[t * groups + g] = 0;
+        continue;
+      }
+      const float inv = 127.0f / amax;
+      const auto vinv = hn::Set(df, inv), lo = hn::Set(df, -127.0f), hi = hn::Set(df, 127.0f);
+      auto vsum = hn::Zero(di);
+      c = begin;
+      for (; c + N <= end; c += N) {
+        const auto xv = hn::LoadU(df, xt + c);
+        // x == 0 gives 0 even when inv is inf (subnormal amax), as in the reference.
+        const auto v = hn::IfThenZeroElse(hn::Eq(xv, hn::Zero(df)), hn::Mul(xv, vinv));
+        const auto qi = hn::ConvertTo(di, hn::Min(hi, hn::Max(lo, hn::Round(v))));
+        vsum = hn::Add(vsum, qi);
+        hn::StoreU(hn::DemoteTo(d8, qi), d8, qg + (c - begin));
+      }
+      int32_t s = hn::GetLane(hn::SumOfLanes(di, vsum));
+      for (; c < end; ++c) {
+        if (xt[c] == 0.0f) continue;
+        const float v = std::min(127.0f, std::max(-127.0f, std::nearbyint(xt[c] * inv)));
+        qg[c - begin] = static_cast<int8_t>(v);
+        s += static_cast<int32_t>(v);
+      }
+      scale[t * groups + g] = amax / 127.0f;
+      sum[t * groups + g] = s;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// q8 / q4: one row tile x T tokens over all groups. Accumulators start at the bias table's
+// value and end at I_g; the epilogue is the reference's cvt, d_w * d_a and fma.
+
+struct TileArgs {
+  const uint8_t* w;    // the tile's codes
+  const uint16_t* sc;  // the tile's fp16 scales [groups][16]
+  const int8_t* q;     // activation codes of the block's first token
+  size_t ldq;
+  const int32_t* bias;  // [groups][T]
+  const float* da;      // [groups][T]
+  size_t groups, G;
+};
+
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+
+// AVX-512BW without VNNI. q8: signed weight s = code ^ 0x80 = code - 128, so that
+// maddubs(|s|, a * sign(s)) never saturates (2 * 128 * 127 < 2^15) and gives (code - 128) * a
+// directly (bias 0). q4: nibbles are unsigned (2 * 15 * 127 fits), bias -8 * sum.
+constexpr int kTok = 6;
+constexpr bool kSignedQ8 = true;
+inline int32_t Load32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+template <int T, bool kQ4>
+void TileBlock(const TileArgs& b, float (*yacc)[16]) {
+  const size_t G = b.G, chunks = kQ4 ? G / 8 : G / 4;
+  const __m512i nibble = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i ones = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
+  for (size_t g = 0; g < b.groups; ++g) {
+    __m512i acc[T];
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc[t] = _mm512_set1_epi32(b.bias[g * T + t]);
+    const int8_t* qg = b.q + g * G;
+    for (size_t v = 0; v < chunks; ++v) {
+      const __m512i c = _mm512_loadu_si512(b.w + (g * chunks + v) * 64);
+      if constexpr (kQ4) {
+        const __m512i lo = _mm512_and_si512(c, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble);
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          const int8_t* qt = qg + t * b.ldq + 4 * v;
+          const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(lo, _mm512_set1_epi32(Load32(qt))),
+                                             _mm512_maddubs_epi16(hi, _mm512_set1_epi32(Load32(qt + 4 * chunks))));
+          acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(p, ones));
+        }
+      } else {
+        const __m512i s = _mm512_xor_si512(c, flip), mag = _mm512_abs_epi8(s);
+        const __mmask64 neg = _mm512_movepi8_mask(s);
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          const __m512i a = _mm512_set1_epi32(Load32(qg + t * b.ldq + 4 * v));
+          const __m512i sa = _mm512_mask_sub_epi8(a, neg, zero, a);
+          acc[t] = _mm512_add_epi32(acc[t], _mm512_madd_epi16(_mm512_maddubs_epi16(mag, sa), ones));
+        }
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.sc + g * kTileRows)));
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(b.da[g * T + t]));
+      _mm512_storeu_ps(yacc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), d, _mm512_loadu_ps(yacc[t])));
+    }
+  }
+}
+
+uint64_t PeakImpl(uint64_t iterations, int32_t seed) {
+  const __m512i x = _mm512_set1_epi32(seed), z = _mm512_set1_epi32(seed * 7 + 3), ones = _mm512_set1_epi16(1);
+  __m512i acc[12];
+  #pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  for (uint64_t it = 0; it < iterations; ++it)
+    #pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      __m512i xi = x;
+      asm volatile("" : "+v"(xi));  // opaque copy: the loop-invariant product must not be hoisted
+      acc[i] = _mm512_add_epi32(acc[i], _mm512_madd_epi16(_mm512_maddubs_epi16(xi, z), ones));
+    }
+  __m512i s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, acc[i]);
+  return static_cast<uint32_t>(_mm512_reduce_add_epi32(s));
+}
+uint64_t PeakOpsPerIter() { return 12 * 64 * 2; }
+
+#elif HWY_TARGET == HWY_AVX2
+
+// As AVX3, at 256 bits: a 64-byte chunk is rows 0-7 and rows 8-15; _mm256_sign_epi8 applies
+// the weight's sign to the activation.
+constexpr int kTok = 3;
+constexpr bool kSignedQ8 = true;
+inline int32_t Load32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+template <int T, bool kQ4>
+void TileBlock(const TileArgs& b, float (*yacc)[16]) {
+  const size_t G = b.G, chunks = kQ4 ? G / 8 : G / 4;
+  const __m256i nibble = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (size_t g = 0; g < b.groups; ++g) {
+    __m256i acc0[T], acc1[T];
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm256_set1_epi32(b.bias[g * T + t]);
+    const int8_t* qg = b.q + g * G;
+    for (size_t v = 0; v < chunks; ++v) {
+      const uint8_t* p = b.w + (g * chunks + v) * 64;
+      const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32));
+      if constexpr (kQ4) {
+        const __m256i lo0 = _mm256_and_si256(c0, nibble), hi0 = _mm256_and_si256(_mm256_srli_epi16(c0, 4), nibble);
+        const __m256i lo1 = _mm256_and_si256(c1, nibble), hi1 = _mm256_and_si256(_mm256_srli_epi16(c1, 4), nibble);
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          const int8_t* qt = qg + t * b.ldq + 4 * v;
+          const __m256i a = _mm256_set1_epi32(Load32(qt)), a2 = _mm256_set1_epi32(Load32(qt + 4 * chunks));
+          const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0, a), _mm256_maddubs_epi16(hi0, a2));
+          const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, a), _mm256_maddubs_epi16(hi1, a2));
+          acc0[t] = _mm256_add_epi32(acc0[t], _mm256_madd_epi16(p0, ones));
+          acc1[t] = _mm256_add_epi32(acc1[t], _mm256_madd_epi16(p1, ones));
+        }
+      } else {
+        const __m256i s0 = _mm256_xor_si256(c0, flip), s1 = _mm256_xor_si256(c1, flip);
+        const __m256i m0 = _mm256_abs_epi8(s0), m1 = _mm256_abs_epi8(s1);
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) {
+          const __m256i a = _mm256_set1_epi32(Load32(qg + t * b.ldq + 4 * v));
+          acc0[t] = _mm256_add_epi32(acc0[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m0, _mm256_sign_epi8(a, s0)), ones));
+          acc1[t] = _mm256_add_epi32(acc1[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m1, _mm256_sign_epi8(a, s1)), ones));
+        }
+      }
+    }
+    const auto* sc = reinterpret_cast<const __m128i*>(b.sc + g * kTileRows);
+    const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(sc)), dw1 = _mm256_cvtph_ps(_mm_loadu_si128(sc + 1));
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const __m256 da = _mm256_set1_ps(b.da[g * T + t]);
+      const __m256 d0 = _mm256_mul_ps(dw0, da), d1 = _mm256_mul_ps(dw1, da);
+      _mm256_storeu_ps(yacc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc0[t]), d0, _mm256_loadu_ps(yacc[t])));
+      _mm256_storeu_ps(yacc[t] + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc1[t]), d1, _mm256_loadu_ps(yacc[t] + 8)));
+    }
+  }
+}
+
+uint64_t PeakImpl(uint64_t iterations, int32_t seed) {
+  const __m256i x = _mm256_set1_epi32(seed), z = _mm256_set1_epi32(seed * 7 + 3), ones = _mm256_set1_epi16(1);
+  __m256i acc[12];
+  #pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi32(i);
+  for (uint64_t it = 0; it < iterations; ++it)
+    #pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      __m256i xi = x;
+      asm volatile("" : "+v"(xi));  // opaque copy: the loop-invariant product must not be hoisted
+      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(xi, z), ones));
+    }
+  __m256i s = acc[0];
+  for (int i = 1; i < 12; ++i) s = _mm256_add_epi32(s, acc[i]);
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  uint32_t r = 0;
+  for (int32_t l : lanes) r += static_cast<uint32_t>(l);
+  return r;
+}
+uint64_t PeakOpsPerIter() { return 12 * 32 * 2; }
+
+#else
+
+// Portable: each 16-byte (or wider) slice of a chunk holds 4 bytes of N rows as int32 lanes;
+// bytes are extracted with shifts (codes unsigned, bias -Z * sum) and multiplied in int32.
+constexpr int kTok = 4;
+constexpr bool kSignedQ8 = false;
+
+template <int T, bool kQ4>
+void TileBlock(const TileArgs& b, float (*yacc)[16]) {
+  const hn::CappedTag<int32_t, 16> di;
+  const hn::RebindToUnsigned<decltype(di)> du;
+  const hn::Rebind<float, decltype(di)> df;
+  const size_t N = hn::Lanes(di), G = b.G, chunks = kQ4 ? G / 8 : G / 4;
+  const auto mask = hn::Set(du, kQ4 ? 0xFu : 0xFFu);
+  float dw[kTileRows];
+  for (size_t g = 0; g < b.groups; ++g) {
+    for (size_t i = 0; i < kTileRows; ++i) dw[i] = F16ToF32(b.sc[g * kTileRows + i]);
+    const int8_t* qg = b.q + g * G;
+    const int32_t* bias = b.bias + g * T;
+    for (size_t j = 0; j < kTileRows; j += N) {
+      // Explicit accumulators (no arrays: vectors may be sizeless); unused ones fold away.
+      auto acc0 = hn::Set(di, bias[0]);
+      auto acc1 = hn::Set(di, T > 1 ? bias[T > 1 ? 1 : 0] : 0);
+      auto acc2 = hn::Set(di, T > 2 ? bias[T > 2 ? 2 : 0] : 0);
+      auto acc3 = hn::Set(di, T > 3 ? bias[T > 3 ? 3 : 0] : 0);
+      auto madd = [&](const int8_t* qv, size_t idx, decltype(acc0) code) HWY_ATTR {
+        acc0 = hn::Add(acc0, hn::Mul(code, hn::Set(di, qv[idx])));
+        if constexpr (T > 1) acc1 = hn::Add(acc1, hn::Mul(code, hn::Set(di, qv[b.ldq + idx])));
+        if constexpr (T > 2) acc2 = hn::Add(acc2, hn::Mul(code, hn::Set(di, qv[2 * b.ldq + idx])));
+        if constexpr (T > 3) acc3 = hn::Add(acc3, hn::Mul(code, hn::Set(di, qv[3 * b.ldq + idx])));
+      };
+      for (size_t v = 0; v < chunks; ++v) {
+        const auto* p = reinterpret_cast<const uint32_t*>(b.w + (g * chunks + v) * 64) + j;
+        const auto wv = hn::LoadU(du, p);
+        const int8_t* qv = qg + 4 * v;
+        if constexpr (kQ4) {
+          madd(qv, 0, hn::BitCast(di, hn::And(wv, mask)));
+          madd(qv, 1, hn::BitCast(di, hn::And(hn::ShiftRight<8>(wv), mask)));
+          madd(qv, 2, hn::BitCast(di, hn::And(hn::ShiftRight<16>(wv), mask)));
+          madd(qv, 3, hn::BitCast(di, hn::And(hn::ShiftRight<24>(wv), mask)));
+          const int8_t* qh = qv + 4 * chunks;  // high nibbles: quad v + G/8
+          madd(qh, 0, hn::BitCast(di, hn::And(hn::ShiftRight<4>(wv), mask)));
+          madd(qh, 1, hn::BitCast(di, hn::And(hn::ShiftRight<12>(wv), mask)));
+          madd(qh, 2, hn::BitCast(di, hn::And(hn::ShiftRight<20>(wv), mask)));
+          madd(qh, 3, hn::BitCast(di, hn::ShiftRight<28>(wv)));
+        } else {
+          madd(qv, 0, hn::BitCast(di, hn::And(wv, mask)));
+          madd(qv, 1, hn::BitCast(di, hn::And(hn::ShiftRight<8>(wv), mask)));
+          madd(qv, 2, hn::BitCast(di, hn::And(hn::ShiftRight<16>(wv), mask)));
+          madd(qv, 3, hn::BitCast(di, hn::ShiftRight<24>(wv)));
+        }
+      }
+      const auto dwv = hn::LoadU(df, dw + j);
+      auto finish = [&](int t, decltype(acc0) acc) HWY_ATTR {
+        const auto d = hn::Mul(dwv, hn::Set(df, b.da[g * T + t]));
+        hn::StoreU(hn::MulAdd(hn::ConvertTo(df, acc), d, hn::LoadU(df, yacc[t] + j)), df, yacc[t] + j);
+      };
+      finish(0, acc0);
+      if constexpr (T > 1) finish(1, acc1);
+      if constexpr (T > 2) finish(2, acc2);
+      if constexpr (T > 3) finish(3, acc3);
+    }
+  }
+}
+
+uint64_t PeakImpl(uint64_t iterations, int32_t seed) {
+  const hn::ScalableTag<int32_t> di;
+  const auto x = hn::Set(di, seed), z = hn::Set(di, seed * 7 + 3);
+  auto a0 = hn::Set(di, 0), a1 = hn::Set(di, 1), a2 = hn::Set(di, 2), a3 = hn::Set(di, 3);
+  auto a4 = hn::Set(di, 4), a5 = hn::Set(di, 5), a6 = hn::Set(di, 6), a7 = hn::Set(di, 7);
+  // a = a * x + z: loop-carried, so nothing can be hoisted; 8 chains hide the multiply latency.
+  for (uint64_t it = 0; it < iterations; ++it) {
+    a0 = hn::Add(hn::Mul(a0, x), z), a1 = hn::Add(hn::Mul(a1, x), z), a2 = hn::Add(hn::Mul(a2, x), z);
+    a3 = hn::Add(hn::Mul(a3, x), z), a4 = hn::Add(hn::Mul(a4, x), z), a5 = hn::Add(hn::Mul(a5, x), z);
+    a6 = hn::Add(hn::Mul(a6, x), z), a7 = hn::Add(hn::Mul(a7, x), z);
+  }
+  const auto s = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+  return static_cast<uint32_t>(hn::GetLane(hn::SumOfLanes(di, s)));
+}
+uint64_t PeakOpsPerIter() { return 8 * 2 * hn::Lanes(hn::ScalableTag<int32_t>()); }
+
+#endif
+
+volatile int32_t g_peak_seed = 0x01020304;  // opaque inputs and sink keep the loop alive
+volatile uint64_t g_peak_sink;
+
+uint64_t Int8DotPeakImpl(uint64_t iterations) {
+  g_peak_sink = PeakImpl(iterations, g_peak_seed);
+  return iterations * PeakOpsPerIter();
+}
+
+template <int T>
+void TileBlockT(bool q4, const TileArgs& b, float (*yacc)[16]) {
+  if (q4)
+    TileBlock<T, true>(b, yacc);
+  else
+    TileBlock<T, false>(b, yacc);
+}
+
+void QuantMatMulImpl(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
+                     size_t ldy) {
+  tile_end = std::min(tile_end, w.row_tiles());
+  if (tile_begin >= tile_end || a.n_tok == 0) return;
+  const bool q4 = w.format == WeightFormat::kQ4;
+  const size_t n = a.n_tok, groups = w.groups();
+  const int32_t zero = q4 ? kQ4Zero : (kSignedQ8 ? 0 : kQ8Zero);
+  thread_local std::vector<int32_t> bias;
+  thread_local std::vector<float> da;
+  bias.resize(n * groups);
+  da.resize(n * groups);
+  detail::FillQuantTables(a, kTok, zero, bias.data(), da.data());
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  for (size_t tile = tile_begin; tile < tile_end; ++tile) {
+    const size_t rows = std::min(w.rows, (tile + 1) * kTileRows) - tile * kTileRows;
+    for (size_t t0 = 0; t0 < n; t0 += kTok) {
+      const int nt = static_cast<int>(std::min<size_t>(kTok, n - t0));
+      const TileArgs b{data + tile * w.tile_bytes(), w.tile_scales(tile), a.q + t0 * a.padded_cols, a.padded_cols,
+                       bias.data() + t0 * groups, da.data() + t0 * groups, groups, w.group};
+      float yacc[kTok][16] = {};
+      switch (nt) {
+        case 1: TileBlockT<1>(q4, b, yacc); break;
+        case 2: TileBlockT<2>(q4, b, yacc); break;
+        case 3: TileBlockT<3>(q4, b, yacc); break;
+        case 4: if constexpr (kTok >= 4) TileBlockT<kTok >= 4 ? 4 : 1>(q4, b, yacc); break;
+        case 5: if constexpr (kTok >= 5) TileBlockT<kTok >= 5 ? 5 : 1>(q4, b, yacc); break;
+        case 6: if constexpr (kTok >= 6) TileBlockT<kTok >= 6 ? 6 : 1>(q4, b, yacc); break;
+        default: break;
+      }
+      for (int t = 0; t < nt; ++t) std::memcpy(y + (t0 + t) * ldy + tile * kTileRows, yacc[t], rows * sizeof(float));
+    }
+  }
+}
+
+bool IsExactImpl() { return HWY_NATIVE_FMA != 0; }
+
+// ------------------------------------------------------------------------------------------
+// bf16 tiles: a 64-byte chunk holds inputs 2p, 2p + 1 of 16 rows as bf16 pairs; widened to fp32
+// by shifts (exact) and accumulated with fma (even and odd inputs in separate chains).
+
+template <int T>
+void Bf16Block(const uint8_t* tile, const float* x, size_t ldx, size_t cols, float (*out)[16]) {
+  const hn::CappedTag<uint32_t, 16> du;
+  const hn::Rebind<float, decltype(du)> df;
+  const size_t N = hn::Lanes(du), full = cols / 2;
+  const auto high = hn::Set(du, 0xFFFF0000u);
+  const auto* w32 = reinterpret_cast<const uint32_t*>(tile);
+  for (size_t j = 0; j < kTileRows; j += N) {
+    auto e0 = hn::Zero(df), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0;
+    auto step = [&](size_t p, float x_odd_mask) HWY_ATTR {
+      hwy::Prefetch(w32 + (p + 16) * kTileRows + j);  // 1 KB ahead in the weight stream
+      const auto wv = hn::LoadU(du, w32 + p * kTileRows + j);
+      const auto ev = hn::BitCast(df, hn::ShiftLeft<16>(wv)), ov = hn::BitCast(df, hn::And(wv, high));
+      const float* xp = x + 2 * p;
+      e0 = hn::MulAdd(ev, hn::Set(df, xp[0]), e0);
+      if (x_odd_mask != 0.0f) o0 = hn::MulAdd(ov, hn::Set(df, xp[1]), o0);
+      if constexpr (T > 1) {
+        e1 = hn::MulAdd(ev, hn::Set(df, xp[ldx]), e1);
+        if (x_odd_mask != 0.0f) o1 = hn::MulAdd(ov, hn::Set(df, xp[ldx + 1]), o1);
+      }
+      if constexpr (T > 2) {
+        e2 = hn::MulAdd(ev, hn::Set(df, xp[2 * ldx]), e2);
+        if (x_odd_mask != 0.0f) o2 = hn::MulAdd(ov, hn::Set(df, xp[2 * ldx + 1]), o2);
+      }
+      if constexpr (T > 3) {
+        e3 = hn::MulAdd(ev, hn::Set(df, xp[3 * ldx]), e3);
+        if (x_odd_mask != 0.0f) o3 = hn::MulAdd(ov, hn::Set(df, xp[3 * ldx + 1]), o3);
+      }
+    };
+    for (size_t p = 0; p < full; ++p) step(p, 1.0f);
+    if (cols % 2) step(full, 0.0f);  // last input alone (its pair partner is padding)
+    hn::StoreU(hn::Add(e0, o0), df, out[0] + j);
+    if constexpr (T > 1) hn::StoreU(hn::Add(e1, o1), df, out[1] + j);
+    if constexpr (T > 2) hn::StoreU(hn::Add(e2, o2), df, out[2] + j);
+    if constexpr (T > 3) hn::StoreU(hn::Add(e3, o3), df, out[3] + j);
+  }
+}
+
+void Bf16TiledMatMulImpl(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
+                         size_t tile_end, float* y, size_t ldy) {
+  tile_end = std::min(tile_end, w.row_tiles());
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  for (size_t tile = tile_begin; tile < tile_end; ++tile) {
+    const size_t rows = std::min(w.rows, (tile + 1) * kTileRows) - tile * kTileRows;
+    const uint8_t* t_data = data + tile * w.tile_bytes();
+    for (size_t t0 = 0; t0 < n_tok; t0 += 4) {
+      const size_t nt = std::min<size_t>(4, n_tok - t0);
+      float out[4][16];
+      const float* xt = x + t0 * ldx;
+      switch (nt) {
+        case 1: Bf16Block<1>(t_data, xt, ldx, w.cols, out); break;
+        case 2: Bf16Block<2>(t_data, xt, ldx, w.cols, out); break;
+        case 3: Bf16Block<3>(t_data, xt, ldx, w.cols, out); break;
+        default: Bf16Block<4>(t_data, xt, ldx, w.cols, out); break;
+      }
+      for (size_t t = 0; t < nt; ++t) std::memcpy(y + (t0 + t) * ldy + tile * kTileRows, out[t], rows * sizeof(float));
+    }
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace m3::simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace m3::simd {
+
+HWY_EXPORT(QuantizeActivationsImpl);
+HWY_EXPORT(QuantMatMulImpl);
+HWY_EXPORT(Bf16TiledMatMulImpl);
+HWY_EXPORT(IsExactImpl);
+HWY_EXPORT(Int8DotPeakImpl);
+
+namespace {
+
+enum Forced : int { kAuto = 0, kRef, kVnni, kAvx512Bf16, kHighway };
+std::atomic<int> g_forced{kAuto};  // tests only
+
+bool UseVnni() {
+  const int f = g_forced.load(std::memory_order_relaxed);
+  return (f == kAuto || f == kVnni || f == kAvx512Bf16) && x86::HasVnni();
+}
+bool UseAvx512Bf16() {
+  const int f = g_forced.load(std::memory_order_relaxed);
+  return (f == kAuto || f == kVnni || f == kAvx512Bf16) && x86::HasAvx512Bf16();
+}
+bool UseRef() { return g_forced.load(std::memory_order_relaxed) == kRef; }
+
+const char* HighwayKernelName(int64_t target) {
+  if (target == HWY_AVX3) return "avx512";
+  if (target == HWY_AVX2) return "avx2";
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v(64);
+    for (int bit = 0; bit < 64; ++bit) v[bit] = std::string("highway-") + hwy::TargetName(int64_t{1} << bit);
+    return v;
+  }();
+  for (int bit = 0; bit < 64; ++bit)
+    if (target == (int64_t{1} << bit)) return names[bit].c_str();
+  return "highway-?";
+}
+
+const char* ActiveHighwayKernelName() {
+  const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
+  return HighwayKernelName(targets & -targets);
+}
+
+}  // namespace
+
+void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
+                         float* scale, int32_t* sum) {
+  if (UseRef()) return ref::QuantizeActivations(x, ldx, n_tok, cols, group, q, scale, sum);
+  HWY_DYNAMIC_DISPATCH(QuantizeActivationsImpl)(x, ldx, n_tok, cols, group, q, scale, sum);
+}
+
+void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
+                 size_t ldy) {
+  if (UseRef()) return ref::QuantMatMul(w, a, tile_begin, tile_end, y, ldy);
+  if (UseVnni()) return x86::QuantMatMulVnni(w, a, tile_begin, tile_end, y, ldy);
+  HWY_DYNAMIC_DISPATCH(QuantMatMulImpl)(w, a, tile_begin, tile_end, y, ldy);
+}
+
+void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
+                     size_t tile_end, float* y, size_t ldy) {
+  if (UseRef()) return ref::Bf16TiledMatMul(w, x, ldx, n_tok, tile_begin, tile_end, y, ldy);
+  if (UseAvx512Bf16()) return x86::Bf16TiledMatMulAvx512Bf16(w, x, ldx, n_tok, tile_begin, tile_end, y, ldy);
+  HWY_DYNAMIC_DISPATCH(Bf16TiledMatMulImpl)(w, x, ldx, n_tok, tile_begin, tile_end, y, ldy);
+}
+
+const char* QuantKernelName() {
+  if (UseRef()) return "ref";
+  if (UseVnni()) return "avx512-vnni";
+  return ActiveHighwayKernelName();
+}
+
+const char* Bf16KernelName() {
+  if (UseRef()) return "ref";
+  if (UseAvx512Bf16()) return "avx512-bf16";
+  return ActiveHighwayKernelName();
+}
+
+bool QuantKernelIsExact() {
+  if (UseRef() || UseVnni()) return true;
+  return HWY_DYNAMIC_DISPATCH(IsExactImpl)();
+}
+
+uint64_t Int8DotPeakLoop(uint64_t iterations) {
+  if (UseVnni()) return x86::Int8DotPeakLoopVnni(iterations);
+  return HWY_DYNAMIC_DISPATCH(Int8DotPeakImpl)(iterations);
+}
+
+std::vector<std::string> RunnableQuantKernels() {
+  std::vector<std::string> names = {"ref"};
+  if (x86::HasVnni()) names.push_back("avx512-vnni");
+  if (x86::HasAvx512Bf16()) names.push_back("avx512-bf16");
+  if (g_forced.load() == kHighway) hwy::SetSupportedTargetsForTest(0);  // list every target
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) names.push_back(HighwayKernelName(t));
+  return names;
+}
+
+bool ForceQuantKernelForTest(const char* name) {
+  g_forced = kAuto;
+  hwy::SetSupportedTargetsForTest(0);
+  if (name == nullptr || *name == '\0') return true;
+  const std::string n = name;
+  if (n == "ref") return g_forced = kRef, true;
+  if (n == "avx512-vnni") return x86::HasVnni() && (g_forced = kVnni, true);
+  if (n == "avx512-bf16") return x86::HasAvx512Bf16() && (g_forced = kAvx512Bf16, true);
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    if (n != HighwayKernelName(t)) continue;
+    hwy::SetSupportedTargetsForTest(t);
+    g_forced = kHighway;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace m3::simd
+#endif  // HWY_ONCE

@@ -1,0 +1,83 @@
+// Scalar references for quant_kernels.h: the definition every SIMD path must reproduce.
+#include <algorithm>
+#include <cmath>
+
+#include "quant_kernels.h"
+
+namespace m3::simd::ref {
+
+void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
+                         float* scale, int32_t* sum) {
+  const size_t padded = (cols + group - 1) / group * group, groups = padded / group;
+  for (size_t t = 0; t < n_tok; ++t) {
+    const float* xt = x + t * ldx;
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t begin = g * group, end = std::min(cols, begin + group);
+      float amax = 0.0f;
+      for (size_t c = begin; c < end; ++c) amax = std::max(amax, std::fabs(xt[c]));
+      int8_t* qg = q + t * padded + begin;
+      int32_t s = 0;
+      if (amax == 0.0f) {
+        std::fill(qg, qg + group, int8_t{0});
+        scale[t * groups + g] = 0.0f;
+      } else {
+        const float inv = 127.0f / amax;
+        for (size_t c = begin; c < begin + group; ++c) {
+          float v = 0.0f;  // padding, and x == 0 (keeps 0 * inf for a subnormal amax out)
+          if (c < end && xt[c] != 0.0f) v = std::min(127.0f, std::max(-127.0f, std::nearbyint(xt[c] * inv)));
+          qg[c - begin] = static_cast<int8_t>(v);
+          s += static_cast<int32_t>(v);
+        }
+        scale[t * groups + g] = amax / 127.0f;
+      }
+      sum[t * groups + g] = s;
+    }
+  }
+}
+
+void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
+                 size_t ldy) {
+  const size_t row_end = std::min(w.rows, tile_end * kTileRows), groups = w.groups();
+  const int zero = w.format == WeightFormat::kQ8 ? kQ8Zero : kQ4Zero;
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  const size_t G = w.group, half = G / 8;
+  for (size_t r = tile_begin * kTileRows; r < row_end; ++r) {
+    const size_t tile = r / kTileRows, tr = r % kTileRows;
+    const uint8_t* t0 = data + tile * w.tile_bytes();
+    const uint16_t* sc = w.tile_scales(tile);
+    for (size_t t = 0; t < a.n_tok; ++t) {
+      const int8_t* qt = a.q + t * a.padded_cols;
+      float acc = 0.0f;
+      for (size_t g = 0; g < groups; ++g) {
+        int32_t dot = 0;
+        for (size_t i = 0; i < G; ++i) {
+          int code;
+          if (w.format == WeightFormat::kQ8) {
+            code = t0[g * G * kTileRows + (i / 4) * 64 + tr * 4 + i % 4];
+          } else {
+            const size_t quad = i / 4;
+            const uint8_t byte = t0[g * G * kTileRows / 2 + (quad % half) * 64 + tr * 4 + i % 4];
+            code = quad < half ? (byte & 0xF) : (byte >> 4);
+          }
+          dot += (code - zero) * qt[g * G + i];
+        }
+        const float d = F16ToF32(sc[g * kTileRows + tr]) * a.scale[t * groups + g];
+        acc = std::fma(static_cast<float>(dot), d, acc);
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
+
+void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
+                     size_t tile_end, float* y, size_t ldy) {
+  const size_t row_end = std::min(w.rows, tile_end * kTileRows);
+  for (size_t r = tile_begin * kTileRows; r < row_end; ++r)
+    for (size_t t = 0; t < n_tok; ++t) {
+      double s = 0;
+      for (size_t c = 0; c < w.cols; ++c) s += static_cast<double>(TiledWeightAt(w, r, c)) * x[t * ldx + c];
+      y[t * ldy + r] = static_cast<float>(s);
+    }
+}
+
+}  // namespace m3::simd::ref

@@ -1,0 +1,30 @@
+// x86-64 kernels for quant_kernels.h compiled with function target attributes (not Highway
+// targets): AVX-512 VNNI (vpdpbusd) for q8/q4 and AVX512-BF16 (vdpbf16ps) for bf16 tiles.
+// Internal to m3_simd; quant_kernels.cc selects them at run time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "quant_kernels.h"
+
+namespace m3::simd {
+namespace detail {
+// Per block of `block_tok` tokens, [group][token] tables the q8/q4 kernels read with scalar
+// broadcasts: bias = -zero * (sum of the group's activation codes), da = activation scale.
+void FillQuantTables(const QuantizedActivations& a, size_t block_tok, int32_t zero, int32_t* bias, float* da);
+}  // namespace detail
+
+namespace x86 {
+
+bool HasVnni();       // AVX-512 F/BW/DQ/VL + VNNI usable (CPU and OS)
+bool HasAvx512Bf16();  // the above without VNNI, plus AVX512_BF16
+
+void QuantMatMulVnni(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
+                     size_t ldy);
+void Bf16TiledMatMulAvx512Bf16(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
+                               size_t tile_end, float* y, size_t ldy);
+uint64_t Int8DotPeakLoopVnni(uint64_t iterations);
+
+}  // namespace x86
+}  // namespace m3::simd

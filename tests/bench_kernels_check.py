@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Smoke test of `m3 bench --kernels --quick --json`: every stdout line is a JSON object with the
+report fields, ratio == value / limit, the expected rows are there (limits, GEMV and GEMM for each
+type, oneDNN when built in) and every kernel result matched its scalar reference. No timing
+assertions. Also checks that `m3 bench` without a mode fails with a message naming the modes.
+Usage: bench_kernels_check.py M3_BINARY"""
+import json
+import math
+import subprocess
+import sys
+
+m3 = sys.argv[1]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+p = subprocess.run([m3, "bench", "--kernels", "--quick", "--json", "-t", "1,2"], capture_output=True, text=True,
+                   timeout=120)
+check(p.returncode == 0, f"exit code {p.returncode}; stderr: {p.stderr.strip()}")
+required = {"kernel": str, "type": str, "shape": str, "tokens": int, "threads": int, "value": (int, float),
+            "unit": str, "limit": (int, float), "limit_kind": str, "ratio": (int, float), "cpu": str,
+            "simd_target": str, "kernel_impl": str, "commit": str}
+rows = []
+for n, line in enumerate(p.stdout.splitlines(), 1):
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        check(False, f"line {n} is not JSON ({e}): {line[:200]}")
+        continue
+    if not isinstance(row, dict):
+        check(False, f"line {n} is not an object")
+        continue
+    rows.append(row)
+    for field, kind in required.items():
+        check(field in row and isinstance(row[field], kind) and not isinstance(row[field], bool),
+              f"line {n}: field {field} missing or of the wrong type")
+    if all(isinstance(row.get(f), (int, float)) for f in ("value", "limit", "ratio")):
+        v, lim, r = row["value"], row["limit"], row["ratio"]
+        check(math.isfinite(v) and v > 0, f"line {n}: value {v} not positive")
+        check(math.isfinite(lim) and lim > 0, f"line {n}: limit {lim} not positive")
+        if lim > 0:
+            check(math.isclose(r, v / lim, rel_tol=1e-9), f"line {n}: ratio {r} != value/limit {v / lim}")
+    check(row.get("unit") in ("GB/s", "GOP/s"), f"line {n}: unit {row.get('unit')}")
+    check(row.get("check", "ok") == "ok", f"line {n}: kernel result differs from the reference")
+    check(row.get("commit") != "", f"line {n}: empty commit")
+
+kinds = {(r.get("kernel"), r.get("type"), r.get("limit_kind"), r.get("threads")) for r in rows}
+for t in (1, 2):
+    for k in ("read_bw", "int8_peak", "fma_peak"):
+        check(any(x[0] == k and x[3] == t for x in kinds), f"no {k} row for {t} threads")
+    for ty in ("q4", "q8", "bf16"):
+        check(("gemv", ty, "read_bw", t) in kinds, f"no gemv {ty} row for {t} threads")
+        check(any(x[0] == "gemm" and x[1] == ty and x[3] == t for x in kinds), f"no gemm {ty} row for {t} threads")
+if "onednn rows skipped" not in p.stderr:
+    check(("onednn_int8", "q8", "int8_peak", 1) in kinds, "no onednn_int8 row")
+    check(("gemm", "q8", "onednn", 1) in kinds, "no gemm q8 vs onednn row")
+
+p = subprocess.run([m3, "bench"], capture_output=True, text=True, timeout=60)
+check(p.returncode != 0 and "--kernels" in p.stderr, f"`m3 bench` without a mode: rc {p.returncode}, {p.stderr!r}")
+
+for f in failures:
+    print("FAIL:", f)
+print(f"{len(rows)} rows, {len(failures)} failures")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,358 @@
+// The packed-weight kernels (quant_kernels.h) against their scalar references, for every
+// implementation runnable here (VNNI, AVX-512BW, AVX2, the portable Highway targets): bit-exact
+// where the path has fused multiply-add, GEMV (one token at a time) vs GEMM bit-identical, tile
+// ranges composing, and the results close to the fp32 product (sanity).
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "quant_kernels.h"
+#include "test_util.h"
+#include "weight_pack.h"
+
+namespace m3::simd {
+namespace {
+
+using test::RandomVec;
+
+struct Packed {
+  WeightRef w;
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> scales;
+};
+
+void Attach(Packed& p) {
+  p.w.data = p.codes.data();
+  p.w.scales = reinterpret_cast<const uint8_t*>(p.scales.data());
+}
+
+// Quantized from fp32 values by the packer.
+Packed PackFloats(WeightFormat f, size_t rows, size_t cols, const std::vector<float>& src, size_t group = 0) {
+  Packed p;
+  p.w = TiledShape(f, rows, cols, group);
+  p.codes.resize(TiledCodeBytes(p.w));
+  p.scales.resize(std::max<size_t>(1, TiledScaleBytes(p.w) / 2));
+  std::vector<float> padded(p.w.row_tiles() * kTileRows * cols, 0.0f);
+  std::copy(src.begin(), src.end(), padded.begin());
+  REQUIRE(PackRowTiles(p.w, padded.data(), 0, p.w.row_tiles(), p.codes.data(), p.scales.data()));
+  Attach(p);
+  return p;
+}
+
+// Codes and scales written directly (every stored byte, padding included, from code(r, c)).
+template <class CodeFn, class ScaleFn>
+Packed WriteCodes(WeightFormat f, size_t rows, size_t cols, CodeFn code, ScaleFn scale, size_t group = 0) {
+  Packed p;
+  p.w = TiledShape(f, rows, cols, group);
+  p.codes.assign(TiledCodeBytes(p.w), 0);
+  p.scales.assign(TiledScaleBytes(p.w) / 2, 0);
+  const size_t G = p.w.group, groups = p.w.groups();
+  for (size_t tile = 0; tile < p.w.row_tiles(); ++tile) {
+    uint8_t* t = p.codes.data() + tile * p.w.tile_bytes();
+    for (size_t tr = 0; tr < kTileRows; ++tr) {
+      const size_t r = tile * kTileRows + tr;
+      for (size_t g = 0; g < groups; ++g) {
+        p.scales[(tile * groups + g) * kTileRows + tr] = scale(r, g);
+        for (size_t i = 0; i < G; ++i) {
+          const int c = code(r, g * G + i);
+          if (f == WeightFormat::kQ8) {
+            t[g * G * kTileRows + (i / 4) * 64 + tr * 4 + i % 4] = static_cast<uint8_t>(c);
+          } else {
+            const size_t quad = i / 4, half = G / 8;
+            uint8_t& b = t[g * G * kTileRows / 2 + (quad % half) * 64 + tr * 4 + i % 4];
+            b |= quad < half ? static_cast<uint8_t>(c & 0xF) : static_cast<uint8_t>((c & 0xF) << 4);
+          }
+        }
+      }
+    }
+  }
+  Attach(p);
+  return p;
+}
+
+struct Acts {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  std::vector<int32_t> sum;
+  QuantizedActivations a;
+};
+
+Acts Quantize(const std::vector<float>& x, size_t ldx, size_t n_tok, size_t cols, size_t group) {
+  Acts r;
+  const size_t padded = (cols + group - 1) / group * group, groups = padded / group;
+  r.q.assign(n_tok * padded, 99);
+  r.scale.assign(n_tok * groups, -1.0f);
+  r.sum.assign(n_tok * groups, -1);
+  ref::QuantizeActivations(x.data(), ldx, n_tok, cols, group, r.q.data(), r.scale.data(), r.sum.data());
+  r.a = {r.q.data(), r.scale.data(), r.sum.data(), n_tok, padded, group};
+  return r;
+}
+
+// One token of a batch as a batch of its own.
+QuantizedActivations Token(const QuantizedActivations& a, size_t t) {
+  QuantizedActivations one = a;
+  one.q += t * a.padded_cols;
+  one.scale += t * a.groups();
+  one.sum += t * a.groups();
+  one.n_tok = 1;
+  return one;
+}
+
+// Runs body once per runnable implementation, forced.
+template <class Body>
+void ForEachImpl(Body body) {
+  const auto names = RunnableQuantKernels();
+  REQUIRE(names.size() >= 2);
+  for (const std::string& name : names) {
+    REQUIRE(ForceQuantKernelForTest(name.c_str()));
+    INFO("implementation " << name);
+    body(name);
+  }
+  ForceQuantKernelForTest(nullptr);
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST_CASE("quant kernel registry", "[quant]") {
+  const auto names = RunnableQuantKernels();
+  CHECK(names.front() == "ref");
+  for (const auto& n : names) {
+    INFO(n);
+    REQUIRE(ForceQuantKernelForTest(n.c_str()));
+    if (n == "avx512-bf16") {
+      CHECK(std::string(Bf16KernelName()) == n);
+    } else {
+      CHECK(std::string(QuantKernelName()) == n);
+    }
+  }
+  CHECK(!ForceQuantKernelForTest("no-such-kernel"));
+  CHECK(ForceQuantKernelForTest(nullptr));
+  CHECK(Int8DotPeakLoop(1000) > 0);
+  if (__builtin_cpu_supports("avx512vnni")) CHECK(std::string(QuantKernelName()) == "avx512-vnni");
+}
+
+TEST_CASE("QuantizeActivations is bit-exact against the reference", "[quant]") {
+  std::mt19937 rng(5);
+  for (size_t group : {32, 128}) {
+    for (size_t cols : {1, 31, 32, 33, 100, 128, 129, 300, 1000}) {
+      const size_t n_tok = 4, ldx = cols + 3;
+      auto x = RandomVec(n_tok * ldx, static_cast<uint32_t>(cols + group));
+      // Token 1: zero groups and lone values; token 2: huge and tiny magnitudes (including a
+      // subnormal amax, whose 127/amax overflows); token 3: exact rounding ties.
+      for (size_t c = 0; c < cols; ++c) {
+        x[ldx + c] = (c / group) % 2 == 0 ? 0.0f : (c % 7 == 0 ? -3.0f : 0.0f);
+        const float mags[] = {3e38f, 1e30f, 1e-30f, 1e-40f, 1e-44f, 0.0f};
+        x[2 * ldx + c] = mags[(c / group) % 6] * ((rng() % 2 ? 1.0f : -1.0f) * static_cast<float>(1 + rng() % 5) / 5.0f);
+        x[3 * ldx + c] = c % group == 0 ? 127.0f : static_cast<float>(static_cast<int>(rng() % 255) - 127) * 0.5f;
+      }
+      INFO("group " << group << " cols " << cols);
+      const Acts want = Quantize(x, ldx, n_tok, cols, group);
+      ForEachImpl([&](const std::string&) {
+        std::vector<int8_t> q(want.q.size(), 99);
+        std::vector<float> scale(want.scale.size(), -1.0f);
+        std::vector<int32_t> sum(want.sum.size(), -1);
+        QuantizeActivations(x.data(), ldx, n_tok, cols, group, q.data(), scale.data(), sum.data());
+        CHECK(q == want.q);
+        CHECK(std::memcmp(scale.data(), want.scale.data(), scale.size() * 4) == 0);
+        CHECK(sum == want.sum);
+      });
+      // The definition itself: ties to even, zero groups, padding.
+      const size_t padded = want.a.padded_cols, groups = padded / group;
+      for (size_t g = 0; g < groups; ++g) {
+        int32_t s = 0;
+        for (size_t i = 0; i < group; ++i) s += want.q[g * group + i];
+        CHECK(s == want.sum[g]);
+      }
+      for (size_t c = cols; c < padded; ++c) CHECK(want.q[3 * padded + c] == 0);
+      if (cols > 2 && group == 32) {
+        // amax 127 -> inv 1: q = round_half_even(x).
+        CHECK(want.q[3 * padded + 0] == 127);
+        for (size_t c = 1; c < std::min<size_t>(cols, 32); ++c)
+          CHECK(want.q[3 * padded + c] == static_cast<int8_t>(std::nearbyint(x[3 * ldx + c])));
+      }
+    }
+  }
+}
+
+// Checks QuantMatMul for one weight and activation set against the reference on every
+// implementation: full range, split ranges and sentinels beyond the outputs.
+void CheckQuantMatMul(const Packed& p, const Acts& acts, bool check_split_tokens) {
+  const WeightRef& w = p.w;
+  const QuantizedActivations& a = acts.a;
+  const size_t n = a.n_tok, ldy = w.rows + 3, tiles = w.row_tiles();
+  const float sentinel = -12345.0f;
+  std::vector<float> want(n * ldy, sentinel);
+  ref::QuantMatMul(w, a, 0, tiles, want.data(), ldy);
+  // |terms| bound for targets without fma (mul + add per group instead of one rounding).
+  std::vector<double> mag(n * ldy, 0.0);
+  bool mag_done = false;
+  ForEachImpl([&](const std::string& name) {
+    std::vector<float> got(n * ldy, sentinel);
+    QuantMatMul(w, a, 0, tiles + 2, got.data(), ldy);  // tile_end clipped
+    if (QuantKernelIsExact()) {
+      CHECK(SameBits(got, want));
+    } else {  // counted, not one CHECK per element: Catch2 assertions dominate the run time
+      if (!mag_done) {
+        for (size_t t = 0; t < n; ++t)
+          for (size_t r = 0; r < w.rows; ++r)
+            for (size_t c = 0; c < w.cols; ++c) {
+              const size_t g = c / w.group;
+              mag[t * ldy + r] += std::fabs(TiledWeightAt(w, r, c) * a.q[t * a.padded_cols + c] *
+                                            static_cast<double>(a.scale[t * a.groups() + g]));
+            }
+        mag_done = true;
+      }
+      size_t bad = 0;
+      for (size_t i = 0; i < got.size(); ++i) bad += !(std::fabs(got[i] - want[i]) <= 1e-6 * (w.groups() + 1) * mag[i]);
+      CHECK(bad == 0);
+    }
+    // Tile ranges compose to the same bits; outputs outside a range are untouched.
+    if (tiles > 1) {
+      std::vector<float> split(n * ldy, sentinel);
+      const size_t mid = tiles / 2;
+      QuantMatMul(w, a, mid, tiles, split.data(), ldy);
+      QuantMatMul(w, a, 0, mid, split.data(), ldy);
+      QuantMatMul(w, a, mid, mid, split.data(), ldy);
+      CHECK(SameBits(split, got));
+      std::vector<float> part(n * ldy, sentinel), expect(n * ldy, sentinel);
+      QuantMatMul(w, a, mid, mid + 1, part.data(), ldy);
+      for (size_t t = 0; t < n; ++t)
+        for (size_t r = mid * kTileRows; r < std::min(w.rows, (mid + 1) * kTileRows); ++r)
+          expect[t * ldy + r] = got[t * ldy + r];
+      CHECK(SameBits(part, expect));
+    }
+    // GEMV (one token at a time) and GEMM (the whole batch) give the same bits.
+    if (check_split_tokens) {
+      std::vector<float> one(n * ldy, sentinel);
+      for (size_t t = 0; t < n; ++t) QuantMatMul(w, Token(a, t), 0, tiles, one.data() + t * ldy, ldy);
+      CHECK(SameBits(one, got));
+    }
+    (void)name;
+  });
+}
+
+TEST_CASE("QuantMatMul matches the reference over shapes, tokens and tile ranges", "[quant]") {
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
+    for (size_t rows : {1, 5, 16, 17, 33, 70}) {
+      for (size_t cols : {1, 31, 32, 33, 100, 128, 129, 300, 1000}) {
+        const auto src = RandomVec(rows * cols, static_cast<uint32_t>(rows * 1000 + cols), 0.3f);
+        const Packed p = PackFloats(f, rows, cols, src);
+        for (size_t n_tok : {1, 2, 3, 7, 8, 9, 13, 31, 64, 100}) {
+          if (rows * cols * n_tok > 2000000) continue;  // keeps the suite fast; big shapes below
+          INFO(WeightFormatName(f) << " rows " << rows << " cols " << cols << " tokens " << n_tok);
+          const size_t ldx = cols + 1;
+          const auto x = RandomVec(n_tok * ldx, static_cast<uint32_t>(n_tok * 7 + cols));
+          const Acts acts = Quantize(x, ldx, n_tok, cols, p.w.group);
+          CheckQuantMatMul(p, acts, n_tok == 9 || n_tok == 13 || n_tok == 31);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("QuantMatMul on large token counts and GEMV/GEMM identity", "[quant]") {
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
+    for (auto [rows, cols, n_tok] : {std::tuple<size_t, size_t, size_t>{70, 300, 100}, {33, 1000, 64}, {70, 1000, 31}}) {
+      INFO(WeightFormatName(f) << " rows " << rows << " cols " << cols << " tokens " << n_tok);
+      const Packed p = PackFloats(f, rows, cols, RandomVec(rows * cols, 3, 0.2f));
+      const auto x = RandomVec(n_tok * cols, 4);
+      CheckQuantMatMul(p, Quantize(x, cols, n_tok, cols, p.w.group), true);
+    }
+  }
+}
+
+TEST_CASE("QuantMatMul with extreme codes, zero scales and other groups", "[quant]") {
+  std::mt19937 rng(9);
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
+    const int lo = f == WeightFormat::kQ8 ? 1 : 0, hi = f == WeightFormat::kQ8 ? 255 : 15;
+    for (size_t group : {size_t{0}, size_t{64}}) {
+      for (int pattern = 0; pattern < 4; ++pattern) {
+        const size_t rows = 37, cols = 300, n_tok = pattern == 3 ? 11 : 5;
+        INFO(WeightFormatName(f) << " group " << group << " pattern " << pattern);
+        auto code = [&](size_t r, size_t c) {
+          switch (pattern) {
+            case 0: return hi;                       // all max: largest positive products
+            case 1: return lo;                       // all min
+            case 2: return (r + c) % 2 ? hi : lo;    // alternating
+            default: return static_cast<int>(rng() % (hi + 1));  // any stored value, 0 included
+          }
+        };
+        auto scale = [&](size_t r, size_t g) -> uint16_t {
+          if ((r + g) % 5 == 0) return 0;  // zero scale
+          if ((r + g) % 7 == 0) return 0x8000;  // negative zero
+          return F32ToF16(std::ldexp(1.0f + static_cast<float>(rng() % 100) / 100.0f, -static_cast<int>(rng() % 12)));
+        };
+        const Packed p = WriteCodes(f, rows, cols, code, scale, group);
+        // Activations at full scale (+-127 codes) in every group, and one all-zero token.
+        std::vector<float> x(n_tok * cols);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = pattern == 1 ? -1.0f : (i % 3 == 0 ? 1.0f : -1.0f);
+        for (size_t c = 0; c < cols; ++c) x[2 * cols + c] = 0.0f;
+        const Acts acts = Quantize(x, cols, n_tok, cols, p.w.group);
+        CheckQuantMatMul(p, acts, true);
+      }
+    }
+  }
+}
+
+TEST_CASE("QuantMatMul is close to the fp32 product of the dequantized weights", "[quant]") {
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
+    const size_t rows = 48, cols = 512, n_tok = 10;
+    const Packed p = PackFloats(f, rows, cols, RandomVec(rows * cols, 21, 0.05f));
+    const auto x = RandomVec(n_tok * cols, 22);
+    const Acts acts = Quantize(x, cols, n_tok, cols, p.w.group);
+    std::vector<float> y(n_tok * rows);
+    QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), y.data(), rows);
+    double err = 0, norm = 0;
+    for (size_t t = 0; t < n_tok; ++t)
+      for (size_t r = 0; r < rows; ++r) {
+        double exact = 0;
+        for (size_t c = 0; c < cols; ++c) exact += static_cast<double>(TiledWeightAt(p.w, r, c)) * x[t * cols + c];
+        err += (y[t * rows + r] - exact) * (y[t * rows + r] - exact);
+        norm += exact * exact;
+      }
+    INFO(WeightFormatName(f) << " relative error " << std::sqrt(err / norm));
+    CHECK(std::sqrt(err / norm) < 0.02);  // int8 activation rounding only
+  }
+}
+
+TEST_CASE("Bf16TiledMatMul matches the reference", "[quant]") {
+  for (size_t rows : {1, 5, 16, 17, 33, 70}) {
+    for (size_t cols : {1, 2, 31, 32, 33, 100, 129, 300, 1000}) {
+      const auto src = RandomVec(rows * cols, static_cast<uint32_t>(rows + 31 * cols));
+      const Packed p = PackFloats(WeightFormat::kBF16Tiled, rows, cols, src);
+      for (size_t n_tok : {1, 2, 3, 5, 9, 13}) {
+        INFO("rows " << rows << " cols " << cols << " tokens " << n_tok);
+        const size_t ldx = cols + 2, ldy = rows + 1, tiles = p.w.row_tiles();
+        const auto x = RandomVec(n_tok * ldx, static_cast<uint32_t>(n_tok + cols));
+        std::vector<float> want(n_tok * ldy, -7.0f);
+        ref::Bf16TiledMatMul(p.w, x.data(), ldx, n_tok, 0, tiles, want.data(), ldy);
+        std::vector<double> mag(n_tok * ldy, 0.0);
+        for (size_t t = 0; t < n_tok; ++t)
+          for (size_t r = 0; r < rows; ++r)
+            for (size_t c = 0; c < cols; ++c)
+              mag[t * ldy + r] += std::fabs(static_cast<double>(TiledWeightAt(p.w, r, c)) * x[t * ldx + c]);
+        ForEachImpl([&](const std::string&) {
+          std::vector<float> got(n_tok * ldy, -7.0f);
+          Bf16TiledMatMul(p.w, x.data(), ldx, n_tok, 0, tiles + 1, got.data(), ldy);
+          size_t bad = 0;
+          for (size_t i = 0; i < got.size(); ++i) bad += !(std::fabs(got[i] - want[i]) <= 1e-5 * mag[i]);
+          CHECK(bad == 0);
+          if (tiles > 1) {  // a range leaves the other rows alone
+            std::vector<float> part(n_tok * ldy, -7.0f), expect(n_tok * ldy, -7.0f);
+            Bf16TiledMatMul(p.w, x.data(), ldx, n_tok, 1, tiles, part.data(), ldy);
+            for (size_t t = 0; t < n_tok; ++t)
+              for (size_t r = kTileRows; r < rows; ++r) expect[t * ldy + r] = got[t * ldy + r];
+            CHECK(SameBits(part, expect));
+          }
+        });
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace m3::simd
