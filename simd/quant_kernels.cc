@@ -107,14 +107,14 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
   const __m512i ones = _mm512_set1_epi16(1), zero = _mm512_setzero_si512();
   for (size_t g = 0; g < b.groups; ++g) {
     __m512i acc[T];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc[t] = _mm512_set1_epi32(b.bias[g * T + t]);
     const int8_t* qg = b.q + g * G;
     for (size_t v = 0; v < chunks; ++v) {
       const __m512i c = _mm512_loadu_si512(b.w + (g * chunks + v) * 64);
       if constexpr (kQ4) {
         const __m512i lo = _mm512_and_si512(c, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble);
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
           const int8_t* qt = qg + t * b.ldq + 4 * v;
           const __m512i p = _mm512_add_epi16(_mm512_maddubs_epi16(lo, _mm512_set1_epi32(Load32(qt))),
@@ -124,7 +124,7 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
       } else {
         const __m512i s = _mm512_xor_si512(c, flip), mag = _mm512_abs_epi8(s);
         const __mmask64 neg = _mm512_movepi8_mask(s);
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
           const __m512i a = _mm512_set1_epi32(Load32(qg + t * b.ldq + 4 * v));
           const __m512i sa = _mm512_mask_sub_epi8(a, neg, zero, a);
@@ -133,7 +133,7 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
       }
     }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.sc + g * kTileRows)));
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(b.da[g * T + t]));
       _mm512_storeu_ps(yacc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), d, _mm512_loadu_ps(yacc[t])));
@@ -144,15 +144,16 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
 uint64_t PeakImpl(uint64_t iterations, int32_t seed) {
   const __m512i x = _mm512_set1_epi32(seed), z = _mm512_set1_epi32(seed * 7 + 3), ones = _mm512_set1_epi16(1);
   __m512i acc[12];
-  #pragma GCC unroll 12
+#pragma GCC unroll 12
   for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
-  for (uint64_t it = 0; it < iterations; ++it)
-    #pragma GCC unroll 12
+  for (uint64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) {
       __m512i xi = x;
       asm volatile("" : "+v"(xi));  // opaque copy: the loop-invariant product must not be hoisted
       acc[i] = _mm512_add_epi32(acc[i], _mm512_madd_epi16(_mm512_maddubs_epi16(xi, z), ones));
     }
+  }
   __m512i s = acc[0];
   for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, acc[i]);
   return static_cast<uint32_t>(_mm512_reduce_add_epi32(s));
@@ -178,7 +179,7 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t g = 0; g < b.groups; ++g) {
     __m256i acc0[T], acc1[T];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm256_set1_epi32(b.bias[g * T + t]);
     const int8_t* qg = b.q + g * G;
     for (size_t v = 0; v < chunks; ++v) {
@@ -188,7 +189,7 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
       if constexpr (kQ4) {
         const __m256i lo0 = _mm256_and_si256(c0, nibble), hi0 = _mm256_and_si256(_mm256_srli_epi16(c0, 4), nibble);
         const __m256i lo1 = _mm256_and_si256(c1, nibble), hi1 = _mm256_and_si256(_mm256_srli_epi16(c1, 4), nibble);
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
           const int8_t* qt = qg + t * b.ldq + 4 * v;
           const __m256i a = _mm256_set1_epi32(Load32(qt)), a2 = _mm256_set1_epi32(Load32(qt + 4 * chunks));
@@ -200,17 +201,19 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
       } else {
         const __m256i s0 = _mm256_xor_si256(c0, flip), s1 = _mm256_xor_si256(c1, flip);
         const __m256i m0 = _mm256_abs_epi8(s0), m1 = _mm256_abs_epi8(s1);
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
           const __m256i a = _mm256_set1_epi32(Load32(qg + t * b.ldq + 4 * v));
-          acc0[t] = _mm256_add_epi32(acc0[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m0, _mm256_sign_epi8(a, s0)), ones));
-          acc1[t] = _mm256_add_epi32(acc1[t], _mm256_madd_epi16(_mm256_maddubs_epi16(m1, _mm256_sign_epi8(a, s1)), ones));
+          const __m256i p0 = _mm256_maddubs_epi16(m0, _mm256_sign_epi8(a, s0));
+          const __m256i p1 = _mm256_maddubs_epi16(m1, _mm256_sign_epi8(a, s1));
+          acc0[t] = _mm256_add_epi32(acc0[t], _mm256_madd_epi16(p0, ones));
+          acc1[t] = _mm256_add_epi32(acc1[t], _mm256_madd_epi16(p1, ones));
         }
       }
     }
     const auto* sc = reinterpret_cast<const __m128i*>(b.sc + g * kTileRows);
     const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(sc)), dw1 = _mm256_cvtph_ps(_mm_loadu_si128(sc + 1));
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const __m256 da = _mm256_set1_ps(b.da[g * T + t]);
       const __m256 d0 = _mm256_mul_ps(dw0, da), d1 = _mm256_mul_ps(dw1, da);
@@ -223,15 +226,16 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
 uint64_t PeakImpl(uint64_t iterations, int32_t seed) {
   const __m256i x = _mm256_set1_epi32(seed), z = _mm256_set1_epi32(seed * 7 + 3), ones = _mm256_set1_epi16(1);
   __m256i acc[12];
-  #pragma GCC unroll 12
+#pragma GCC unroll 12
   for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi32(i);
-  for (uint64_t it = 0; it < iterations; ++it)
-    #pragma GCC unroll 12
+  for (uint64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) {
       __m256i xi = x;
       asm volatile("" : "+v"(xi));  // opaque copy: the loop-invariant product must not be hoisted
       acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(xi, z), ones));
     }
+  }
   __m256i s = acc[0];
   for (int i = 1; i < 12; ++i) s = _mm256_add_epi32(s, acc[i]);
   alignas(32) int32_t lanes[8];
@@ -341,10 +345,8 @@ void TileBlockT(bool q4, const TileArgs& b, float (*yacc)[16]) {
     TileBlock<T, false>(b, yacc);
 }
 
-void QuantMatMulImpl(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                     size_t ldy) {
-  tile_end = std::min(tile_end, w.row_tiles());
-  if (tile_begin >= tile_end || a.n_tok == 0) return;
+void QuantMatMulTokens(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
+                       size_t ldy) {
   const bool q4 = w.format == WeightFormat::kQ4;
   const size_t n = a.n_tok, groups = w.groups();
   const int32_t zero = q4 ? kQ4Zero : (kSignedQ8 ? 0 : kQ8Zero);
@@ -372,6 +374,21 @@ void QuantMatMulImpl(const WeightRef& w, const QuantizedActivations& a, size_t t
       }
       for (int t = 0; t < nt; ++t) std::memcpy(y + (t0 + t) * ldy + tile * kTileRows, yacc[t], rows * sizeof(float));
     }
+  }
+}
+
+void QuantMatMulImpl(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
+                     size_t ldy) {
+  tile_end = std::min(tile_end, w.row_tiles());
+  if (tile_begin >= tile_end || a.n_tok == 0) return;
+  // Batches of at most 768 tokens bound the per-thread tables for long prompts.
+  for (size_t t0 = 0; t0 < a.n_tok; t0 += 768) {
+    QuantizedActivations part = a;
+    part.q += t0 * a.padded_cols;
+    part.scale += t0 * a.groups();
+    part.sum += t0 * a.groups();
+    part.n_tok = std::min<size_t>(768, a.n_tok - t0);
+    QuantMatMulTokens(w, part, tile_begin, tile_end, y + t0 * ldy, ldy);
   }
 }
 
@@ -459,6 +476,7 @@ namespace {
 
 enum Forced : int { kAuto = 0, kRef, kVnni, kAvx512Bf16, kHighway };
 std::atomic<int> g_forced{kAuto};  // tests only
+int64_t g_forced_target = 0;       // the Highway target when g_forced == kHighway
 
 bool UseVnni() {
   const int f = g_forced.load(std::memory_order_relaxed);
@@ -536,8 +554,10 @@ std::vector<std::string> RunnableQuantKernels() {
   std::vector<std::string> names = {"ref"};
   if (x86::HasVnni()) names.push_back("avx512-vnni");
   if (x86::HasAvx512Bf16()) names.push_back("avx512-bf16");
-  if (g_forced.load() == kHighway) hwy::SetSupportedTargetsForTest(0);  // list every target
+  const bool forced = g_forced.load() == kHighway;
+  if (forced) hwy::SetSupportedTargetsForTest(0);  // list every target, then restore the choice
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) names.push_back(HighwayKernelName(t));
+  if (forced) hwy::SetSupportedTargetsForTest(g_forced_target);
   return names;
 }
 
@@ -546,12 +566,15 @@ bool ForceQuantKernelForTest(const char* name) {
   hwy::SetSupportedTargetsForTest(0);
   if (name == nullptr || *name == '\0') return true;
   const std::string n = name;
-  if (n == "ref") return g_forced = kRef, true;
-  if (n == "avx512-vnni") return x86::HasVnni() && (g_forced = kVnni, true);
-  if (n == "avx512-bf16") return x86::HasAvx512Bf16() && (g_forced = kAvx512Bf16, true);
+  const bool x86_kernel = (n == "avx512-vnni" && x86::HasVnni()) || (n == "avx512-bf16" && x86::HasAvx512Bf16());
+  if (n == "ref" || x86_kernel) {
+    g_forced = n == "ref" ? kRef : n == "avx512-vnni" ? kVnni : kAvx512Bf16;
+    return true;
+  }
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
     if (n != HighwayKernelName(t)) continue;
     hwy::SetSupportedTargetsForTest(t);
+    g_forced_target = t;
     g_forced = kHighway;
     return true;
   }

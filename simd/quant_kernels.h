@@ -7,11 +7,12 @@
 // accumulated with one fma per group in ascending g, so all paths (1..8 tokens "GEMV", many
 // tokens "GEMM", every target, the reference) agree bit for bit on FMA targets.
 // AVX-512 VNNI uses vpdpbusd (u8 codes x s8 activations, zero point removed through the group
-// sums), AVX2 maddubs/madd, other targets (NEON, SSE4, scalar) portable Highway code.
+// sums), AVX-512BW and AVX2 maddubs/madd, other targets (NEON, SSE4, scalar) portable Highway
+// code. Groups are multiples of 32 inputs (the packed formats' contract).
 //
 // bf16 (kBF16Tiled): y = x . W^T with fp32 activations; AVX512-BF16 uses vdpbf16ps on the
-// activation split into bf16 high and low parts (accurate to ~2^-16 relative), other targets
-// widen the weights to fp32 and use fma.
+// activation split into bf16 high and low parts (each input exact to 2^-16 relative), other
+// targets widen the weights to fp32 and use fma.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,7 @@
 // Scalar references for quant_kernels.h: the definition every SIMD path must reproduce.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "quant_kernels.h"
 
@@ -37,30 +38,32 @@ void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, 
 
 void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
                  size_t ldy) {
-  const size_t row_end = std::min(w.rows, tile_end * kTileRows), groups = w.groups();
+  const size_t row_end = std::min(w.rows, tile_end * kTileRows), groups = w.groups(), G = w.group;
   const int zero = w.format == WeightFormat::kQ8 ? kQ8Zero : kQ4Zero;
   const auto* data = static_cast<const uint8_t*>(w.data);
-  const size_t G = w.group, half = G / 8;
+  std::vector<int> wc(groups * G);  // one row's codes minus the zero point, padding included
   for (size_t r = tile_begin * kTileRows; r < row_end; ++r) {
-    const size_t tile = r / kTileRows, tr = r % kTileRows;
+    const size_t tile = r / kTileRows, tr = r % kTileRows, half = G / 8;
     const uint8_t* t0 = data + tile * w.tile_bytes();
+    for (size_t g = 0; g < groups; ++g)
+      for (size_t i = 0; i < G; ++i) {
+        int code;
+        if (w.format == WeightFormat::kQ8) {
+          code = t0[g * G * kTileRows + (i / 4) * 64 + tr * 4 + i % 4];
+        } else {
+          const size_t quad = i / 4;
+          const uint8_t byte = t0[g * G * kTileRows / 2 + (quad % half) * 64 + tr * 4 + i % 4];
+          code = quad < half ? (byte & 0xF) : (byte >> 4);
+        }
+        wc[g * G + i] = code - zero;
+      }
     const uint16_t* sc = w.tile_scales(tile);
     for (size_t t = 0; t < a.n_tok; ++t) {
       const int8_t* qt = a.q + t * a.padded_cols;
       float acc = 0.0f;
       for (size_t g = 0; g < groups; ++g) {
         int32_t dot = 0;
-        for (size_t i = 0; i < G; ++i) {
-          int code;
-          if (w.format == WeightFormat::kQ8) {
-            code = t0[g * G * kTileRows + (i / 4) * 64 + tr * 4 + i % 4];
-          } else {
-            const size_t quad = i / 4;
-            const uint8_t byte = t0[g * G * kTileRows / 2 + (quad % half) * 64 + tr * 4 + i % 4];
-            code = quad < half ? (byte & 0xF) : (byte >> 4);
-          }
-          dot += (code - zero) * qt[g * G + i];
-        }
+        for (size_t i = 0; i < G; ++i) dot += wc[g * G + i] * qt[g * G + i];
         const float d = F16ToF32(sc[g * kTileRows + tr]) * a.scale[t * groups + g];
         acc = std::fma(static_cast<float>(dot), d, acc);
       }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+// Shared with the Highway paths (quant_kernels.cc); compiled for every architecture.
 namespace m3::simd::detail {
 void FillQuantTables(const QuantizedActivations& a, size_t block_tok, int32_t zero, int32_t* bias, float* da) {
   const size_t n = a.n_tok, groups = a.groups();
@@ -38,8 +39,8 @@ void FillQuantTables(const QuantizedActivations& a, size_t block_tok, int32_t ze
 namespace m3::simd::x86 {
 namespace {
 
-// Up to kGemvMaxTok tokens every weight byte is read once (GEMV, memory bound): two row tiles
-// side by side give two independent streams and dependency chains. Beyond that (GEMM, compute
+// Up to kGemvMaxTok tokens every weight byte is read once (GEMV, memory bound): four or two row
+// tiles side by side give independent streams and dependency chains. Beyond that (GEMM, compute
 // bound) blocks of kGemmRows tiles x kGemmTok tokens keep 24 accumulators in registers and the
 // block's weights in L2 while the tokens stream past.
 constexpr int kGemvMaxTok = 8;
@@ -338,7 +339,7 @@ struct Job {
   const float* da;
   uint8_t* wscratch;        // GEMM: kGemmRows repacked tiles, 64-byte aligned
   float* dws;               // GEMM: their scales as fp32 [groups][tile][16], 64-byte aligned
-  const int8_t* qscratch;  // GEMM: token blocks of [quad][token][4 bytes]
+  const int8_t* qscratch;   // token blocks of [quad][token][4 bytes] (one block for GEMV)
 };
 
 void FillGemvBlock(const Job& j, size_t tile, int n_tiles, Block* b) {
@@ -399,7 +400,8 @@ M3_VNNI void RunGemm(const Job& j) {
     b.rows = std::min(w.rows, (tile + r) * kTileRows) - tile * kTileRows;
     // While this block computes, pull the next block's weights into L2 a share per token block,
     // so that packing them does not stall on memory.
-    const size_t next = tile + r, next_bytes = next < j.tile_end ? std::min<size_t>(kGemmRows, j.tile_end - next) * w.tile_bytes() : 0;
+    const size_t next = tile + r;
+    const size_t next_bytes = next < j.tile_end ? std::min<size_t>(kGemmRows, j.tile_end - next) * w.tile_bytes() : 0;
     const size_t n_blocks = (n + kGemmTok - 1) / kGemmTok, share = (next_bytes / n_blocks + 64) & ~size_t{63};
     for (size_t t0 = 0; t0 < n; t0 += kGemmTok) {
       const size_t pf = t0 / kGemmTok * share;
@@ -503,10 +505,10 @@ bool HasAvx512Bf16() {
   return ok;
 }
 
-void QuantMatMulVnni(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                     size_t ldy) {
-  tile_end = std::min(tile_end, w.row_tiles());
-  if (tile_begin >= tile_end || a.n_tok == 0) return;
+namespace {
+
+void QuantMatMulVnniTokens(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end,
+                           float* y, size_t ldy) {
   const size_t n = a.n_tok, groups = w.groups();
   const bool gemv = n <= static_cast<size_t>(kGemvMaxTok);
   const int32_t zero = w.format == WeightFormat::kQ4 ? kQ4Zero : kQ8Zero;
@@ -536,6 +538,26 @@ void QuantMatMulVnni(const WeightRef& w, const QuantizedActivations& a, size_t t
   j.wscratch = Align64(wscratch, kGemmRows * kTileRows * padded);
   j.dws = reinterpret_cast<float*>(Align64(dws, groups * kGemmRows * kTileRows * sizeof(float)));
   RunGemm(j);
+}
+
+}  // namespace
+
+void QuantMatMulVnni(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
+                     size_t ldy) {
+  tile_end = std::min(tile_end, w.row_tiles());
+  if (tile_begin >= tile_end || a.n_tok == 0) return;
+  // Tokens in batches of at most ~768 (a multiple of the GEMM block) bound the per-thread
+  // scratch (repacked activations, tables) for long prompts; weights are repacked per batch.
+  const size_t batches = (a.n_tok + 767) / 768;
+  const size_t per = (a.n_tok + batches - 1) / batches, step = (per + kGemmTok - 1) / kGemmTok * kGemmTok;
+  for (size_t t0 = 0; t0 < a.n_tok; t0 += step) {
+    QuantizedActivations part = a;
+    part.q += t0 * a.padded_cols;
+    part.scale += t0 * a.groups();
+    part.sum += t0 * a.groups();
+    part.n_tok = std::min(step, a.n_tok - t0);
+    QuantMatMulVnniTokens(w, part, tile_begin, tile_end, y + t0 * ldy, ldy);
+  }
 }
 
 void Bf16TiledMatMulAvx512Bf16(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
