@@ -49,7 +49,8 @@ constexpr int kGemvRows = 2;     // 5..8 tokens
 constexpr int kGemmRows = 4;
 constexpr int kGemmTok = 6;
 constexpr int kMaxRows = 4;
-constexpr size_t kPrefetchBytes = 1024;  // ahead in each GEMV weight stream
+constexpr size_t kPrefetchBytes = 2048;
+constexpr size_t kPrefetchScaleBytes = 512;  // ahead in each GEMV weight stream
 
 // Operands of one block: R row tiles x T tokens, over all groups.
 struct Block {
@@ -87,6 +88,7 @@ template <int R, int T, bool kQ4>
 M3_VNNI void QuantBlock(const Block& b) {
   const size_t G = b.G, chunks = kQ4 ? G / 8 : G / 4, group_bytes = chunks * 64;
   const size_t hi_off = chunks * 4 * T;  // q4: high nibbles of chunk v hold quad v + G/8
+  const size_t tile_bytes = b.groups * group_bytes;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   alignas(64) float yacc[T][R][16];
   std::memset(yacc, 0, sizeof(yacc));
@@ -101,11 +103,16 @@ M3_VNNI void QuantBlock(const Block& b) {
     }
     const size_t off = g * group_bytes;
     for (size_t v = 0; v < chunks; ++v) {
+      // Prefetch kPrefetchBytes ahead in each stream; past the end of its tile, a stream's
+      // prefetch moves on to the same stream of the next block (tiles are consecutive), so the
+      // next block starts warm.
+      size_t pf = off + v * 64 + kPrefetchBytes;
+      if (pf >= tile_bytes) pf += (R - 1) * tile_bytes;
       __m512i lo[R], hi[R];
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = b.w[r] + off + v * 64;
-        _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(b.w[r]) + pf, _MM_HINT_T0);
         lo[r] = _mm512_loadu_si512(p);
         if constexpr (kQ4) {
           hi[r] = _mm512_and_si512(_mm512_srli_epi16(lo[r], 4), nibble);
@@ -127,8 +134,11 @@ M3_VNNI void QuantBlock(const Block& b) {
     }
     __m512 dw[R];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {
+      // The scales are R more streams (32 bytes per group and tile): prefetch them too.
+      _mm_prefetch(reinterpret_cast<const char*>(b.sc[r] + g * kTileRows) + kPrefetchScaleBytes, _MM_HINT_T0);
       dw[r] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.sc[r] + g * kTileRows)));
+    }
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       const __m512 da = _mm512_set1_ps(b.da[g * T + t]);
