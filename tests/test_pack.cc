@@ -39,27 +39,9 @@ using m3::StatusCode;
 using m3::simd::WeightFormat;
 using Catch::Matchers::Contains;
 
-const char* const kGoldenCases[] = {"s1_fp32_basic",
-                                    "s2_bf16_sharded_init1",
-                                    "s3_mxfp8_mixed_layers_local2",
-                                    "s4_vl_bf16_full_rotary_topk_gt_blocks",
-                                    "s5_realprop_mxfp8_vl",
-                                    "s6_fp16_mha_top1_sharded3"};
-
-std::string ReadBytes(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  REQUIRE(in);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteBytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  REQUIRE(out);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out);
-}
+using m3::test::kGoldenCases;
+using m3::test::ReadBytes;
+using m3::test::WriteBytes;
 
 template <class T>
 void RequireOk(const m3::StatusOr<T>& r) {

@@ -15,6 +15,29 @@
 
 namespace m3::test {
 
+// Every golden case in ../shared/golden.
+inline constexpr const char* kGoldenCases[] = {"s1_fp32_basic",
+                                               "s2_bf16_sharded_init1",
+                                               "s3_mxfp8_mixed_layers_local2",
+                                               "s4_vl_bf16_full_rotary_topk_gt_blocks",
+                                               "s5_realprop_mxfp8_vl",
+                                               "s6_fp16_mha_top1_sharded3"};
+
+inline std::string ReadBytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  REQUIRE(in);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void WriteBytes(const std::filesystem::path& p, const std::string& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  REQUIRE(out);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(out);
+}
+
 // ../shared beside the clone (golden data, oracle, tokenizer); set at configure time.
 inline std::string SharedDir() { return M3_SHARED_DIR; }
 inline std::string GoldenDir(const std::string& name) { return SharedDir() + "/golden/" + name; }
