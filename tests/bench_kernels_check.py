@@ -47,6 +47,9 @@ for n, line in enumerate(p.stdout.splitlines(), 1):
     check(row.get("unit") in ("GB/s", "GOP/s"), f"line {n}: unit {row.get('unit')}")
     check(row.get("check", "ok") == "ok", f"line {n}: kernel result differs from the reference")
     check(row.get("commit") != "", f"line {n}: empty commit")
+    if row.get("kernel") == "gemv":  # limit measured call by call with the kernel, the run's best alongside
+        check(row.get("limit_stat") == "median of paired probe reads", f"line {n}: gemv limit_stat")
+        check(isinstance(row.get("best_read_bw"), (int, float)) and row["best_read_bw"] > 0, f"line {n}: best_read_bw")
 
 kinds = {(r.get("kernel"), r.get("type"), r.get("limit_kind"), r.get("threads")) for r in rows}
 for t in (1, 2):

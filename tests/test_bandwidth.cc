@@ -24,15 +24,17 @@ void ForEachTarget(Fn&& fn) {
   ForceTargetForTest(0);
 }
 
-TEST_CASE("StreamRead equals its reference for every length and offset", "[bandwidth]") {
+TEST_CASE("StreamRead equals its reference for every length, offset and pattern", "[bandwidth]") {
   std::vector<uint8_t> buf(70000);
   std::mt19937_64 rng(3);
   for (auto& b : buf) b = static_cast<uint8_t>(rng());
   ForEachTarget([&] {
     for (size_t offset : {0, 1, 8, 64}) {
       for (size_t n : {0, 1, 7, 8, 9, 63, 64, 255, 256, 257, 1000, 4096, 65536 + 24}) {
-        INFO("offset " << offset << " n " << n);
-        CHECK(StreamRead(buf.data() + offset, n) == ref::StreamRead(buf.data() + offset, n));
+        for (ReadPattern pattern : {ReadPattern::kSequential, ReadPattern::kQuartersPrefetched}) {
+          INFO("offset " << offset << " n " << n << " pattern " << static_cast<int>(pattern));
+          CHECK(StreamRead(buf.data() + offset, n, pattern) == ref::StreamRead(buf.data() + offset, n));
+        }
       }
     }
   });

@@ -244,7 +244,7 @@ TEST_CASE("QuantMatMul matches the reference over shapes, tokens and tile ranges
       for (size_t cols : {1, 31, 32, 33, 100, 128, 129, 300, 1000}) {
         const auto src = RandomVec(rows * cols, static_cast<uint32_t>(rows * 1000 + cols), 0.3f);
         const Packed p = PackFloats(f, rows, cols, src);
-        for (size_t n_tok : {1, 2, 3, 7, 8, 9, 13, 31, 64, 100}) {
+        for (size_t n_tok : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 31, 64, 100}) {
           if (rows * cols * n_tok > 2000000) continue;  // keeps the suite fast; big shapes below
           INFO(WeightFormatName(f) << " rows " << rows << " cols " << cols << " tokens " << n_tok);
           const size_t ldx = cols + 1;
