@@ -53,9 +53,10 @@ constexpr int kMaxRows = 4;
 
 // Operands of one GEMV row tile x T tokens, over all groups.
 struct Block {
-  const uint8_t* w;    // codes (q8 layout, or packed q4 when kQ4)
-  const uint16_t* sc;  // fp16 scales [groups][16]
-  const int8_t* q;               // activations repacked as [quad][token][4 bytes]
+  const uint8_t* w;    // codes of the first tile (q8 layout, or packed q4 when kQ4); tile r at w + r * tile_bytes
+  const uint16_t* sc;  // fp16 scales [groups][16] of the first tile; tile r at sc + r * groups * 16
+  size_t tile_bytes;
+  const int8_t* q;     // activations repacked as [quad][token][4 bytes]
   const int32_t* bias;  // [groups][T]: -Z * (sum of the group's activation codes)
   const float* da;      // [groups][T]: activation scales
   size_t groups, G;
@@ -91,75 +92,117 @@ inline int32_t Load32(const int8_t* p) {
 // adds onto -Z * sum_a, so they end at I_g exactly; then one cvt, one multiply d_w * d_a and one
 // fma per token, as the reference does. Activations are repacked as [quad][token][4 bytes] so
 // every broadcast is a constant offset from one pointer.
-template <int T, int C, bool kQ4, size_t kG>
-M3_VNNI void GemvTile(const Block& b) {
+template <int R, int T, int C, bool kQ4, size_t kG>
+M3_VNNI void GemvTiles(const Block& b) {
   constexpr int kParts = kQ4 ? 2 : 1;  // q4: low and high nibbles
   const size_t G = kG ? kG : b.G, chunks = kQ4 ? G / 8 : G / 4, group_bytes = chunks * 64;
   const size_t hi_off = chunks * 4 * T;  // q4: high nibbles of chunk v hold quad v + G/8
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  __m512 yacc[T];
+  __m512 yacc[R][T];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) yacc[t] = _mm512_setzero_ps();
+    for (int t = 0; t < T; ++t) yacc[r][t] = _mm512_setzero_ps();
   const uint8_t* wp = b.w;
   const int8_t* qp = b.q;
   for (size_t g = 0; g < b.groups; ++g, qp += G * T, wp += group_bytes) {
-    __m512i acc[C][kParts][T];
+    __m512i acc[R][C][kParts][T];
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c)
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c)
 #pragma GCC unroll 2
-      for (int h = 0; h < kParts; ++h)
+        for (int h = 0; h < kParts; ++h)
 #pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) acc[c][h][t] = _mm512_setzero_si512();
+          for (int t = 0; t < T; ++t) acc[r][c][h][t] = _mm512_setzero_si512();
     for (size_t v = 0; v < chunks; v += C) {  // chunks (G/4 or G/8 with G % 32 == 0): a multiple of 4
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
         // q4: the high nibbles stay in place (16 x code): no shift here, one exact >> 4 per group.
-        const __m512i raw = _mm512_loadu_si512(wp + (v + c) * 64);
-        const __m512i lo = kQ4 ? _mm512_and_si512(raw, nibble) : raw;
-        const __m512i hi = kQ4 ? _mm512_andnot_si512(nibble, raw) : raw;
+        __m512i lo[R], hi[R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m512i raw = _mm512_loadu_si512(wp + r * b.tile_bytes + (v + c) * 64);
+          lo[r] = kQ4 ? _mm512_and_si512(raw, nibble) : raw;
+          hi[r] = kQ4 ? _mm512_andnot_si512(nibble, raw) : raw;
+        }
         const int8_t* qv = qp + (v + c) * 4 * T;
 #pragma GCC unroll 8
         for (int t = 0; t < T; ++t) {
-          acc[c][0][t] = Dpbusd(acc[c][0][t], lo, _mm512_set1_epi32(Load32(qv + 4 * t)));
-          if constexpr (kQ4) acc[c][1][t] = Dpbusd(acc[c][1][t], hi, _mm512_set1_epi32(Load32(qv + hi_off + 4 * t)));
+          const __m512i a_lo = _mm512_set1_epi32(Load32(qv + 4 * t));
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) acc[r][c][0][t] = Dpbusd(acc[r][c][0][t], lo[r], a_lo);
+          if constexpr (kQ4) {
+            const __m512i a_hi = _mm512_set1_epi32(Load32(qv + hi_off + 4 * t));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) acc[r][c][1][t] = Dpbusd(acc[r][c][1][t], hi[r], a_hi);
+          }
         }
       }
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.sc + g * kTileRows)));
-#pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
-      __m512i sum = acc[0][0][t], sum_hi = acc[0][kParts - 1][t];
 #pragma GCC unroll 4
-      for (int c = 1; c < C; ++c) {
-        sum = _mm512_add_epi32(sum, acc[c][0][t]);
-        if constexpr (kQ4) sum_hi = _mm512_add_epi32(sum_hi, acc[c][1][t]);
+    for (int r = 0; r < R; ++r) {
+      const uint16_t* sc = b.sc + (r * b.groups + g) * kTileRows;
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        __m512i sum = acc[r][0][0][t], sum_hi = acc[r][0][kParts - 1][t];
+#pragma GCC unroll 4
+        for (int c = 1; c < C; ++c) {
+          sum = _mm512_add_epi32(sum, acc[r][c][0][t]);
+          if constexpr (kQ4) sum_hi = _mm512_add_epi32(sum_hi, acc[r][c][1][t]);
+        }
+        if constexpr (kQ4) sum = _mm512_add_epi32(sum, _mm512_srai_epi32(sum_hi, 4));  // exact: a multiple of 16
+        sum = _mm512_add_epi32(sum, _mm512_set1_epi32(b.bias[g * T + t]));
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(b.da[g * T + t]));
+        yacc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), d, yacc[r][t]);
       }
-      if constexpr (kQ4) sum = _mm512_add_epi32(sum, _mm512_srai_epi32(sum_hi, 4));  // exact: a multiple of 16
-      sum = _mm512_add_epi32(sum, _mm512_set1_epi32(b.bias[g * T + t]));
-      const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(b.da[g * T + t]));
-      yacc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), d, yacc[t]);
     }
   }
-  const __mmask16 m = static_cast<__mmask16>((1u << std::min<size_t>(b.rows, kTileRows)) - 1);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    if (b.rows <= static_cast<size_t>(r) * kTileRows) break;
+    const __mmask16 m = static_cast<__mmask16>((1u << std::min<size_t>(b.rows - r * kTileRows, kTileRows)) - 1);
 #pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(b.y + t * b.ldy, m, yacc[t]);
+    for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(b.y + t * b.ldy + r * kTileRows, m, yacc[r][t]);
+  }
 }
 
-// Chains per token: about four independent vpdpbusd chains in all. q4 at one token uses one
-// (two accumulators, low and high nibbles): its 32-input group is only 4 chunks, and more
-// chains cost more in per-group adds than they hide in latency (hot L2 GEMV on Zen 4: 58 GB/s
-// with one chain, 53 with two, 49 with four).
+// Shapes per token count: R row tiles side by side share each activation broadcast; C chains.
+template <bool kQ4, int T>
+struct GemvShape {
+  static constexpr int R = T >= 4 ? 2 : 1;  // one stream when memory bound; 4+ tokens are compute bound
+  static constexpr int C = T == 1 ? (kQ4 ? 1 : 4) : T <= 3 ? 2 : 1;
+};
+
 template <bool kQ4, int MaxT>
-M3_VNNI void GemvDispatch(int t, const Block& b) {
+M3_VNNI void GemvDispatch(int t, int r, const Block& b) {
   if constexpr (MaxT >= 1) {
-    constexpr int kChains = MaxT == 1 ? (kQ4 ? 1 : 4) : MaxT <= 3 ? 2 : 1;
+    using S = GemvShape<kQ4, MaxT>;
     // The packer's groups (q4 32, q8 128) as constants: fully unrolled group loops.
     constexpr size_t kPackerGroup = kQ4 ? 32 : 128;
     if (t == MaxT) {
-      if (b.G == kPackerGroup) return GemvTile<MaxT, kChains, kQ4, kPackerGroup>(b);
-      return GemvTile<MaxT, kChains, kQ4, 0>(b);
+      if (r == S::R) {
+        if (b.G == kPackerGroup) return GemvTiles<S::R, MaxT, S::C, kQ4, kPackerGroup>(b);
+        return GemvTiles<S::R, MaxT, S::C, kQ4, 0>(b);
+      }
+      return GemvTiles<1, MaxT, S::C, kQ4, 0>(b);  // the last tile of an odd count
     }
-    GemvDispatch<kQ4, MaxT - 1>(t, b);
+    GemvDispatch<kQ4, MaxT - 1>(t, r, b);
+  }
+}
+
+template <bool kQ4>
+int GemvRows(int t) {
+  switch (t) {
+    case 1: return GemvShape<kQ4, 1>::R;
+    case 2: return GemvShape<kQ4, 2>::R;
+    case 3: return GemvShape<kQ4, 3>::R;
+    case 4: return GemvShape<kQ4, 4>::R;
+    case 5: return GemvShape<kQ4, 5>::R;
+    case 6: return GemvShape<kQ4, 6>::R;
+    case 7: return GemvShape<kQ4, 7>::R;
+    default: return GemvShape<kQ4, 8>::R;
   }
 }
 
@@ -342,30 +385,29 @@ struct Job {
   const int8_t* qscratch;   // token blocks of [quad][token][4 bytes] (one block for GEMV)
 };
 
-void FillGemvBlock(const Job& j, size_t tile, Block* b) {
-  const WeightRef& w = *j.w;
-  b->w = static_cast<const uint8_t*>(w.data) + tile * w.tile_bytes();
-  b->sc = w.tile_scales(tile);
-  b->q = j.qscratch;
-  b->bias = j.bias;
-  b->da = j.da;
-  b->groups = w.groups();
-  b->G = w.group;
-  b->y = j.y + tile * kTileRows;
-  b->ldy = j.ldy;
-  b->rows = std::min(w.rows, (tile + 1) * kTileRows) - tile * kTileRows;
-}
-
 M3_VNNI void RunGemv(const Job& j) {
-  const bool q4 = j.w->format == WeightFormat::kQ4;
+  const WeightRef& w = *j.w;
+  const bool q4 = w.format == WeightFormat::kQ4;
   const int n = static_cast<int>(j.a->n_tok);
-  for (size_t tile = j.tile_begin; tile < j.tile_end; ++tile) {
+  const size_t step = static_cast<size_t>(q4 ? GemvRows<true>(n) : GemvRows<false>(n));
+  for (size_t tile = j.tile_begin; tile < j.tile_end; tile += step) {
+    const int r = static_cast<int>(std::min(step, j.tile_end - tile));
     Block b;
-    FillGemvBlock(j, tile, &b);
+    b.w = static_cast<const uint8_t*>(w.data) + tile * w.tile_bytes();
+    b.sc = w.tile_scales(tile);
+    b.tile_bytes = w.tile_bytes();
+    b.q = j.qscratch;
+    b.bias = j.bias;
+    b.da = j.da;
+    b.groups = w.groups();
+    b.G = w.group;
+    b.y = j.y + tile * kTileRows;
+    b.ldy = j.ldy;
+    b.rows = std::min(w.rows, (tile + r) * kTileRows) - tile * kTileRows;
     if (q4)
-      GemvDispatch<true, kGemvMaxTok>(n, b);
+      GemvDispatch<true, kGemvMaxTok>(n, r, b);
     else
-      GemvDispatch<false, kGemvMaxTok>(n, b);
+      GemvDispatch<false, kGemvMaxTok>(n, r, b);
   }
 }
 
