@@ -105,6 +105,7 @@ M3_VNNI void GemvTiles(const Block& b) {
     for (int t = 0; t < T; ++t) yacc[r][t] = _mm512_setzero_ps();
   const uint8_t* wp = b.w;
   const int8_t* qp = b.q;
+#pragma GCC unroll 2
   for (size_t g = 0; g < b.groups; ++g, qp += G * T, wp += group_bytes) {
     __m512i acc[R][C][kParts][T];
 #pragma GCC unroll 4
