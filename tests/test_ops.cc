@@ -9,6 +9,7 @@
 #include "ops/attention.h"
 #include "ops/matmul.h"
 #include "ops/mlp.h"
+#include "ops/moe.h"
 #include "ops/norm_rope.h"
 #include "test_util.h"
 

@@ -239,6 +239,21 @@ void CheckPackedAgainstSource(const std::string& src_dir, const fs::path& out, m
   const auto* end = base + m.pack()->file().size();
   CHECK(static_cast<const uint8_t*>(m.weights().embed.data) >= base);
   CHECK(static_cast<const uint8_t*>(m.weights().embed.data) < end);
+  // Every routed expert's memory range (what the MoE prefetches) holds all of its weights.
+  for (const auto& L : m.weights().layers) {
+    if (!L.is_moe) continue;
+    REQUIRE(L.moe.expert_memory.size() == L.moe.experts.size());
+    for (size_t e = 0; e < L.moe.experts.size(); ++e) {
+      const auto* lo = static_cast<const uint8_t*>(L.moe.expert_memory[e].data);
+      const auto* hi = lo + L.moe.expert_memory[e].bytes;
+      CHECK(reinterpret_cast<uintptr_t>(lo) % 4096 == 0);
+      for (const m3::simd::WeightRef* wr : {&L.moe.experts[e].gate, &L.moe.experts[e].up, &L.moe.experts[e].down}) {
+        const auto* d = static_cast<const uint8_t*>(wr->data);
+        CHECK((d >= lo && d + m3::simd::TiledCodeBytes(*wr) <= hi));
+        if (wr->scales) CHECK((wr->scales >= lo && wr->scales + m3::simd::TiledScaleBytes(*wr) <= hi));
+      }
+    }
+  }
 }
 
 // Source folder copy with one tensor value replaced (for failure injection).

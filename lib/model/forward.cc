@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "ops/matmul.h"
 #include "ops/mlp.h"
+#include "ops/moe.h"
 
 namespace m3 {
 

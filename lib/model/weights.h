@@ -13,6 +13,7 @@
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "ops/mlp.h"
+#include "ops/moe.h"
 #include "weight_format.h"
 
 namespace m3 {

@@ -2,79 +2,82 @@
 
 #include <algorithm>
 
-#include "base/aligned_buffer.h"
 #include "kernels.h"
 #include "quant_kernels.h"
 
 namespace m3 {
 namespace {
-// 16 decoded rows of k=6144 are 384 KiB: the tile stays in L2 while every token streams past it.
-constexpr size_t kRowTile = 16;
 // Tokens per inner step: keeps the activation block in L2 for large prefills.
 constexpr size_t kTokenTile = 64;
 
-// Reused per thread: decode calls this for every projection of every token.
-struct ActivationScratch {
-  AlignedBuffer<int8_t> q;
-  AlignedBuffer<float> scale;
-  AlignedBuffer<int32_t> sum;
-};
-
-// Packed q8/q4: quantize the activations once, then every thread takes a range of row tiles.
-void QuantizedMatMul(const ThreadConfig& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
-                     float* y, size_t ldy) {
-  thread_local ActivationScratch scratch;
-  const size_t kp = w.padded_cols(), groups = w.groups();
-  scratch.q.EnsureSize(n_tok * kp);
-  scratch.scale.EnsureSize(n_tok * groups);
-  scratch.sum.EnsureSize(n_tok * groups);
-  int8_t* q = scratch.q.data();
-  float* scale = scratch.scale.data();
-  int32_t* sum = scratch.sum.data();
-  ParallelFor(tc, n_tok, 16, [&](size_t t0, size_t t1, int) {
-    simd::QuantizeActivations(x + t0 * ldx, ldx, t1 - t0, w.cols, w.group, q + t0 * kp, scale + t0 * groups,
-                              sum + t0 * groups);
-  });
-  const simd::QuantizedActivations a{q, scale, sum, n_tok, kp, w.group};
-  ParallelFor(tc, w.row_tiles(), 1, [&](size_t tile_begin, size_t tile_end, int) {
-    simd::QuantMatMul(w, a, tile_begin, tile_end, y, ldy);
-  });
-}
-
+bool IsQuantized(simd::WeightFormat f) { return f == simd::WeightFormat::kQ8 || f == simd::WeightFormat::kQ4; }
 }  // namespace
 
-void MatMul(const ThreadConfig& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
-            float* y, size_t ldy) {
-  if ((w.format == simd::WeightFormat::kQ8 || w.format == simd::WeightFormat::kQ4))
-    return QuantizedMatMul(tc, w, x, ldx, n_tok, y, ldy);
+void MatMulInput::Reset(const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok) {
+  quantized_ = IsQuantized(w.format);
+  cols_ = w.cols;
+  x_ = x;
+  ldx_ = ldx;
+  n_tok_ = n_tok;
+  if (!quantized_) return;
+  group_ = w.group;
+  padded_ = w.padded_cols();
+  groups_ = w.groups();
+  q_.EnsureSize(n_tok * padded_);
+  scale_.EnsureSize(n_tok * groups_);
+  sum_.EnsureSize(n_tok * groups_);
+}
+
+void MatMulInput::PrepareRows(size_t t0, size_t t1) {
+  if (!quantized_ || t0 >= t1) return;
+  simd::QuantizeActivations(x_ + t0 * ldx_, ldx_, t1 - t0, cols_, group_, q_.data() + t0 * padded_,
+                            scale_.data() + t0 * groups_, sum_.data() + t0 * groups_);
+}
+
+void MatMulInput::Multiply(const simd::WeightRef& w, size_t tile_begin, size_t tile_end, float* y,
+                           size_t ldy) const {
+  tile_end = std::min(tile_end, MatMulRowTiles(w));
+  if (tile_begin >= tile_end || n_tok_ == 0) return;
+  if (quantized_) {
+    const simd::QuantizedActivations a{q_.data(), scale_.data(), sum_.data(), n_tok_, padded_, group_};
+    simd::QuantMatMul(w, a, tile_begin, tile_end, y, ldy);
+    return;
+  }
   if (w.format == simd::WeightFormat::kBF16Tiled) {
-    ParallelFor(tc, w.row_tiles(), 1, [&](size_t tile_begin, size_t tile_end, int) {
-      simd::Bf16TiledMatMul(w, x, ldx, n_tok, tile_begin, tile_end, y, ldy);
-    });
+    simd::Bf16TiledMatMul(w, x_, ldx_, n_tok_, tile_begin, tile_end, y, ldy);
     return;
   }
   const size_t k = w.cols;
-  const size_t n_tiles = (w.rows + kRowTile - 1) / kRowTile;
-  // Few tokens: split rows finely so both threads get work; many tokens: any split is balanced.
-  ParallelFor(tc, n_tiles, 1, [&](size_t tile_begin, size_t tile_end, int) {
-    AlignedBuffer<float> decoded;
-    if (w.format != simd::WeightFormat::kF32) decoded.Resize(kRowTile * k);
-    for (size_t tile = tile_begin; tile < tile_end; ++tile) {
-      const size_t r0 = tile * kRowTile;
-      const size_t nr = std::min(kRowTile, w.rows - r0);
-      const float* a;
-      if (w.format == simd::WeightFormat::kF32) {
-        a = static_cast<const float*>(w.data) + r0 * k;
-      } else {
-        simd::DecodeRows(w, r0, nr, decoded.data());
-        a = decoded.data();
-      }
-      for (size_t t0 = 0; t0 < n_tok; t0 += kTokenTile) {
-        const size_t nt = std::min(kTokenTile, n_tok - t0);
-        simd::MatMulF32(a, k, nr, x + t0 * ldx, ldx, nt, k, y + t0 * ldy + r0, ldy);
-      }
+  thread_local AlignedBuffer<float> decoded;  // one row tile, reused across calls
+  if (w.format != simd::WeightFormat::kF32) decoded.EnsureSize(kMatMulRowTile * k);
+  for (size_t tile = tile_begin; tile < tile_end; ++tile) {
+    const size_t r0 = tile * kMatMulRowTile;
+    const size_t nr = std::min(kMatMulRowTile, w.rows - r0);
+    const float* a;
+    if (w.format == simd::WeightFormat::kF32) {
+      a = static_cast<const float*>(w.data) + r0 * k;
+    } else {
+      simd::DecodeRows(w, r0, nr, decoded.data());
+      a = decoded.data();
     }
-  });
+    for (size_t t0 = 0; t0 < n_tok_; t0 += kTokenTile) {
+      const size_t nt = std::min(kTokenTile, n_tok_ - t0);
+      simd::MatMulF32(a, k, nr, x_ + t0 * ldx_, ldx_, nt, k, y + t0 * ldy + r0, ldy);
+    }
+  }
+}
+
+void MatMul(const ThreadConfig& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
+            float* y, size_t ldy) {
+  // Decode calls this for every projection: the buffers are reused. (A reference, because a
+  // thread_local named inside the lambdas would be each worker thread's own instance.)
+  thread_local MatMulInput reused;
+  MatMulInput& input = reused;
+  input.Reset(w, x, ldx, n_tok);
+  ParallelFor(tc, n_tok, 16, [&](size_t t0, size_t t1, int) { input.PrepareRows(t0, t1); });
+  // Few tokens: row tiles split finely so every thread gets work; many tokens: any split balances.
+  ParallelFor(tc, MatMulRowTiles(w), 1,
+              [&](size_t tile_begin, size_t tile_end, int) { input.Multiply(w, tile_begin, tile_end, y, ldy); });
 }
 
 void GatherRows(const simd::WeightRef& w, const int32_t* ids, size_t n, float* out) {

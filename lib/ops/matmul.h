@@ -7,6 +7,7 @@
 
 #include <cstddef>
 
+#include "base/aligned_buffer.h"
 #include "platform/parallel.h"
 #include "weight_format.h"
 
@@ -14,6 +15,35 @@ namespace m3 {
 
 void MatMul(const ThreadConfig& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
             float* y, size_t ldy);
+
+// Rows per row tile for every weight format (the packed tile height; 16 decoded rows of k = 6144
+// are 384 KiB, so a decoded tile stays in L2 while the tokens stream past it).
+inline constexpr size_t kMatMulRowTile = simd::kTileRows;
+inline size_t MatMulRowTiles(const simd::WeightRef& w) { return (w.rows + kMatMulRowTile - 1) / kMatMulRowTile; }
+
+// The input of matmuls split by hand over threads (several matrices in one parallel region, as
+// the MoE does): activations prepared once for a weight geometry (int8-quantized for q8/q4
+// weights), then any thread multiplies any row-tile range of any weight of that geometry.
+class MatMulInput {
+ public:
+  // x [n_tok, w.cols] (row stride ldx) for weights with w's format, cols and group. Keeps the
+  // x pointer; rows are prepared by PrepareRows (all of them before any Multiply).
+  void Reset(const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok);
+  // Prepares tokens [t0, t1); threads may prepare disjoint ranges at once.
+  void PrepareRows(size_t t0, size_t t1);
+  // y[t * ldy + r] for the rows of row tiles [tile_begin, tile_end) of w and every token.
+  void Multiply(const simd::WeightRef& w, size_t tile_begin, size_t tile_end, float* y, size_t ldy) const;
+  size_t n_tok() const { return n_tok_; }
+
+ private:
+  bool quantized_ = false;
+  size_t cols_ = 0, group_ = 0, padded_ = 0, groups_ = 0;
+  const float* x_ = nullptr;
+  size_t ldx_ = 0, n_tok_ = 0;
+  AlignedBuffer<int8_t> q_;
+  AlignedBuffer<float> scale_;
+  AlignedBuffer<int32_t> sum_;
+};
 
 // out[t, :] = W[ids[t], :] (embedding lookup, exact).
 void GatherRows(const simd::WeightRef& w, const int32_t* ids, size_t n, float* out);

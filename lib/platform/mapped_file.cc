@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <utility>
 #include <cerrno>
 #include <cstring>
 
@@ -41,6 +43,34 @@ StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) 
   }
   ::close(fd);  // the mapping keeps the file alive
   return file;
+}
+
+namespace {
+// [p, p + bytes) rounded out to whole pages.
+std::pair<uint8_t*, size_t> PageRange(const void* p, size_t bytes) {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+  return {reinterpret_cast<uint8_t*>(begin), static_cast<size_t>(end - begin)};
+}
+}  // namespace
+
+void AdviseWillNeed(const void* p, size_t bytes) {
+  if (!p || bytes == 0) return;
+  const auto [begin, len] = PageRange(p, bytes);
+  ::madvise(begin, len, MADV_WILLNEED);
+}
+
+Status LockInMemory(const void* p, size_t bytes) {
+  if (!p || bytes == 0) return Status::Ok();
+  const auto [begin, len] = PageRange(p, bytes);
+  if (::mlock(begin, len) == 0) return Status::Ok();
+  const int err = errno;
+  if (err == ENOMEM || err == EPERM)
+    return IoError("mlock of ", len, " bytes failed: ", std::strerror(err),
+                   " (the locked-memory limit is too low: raise it with `ulimit -l unlimited` or "
+                   "LimitMEMLOCK=infinity, or run without --mlock-dense)");
+  return IoError("mlock of ", len, " bytes failed: ", std::strerror(err));
 }
 
 MappedFile::~MappedFile() {

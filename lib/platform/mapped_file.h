@@ -10,6 +10,14 @@
 
 namespace m3 {
 
+// Hints that [p, p + bytes) (rounded out to whole pages) will be read soon: for file mappings the
+// kernel starts reading ahead at once. Best effort; a no-op for null or empty ranges.
+void AdviseWillNeed(const void* p, size_t bytes);
+
+// Locks [p, p + bytes) (rounded out to whole pages) in memory, so that streaming other data
+// cannot evict it; the error says how to raise the limit when RLIMIT_MEMLOCK is too low.
+Status LockInMemory(const void* p, size_t bytes);
+
 class MappedFile {
  public:
   static StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path);

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 namespace m3 {
 
@@ -35,6 +37,48 @@ void ParallelFor(const ThreadConfig& tc, size_t n, size_t grain, Fn&& fn) {
     const size_t begin = n * static_cast<size_t>(t) / static_cast<size_t>(nt);
     const size_t end = n * static_cast<size_t>(t + 1) / static_cast<size_t>(nt);
     if (begin < end) fn(begin, end, t);
+  }
+}
+
+// Runs fn(thread_index, num_threads, barrier) once on every thread of one parallel region, for
+// operators that run several dependent phases with a barrier between them instead of one region
+// per phase (the MoE layer). barrier() must be reached by every thread the same number of times.
+template <class Fn>
+void ParallelRegion(const ThreadConfig& tc, Fn&& fn) {
+  const int threads = std::max(tc.threads, 1);
+  if (threads == 1) {
+    fn(0, 1, [] {});
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  fn(omp_get_thread_num(), omp_get_num_threads(), [] {
+#pragma omp barrier
+  });
+}
+
+// Work split by cost: job j has units[j] units of unit_cost[j] each (row tiles times tokens, say).
+// Calls fn(j, begin, end) for the units of each job inside this thread's share: contiguous
+// shares of equal total cost, so one expensive job (an expert that took most tokens) is spread
+// over every thread instead of serialized on one. Every unit goes to exactly one thread, and
+// which one depends only on the costs and the thread count.
+template <class Fn>
+void ForEachShare(const std::vector<size_t>& units, const std::vector<uint64_t>& unit_cost, int thread, int threads,
+                  Fn&& fn) {
+  uint64_t total = 0;
+  for (size_t j = 0; j < units.size(); ++j) total += units[j] * unit_cost[j];
+  const auto t = static_cast<uint64_t>(thread), nt = static_cast<uint64_t>(threads);
+  const uint64_t c0 = total * t / nt, c1 = total * (t + 1) / nt;
+  auto ceil_div = [](uint64_t a, uint64_t b) { return (a + b - 1) / b; };
+  uint64_t start = 0;  // cost before job j
+  for (size_t j = 0; j < units.size(); ++j) {
+    const uint64_t u = unit_cost[j], end = start + units[j] * u;
+    if (u > 0 && end > c0 && start < c1) {
+      // Unit i (cost point start + i * u) belongs to the share that contains that point.
+      const size_t b = c0 > start ? static_cast<size_t>(ceil_div(c0 - start, u)) : 0;
+      const size_t e = c1 >= end ? units[j] : static_cast<size_t>(ceil_div(c1 - start, u));
+      if (b < e) fn(j, b, e);
+    }
+    start = end;
   }
 }
 

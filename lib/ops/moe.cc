@@ -1,0 +1,191 @@
+#include "ops/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "base/aligned_buffer.h"
+#include "kernels.h"
+#include "ops/matmul.h"
+#include "platform/mapped_file.h"
+
+namespace m3 {
+
+void RouteToken(const float* logits, const std::vector<float>& bias, const MoeParams& p, int32_t* ids,
+                float* weights) {
+  const size_t e = bias.size();
+  std::vector<float> score(e), choice(e);
+  for (size_t i = 0; i < e; ++i) {
+    score[i] = 1.0f / (1.0f + std::exp(-logits[i]));
+    choice[i] = p.use_bias ? score[i] + bias[i] : score[i];
+    if (std::isnan(choice[i])) choice[i] = -INFINITY;
+  }
+  std::vector<int32_t> order(e);
+  std::iota(order.begin(), order.end(), 0);
+  // Highest biased score first; ties go to the lower expert id (spec G22).
+  std::partial_sort(order.begin(), order.begin() + p.top_k, order.end(), [&](int32_t a, int32_t b) {
+    return choice[a] > choice[b] || (choice[a] == choice[b] && a < b);
+  });
+  float sum = 0;
+  for (int k = 0; k < p.top_k; ++k) sum += score[order[k]];
+  for (int k = 0; k < p.top_k; ++k) {
+    ids[k] = order[k];
+    weights[k] = score[order[k]] / sum * p.routed_scaling;  // unbiased sigmoid, renormalized
+  }
+}
+
+namespace {
+
+// One expert's part of the block: its rows (tokens), inputs, intermediate values and outputs.
+struct ExpertJob {
+  const MlpWeights* w = nullptr;
+  size_t m = 0;                      // rows (tokens routed to it; all tokens for the shared expert)
+  const uint32_t* tokens = nullptr;  // token of each row; nullptr: the rows are x's rows as they are
+  float* gathered = nullptr;         // [m, H] inputs gathered from x (routed experts)
+  float* g = nullptr;                // [m, I] gate, then the SwiGLU activation
+  float* u = nullptr;                // [m, I] up
+  float* y = nullptr;                // [m, H] output (`out` itself for the shared expert)
+  MatMulInput gate_up_in, down_in;
+};
+
+// Reused across layers and calls (MoeForward runs on the caller's thread): no allocation, and no
+// zeroing of large buffers, per layer.
+struct MoeScratch {
+  AlignedBuffer<float> logits, gathered, g, u, y;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  std::vector<uint32_t> row_tokens;  // routed rows grouped by expert: the token of each
+  std::vector<uint32_t> slot_row;    // [n, k]: routed row of (token, slot)
+  std::vector<ExpertJob> jobs;
+};
+
+}  // namespace
+
+void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+                float* out, int32_t* routed_ids) {
+  if (n == 0) return;
+  const size_t hidden = w.router.cols, n_exp = w.router.rows, k = static_cast<size_t>(p.top_k);
+  thread_local MoeScratch scratch;
+  MoeScratch& s = scratch;  // the caller's: worker threads see it through this reference
+
+  // Route.
+  s.logits.EnsureSize(n * n_exp);
+  MatMul(tc, w.router, x, hidden, n, s.logits.data(), n_exp);
+  s.ids.resize(n * k);
+  s.weights.resize(n * k);
+  for (size_t t = 0; t < n; ++t)
+    RouteToken(s.logits.data() + t * n_exp, w.router_bias, p, &s.ids[t * k], &s.weights[t * k]);
+  if (routed_ids) std::copy(s.ids.begin(), s.ids.end(), routed_ids);
+
+  // Rows grouped by expert (token order within each), and where each (token, slot) landed.
+  std::vector<size_t> first(n_exp + 1, 0);
+  for (int32_t e : s.ids) ++first[static_cast<size_t>(e) + 1];
+  std::partial_sum(first.begin(), first.end(), first.begin());
+  s.row_tokens.resize(n * k);
+  s.slot_row.resize(n * k);
+  {
+    std::vector<size_t> next(first.begin(), first.end() - 1);
+    for (size_t i = 0; i < n * k; ++i) {
+      const size_t row = next[static_cast<size_t>(s.ids[i])]++;
+      s.row_tokens[row] = static_cast<uint32_t>(i / k);
+      s.slot_row[i] = static_cast<uint32_t>(row);
+    }
+  }
+  // The chosen experts' bytes are read soon: one readahead request each, issued before any
+  // thread faults on them (a no-op for resident pages).
+  for (size_t e = 0; e < n_exp && e < w.expert_memory.size(); ++e)
+    if (first[e + 1] > first[e]) AdviseWillNeed(w.expert_memory[e].data, w.expert_memory[e].bytes);
+
+  // Jobs: the shared expert first, then the chosen experts in id order.
+  const size_t routed_inter = w.experts.empty() ? 0 : w.experts[0].gate.rows;
+  const size_t shared_inter = w.has_shared ? w.shared.gate.rows : 0;
+  s.gathered.EnsureSize(n * k * hidden);
+  s.y.EnsureSize(n * k * hidden);
+  s.g.EnsureSize(n * shared_inter + n * k * routed_inter);
+  s.u.EnsureSize(n * shared_inter + n * k * routed_inter);
+  size_t jobs = w.has_shared ? 1 : 0;
+  for (size_t e = 0; e < n_exp; ++e) jobs += first[e + 1] > first[e];
+  s.jobs.resize(jobs);
+  size_t j = 0, inter_used = 0;
+  auto add_job = [&](const MlpWeights& mw, size_t m, const uint32_t* tokens, float* gathered, float* y) {
+    ExpertJob& J = s.jobs[j++];
+    const size_t inter = mw.gate.rows;
+    J.w = &mw;
+    J.m = m;
+    J.tokens = tokens;
+    J.gathered = gathered;
+    J.g = s.g.data() + inter_used;
+    J.u = s.u.data() + inter_used;
+    J.y = y;
+    inter_used += m * inter;
+    J.gate_up_in.Reset(mw.gate, gathered ? gathered : x, hidden, m);
+    J.down_in.Reset(mw.down, J.g, inter, m);
+  };
+  if (w.has_shared) add_job(w.shared, n, nullptr, nullptr, out);
+  for (size_t e = 0; e < n_exp; ++e) {
+    const size_t m = first[e + 1] - first[e];
+    if (m == 0) continue;
+    add_job(w.experts[e], m, s.row_tokens.data() + first[e], s.gathered.data() + first[e] * hidden,
+            s.y.data() + first[e] * hidden);
+  }
+
+  // Units and their costs for each phase.
+  std::vector<size_t> rows(jobs), gate_up_tiles(jobs), down_tiles(jobs);
+  std::vector<uint64_t> one(jobs, 1), per_row(jobs);
+  for (size_t i = 0; i < jobs; ++i) {
+    const ExpertJob& J = s.jobs[i];
+    rows[i] = J.m;
+    gate_up_tiles[i] = 2 * MatMulRowTiles(J.w->gate);  // gate tiles, then up tiles
+    down_tiles[i] = MatMulRowTiles(J.w->down);
+    per_row[i] = J.m;  // a tile costs as many rows as the expert has tokens
+  }
+  const std::vector<size_t> tokens{n};
+  const std::vector<uint64_t> token_cost{1};
+
+  ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
+    // (A) Gather each expert's rows and quantize them for its gate/up weights.
+    ForEachShare(rows, one, tid, nt, [&](size_t i, size_t b, size_t e) {
+      ExpertJob& J = s.jobs[i];
+      if (J.tokens)
+        for (size_t r = b; r < e; ++r)
+          std::memcpy(J.gathered + r * hidden, x + static_cast<size_t>(J.tokens[r]) * hidden, hidden * sizeof(float));
+      J.gate_up_in.PrepareRows(b, e);
+    });
+    barrier();
+    // (B) Gate and up row tiles.
+    ForEachShare(gate_up_tiles, per_row, tid, nt, [&](size_t i, size_t b, size_t e) {
+      const ExpertJob& J = s.jobs[i];
+      const size_t tiles = gate_up_tiles[i] / 2, inter = J.w->gate.rows;
+      if (b < tiles) J.gate_up_in.Multiply(J.w->gate, b, std::min(e, tiles), J.g, inter);
+      if (e > tiles) J.gate_up_in.Multiply(J.w->up, std::max(b, tiles) - tiles, e - tiles, J.u, inter);
+    });
+    barrier();
+    // (C) SwiGLU, then quantize for the down weights.
+    ForEachShare(rows, one, tid, nt, [&](size_t i, size_t b, size_t e) {
+      ExpertJob& J = s.jobs[i];
+      const size_t inter = J.w->gate.rows;
+      SwigluOai(J.g + b * inter, J.u + b * inter, (e - b) * inter, p.act);
+      J.down_in.PrepareRows(b, e);
+    });
+    barrier();
+    // (D) Down row tiles: the shared expert writes `out`, routed experts their rows of y.
+    ForEachShare(down_tiles, per_row, tid, nt, [&](size_t i, size_t b, size_t e) {
+      const ExpertJob& J = s.jobs[i];
+      J.down_in.Multiply(J.w->down, b, e, J.y, hidden);
+    });
+    barrier();
+    // (E) out[t] += w_s * y[row of (t, s)] in slot order.
+    ForEachShare(tokens, token_cost, tid, nt, [&](size_t, size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t) {
+        float* o = out + t * hidden;
+        if (!w.has_shared) std::fill_n(o, hidden, 0.0f);
+        for (size_t slot = 0; slot < k; ++slot)
+          simd::Axpy(s.weights[t * k + slot], s.y.data() + static_cast<size_t>(s.slot_row[t * k + slot]) * hidden, o,
+                     hidden);
+      }
+    });
+  });
+}
+
+}  // namespace m3
