@@ -33,3 +33,17 @@ if(M3_DNNL_INCLUDE_DIR AND M3_DNNL_LIBRARY AND EXISTS "${M3_DNNL_INCLUDE_DIR}/on
 else()
   message(STATUS "oneDNN not found (libdnnl-dev): m3 bench --kernels skips its onednn rows")
 endif()
+# libnuma (libnuma-dev), optional: NUMA topology, node-bound buffers and page-placement checks for
+# the split MoE mode. Without it the topology comes from /sys and buffers are not bound to nodes.
+find_path(M3_NUMA_INCLUDE_DIR numa.h)
+find_library(M3_NUMA_LIBRARY numa)
+set(M3_HAVE_NUMA OFF)
+if(M3_NUMA_INCLUDE_DIR AND M3_NUMA_LIBRARY AND EXISTS "${M3_NUMA_INCLUDE_DIR}/numaif.h")
+  set(M3_HAVE_NUMA ON)
+  add_library(m3::numa UNKNOWN IMPORTED)
+  set_target_properties(m3::numa PROPERTIES IMPORTED_LOCATION "${M3_NUMA_LIBRARY}"
+                                            INTERFACE_INCLUDE_DIRECTORIES "${M3_NUMA_INCLUDE_DIR}")
+  message(STATUS "libnuma: ${M3_NUMA_LIBRARY}")
+else()
+  message(STATUS "libnuma not found (libnuma-dev): NUMA topology from /sys, buffers not node-bound")
+endif()
