@@ -22,7 +22,7 @@ namespace {
 struct LogitsArgs {
   std::string model, ids, out;
   int steps = 0;
-  int threads = 0;
+  EngineArgs engine_args;
   bool dump_blocks = false;
 };
 
@@ -93,7 +93,9 @@ int RunLogits(const LogitsArgs& a) {
   auto ids = ParseIds(a.ids);
   if (!ids.ok()) return Fail(ids.status());
   if (a.steps < 0) return Fail(InvalidArgument("-n must be >= 0"));
-  auto engine = Engine::Open(a.model, EngineOptions{a.threads});
+  auto engine_options = a.engine_args.Options();
+  if (!engine_options.ok()) return Fail(engine_options.status());
+  auto engine = Engine::Open(a.model, engine_options.value());
   if (!engine.ok()) return Fail(engine.status());
   std::error_code ec;
   std::filesystem::create_directories(a.out, ec);
@@ -145,6 +147,8 @@ int RunLogits(const LogitsArgs& a) {
   std::fprintf(stderr, "prefill %zu tokens in %.3f s (%.1f tok/s); decode %d tokens in %.3f s (%.1f tok/s); %d threads, %s\n",
                ids->size(), pre_s, ids->size() / pre_s, a.steps, dec_s, a.steps > 0 ? a.steps / dec_s : 0.0,
                (*engine)->threads().threads, (*engine)->simd_target().c_str());
+  if (a.engine_args.numa != "off" || a.engine_args.mlock_dense)
+    std::fprintf(stderr, "placement: %s\n", (*engine)->placement().c_str());
   return 0;
 }
 
@@ -158,7 +162,7 @@ void AddLogitsCommand(CLI::App& app, int* rc) {
   cmd->add_option("-n,--steps", a->steps, "greedy decode steps after the prefill")->default_val(0);
   cmd->add_option("-o,--out", a->out, "output folder")->required();
   cmd->add_flag("--dump-blocks", a->dump_blocks, "also write selected_blocks.json");
-  cmd->add_option("-t,--threads", a->threads, "threads (0 = all cores)")->default_val(0);
+  AddEngineOptions(cmd, &a->engine_args);
   cmd->callback([a, rc] { *rc = RunLogits(*a); });
 }
 

@@ -25,7 +25,7 @@ struct RunArgs {
   std::string model, tokenizer, prompt, system, think = "adaptive";
   bool raw = false;
   int max_tokens = 512;
-  int threads = 0;
+  EngineArgs engine_args;
   size_t context = 0;
   SamplingParams sampling{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f};  // CHAT_FORMAT.md §5
 };
@@ -53,7 +53,8 @@ struct Runner {
       if (!t.ok()) return Status(t.status().code(), t.status().message() + " (use --raw for plain completion)");
       chat_template = std::move(t).value();
     }
-    M3_ASSIGN_OR_RETURN(engine, Engine::Open(args.model, EngineOptions{args.threads}));
+    M3_ASSIGN_OR_RETURN(const EngineOptions engine_options, args.engine_args.Options());
+    M3_ASSIGN_OR_RETURN(engine, Engine::Open(args.model, engine_options));
     session = std::make_unique<Session>(*engine, SessionOptions{args.context});
     sampler = std::make_unique<Sampler>(args.sampling);
     for (const char* s : {"[e~[", "]~b]", "]~!b["}) {  // end of turn, plus defensive stops (§5)
@@ -194,7 +195,7 @@ void AddGenerationOptions(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--system", a.system, "system message");
   cmd->add_option("--think", a.think, "thinking mode: enabled, disabled or adaptive")->default_val("adaptive");
   cmd->add_option("-n,--max-tokens", a.max_tokens, "most tokens to generate per turn")->default_val(512);
-  cmd->add_option("-t,--threads", a.threads, "threads (0 = all cores)")->default_val(0);
+  AddEngineOptions(cmd, &a.engine_args);
   cmd->add_option("-c,--context", a.context, "context limit in tokens (0 = the model's)")->default_val(0);
   cmd->add_option("--temp", a.sampling.temperature, "temperature (0 = greedy)")->default_val(1.0);
   cmd->add_option("--top-k", a.sampling.top_k, "top-k (0 = off)")->default_val(40);

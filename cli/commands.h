@@ -2,8 +2,21 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
+
+#include "base/status.h"
+#include "runtime/engine.h"
 
 namespace m3::cli {
+
+// The engine options of every command that runs a model: -t, --numa, --mlock-dense.
+struct EngineArgs {
+  int threads = 0;
+  std::string numa = "off";
+  bool mlock_dense = false;
+  StatusOr<EngineOptions> Options() const;
+};
+void AddEngineOptions(CLI::App* cmd, EngineArgs* args);
 
 // Each registers a subcommand whose callback stores the process exit code in *rc.
 void AddInspectCommand(CLI::App& app, int* rc);

@@ -3,6 +3,7 @@
 // bit-identical results; request validation.
 #include <algorithm>
 #include <filesystem>
+#include <cstdlib>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -38,8 +39,9 @@ struct RunResult {
 
 int32_t Argmax(const float* x, size_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
 
-RunResult RunCase(const std::string& dir, const std::vector<int32_t>& prompt, int steps, int threads) {
-  auto engine = Engine::Open(dir, EngineOptions{threads});
+RunResult RunCase(const std::string& dir, const std::vector<int32_t>& prompt, int steps, const EngineOptions& options) {
+  auto engine = Engine::Open(dir, options);
+  INFO(engine.status().ToString());
   REQUIRE(engine.ok());
   const size_t vocab = (*engine)->model().config().vocab_size;
   Session session(**engine);
@@ -91,7 +93,7 @@ TEST_CASE("every golden case matches within tolerance", "[golden]") {
       const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
       const int steps = cj["decode_steps"].get<int>();
       const double rel = cj["tolerance"]["logits"]["rel"].get<double>();
-      RunResult r = RunCase(dir, prompt, steps, 2);
+      RunResult r = RunCase(dir, prompt, steps, EngineOptions{2});
 
       auto pre = ReadNpy(dir + "/prefill_logits.npy");
       auto dec = ReadNpy(dir + "/decode_logits.npy");
@@ -128,10 +130,37 @@ TEST_CASE("1 and 2 threads give bit-identical logits", "[golden][threads]") {
     const std::string dir = test::GoldenDir(name);
     auto cj = test::ReadPythonJson(dir + "/case.json");
     const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
-    RunResult one = RunCase(dir, prompt, 4, 1), two = RunCase(dir, prompt, 4, 2);
+    RunResult one = RunCase(dir, prompt, 4, EngineOptions{1}), two = RunCase(dir, prompt, 4, EngineOptions{2});
     CHECK(one.prefill == two.prefill);
     CHECK(one.decode == two.decode);
     CHECK(one.greedy == two.greedy);
+  }
+}
+
+TEST_CASE("simulated NUMA nodes (split, distribute) give logits identical to --numa off", "[golden][numa]") {
+  // Two logical nodes on this machine's CPUs run the real split path: node-local expert slices,
+  // threads pinned per node.
+  struct FakeNuma {
+    FakeNuma() { setenv("M3_FAKE_NUMA", "2", 1); }
+    ~FakeNuma() { unsetenv("M3_FAKE_NUMA"); }
+  } fake;
+  const auto cases = GoldenCases();
+  REQUIRE(cases.size() >= 6);
+  for (const auto& name : cases) {
+    INFO(name);
+    const std::string dir = test::GoldenDir(name);
+    auto cj = test::ReadPythonJson(dir + "/case.json");
+    const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+    const int steps = cj["decode_steps"].get<int>();
+    const RunResult off = RunCase(dir, prompt, steps, EngineOptions{2});
+    for (NumaMode mode : {NumaMode::kSplit, NumaMode::kDistribute}) {
+      if (mode == NumaMode::kDistribute && name != "s1_fp32_basic") continue;  // only pins threads
+      INFO(NumaModeName(mode));
+      const RunResult numa = RunCase(dir, prompt, steps, EngineOptions{2, mode});
+      CHECK(numa.prefill == off.prefill);
+      CHECK(numa.decode == off.decode);
+      CHECK(numa.greedy == off.greedy);
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include "ops/matmul.h"
 #include "ops/mlp.h"
 #include "ops/moe.h"
+#include "platform/numa.h"
 #include "platform/parallel.h"
 #include "kernels.h"
 #include "test_util.h"
@@ -176,6 +177,66 @@ TEST_CASE("MoeForward with all tokens routed to one expert (skew) is unchanged",
     for (size_t t = 0; t < n; ++t) CHECK(ids[t * 2] == 5);
     CHECK(got == want);
   }
+}
+
+}  // namespace
+}  // namespace m3
+
+namespace m3 {
+namespace {
+
+TEST_CASE("a NUMA split (simulated nodes) gives the same bits as no split", "[moe][numa]") {
+  using F = simd::WeightFormat;
+  for (F f : {F::kQ4, F::kQ8, F::kF32, F::kBF16Tiled}) {
+    TestMoe m(f, f == F::kQ4 ? F::kQ8 : f, 6, 128, 80, true, 21);
+    MoeParams p;
+    p.top_k = 2;
+    for (int nodes : {2, 3}) {
+      const Topology topo = SimulatedTopology({0, 1, 2, 3}, nodes);
+      auto split = BuildMoeSplit(topo, nodes, m.w.experts, &m.w.shared);
+      REQUIRE(split.ok());
+      for (size_t n : {1, 9}) {
+        INFO(simd::WeightFormatName(f) << ", " << nodes << " nodes, " << n << " tokens");
+        const auto x = RandomVec(n * 128, static_cast<uint32_t>(n));
+        std::vector<float> want(n * 128), got(n * 128);
+        m.w.split = nullptr;
+        MoeForward(ThreadConfig{1}, m.w, p, x.data(), n, want.data());
+        m.w.split = split.value();
+        for (int threads : {nodes, nodes + 1, 4}) {
+          std::fill(got.begin(), got.end(), -1.0f);
+          MoeForward(ThreadConfig{threads}, m.w, p, x.data(), n, got.data());
+          CHECK(got == want);
+        }
+        // Fewer threads than nodes: the unsplit weights, still the same bits.
+        MoeForward(ThreadConfig{1}, m.w, p, x.data(), n, got.data());
+        CHECK(got == want);
+      }
+      // Every byte of every expert is on exactly one node: the slices add up to the whole.
+      size_t rows = 0;
+      for (const auto& node : split.value()->slices) rows += node[0].local.gate.rows + node[0].local.down.rows;
+      CHECK(rows == m.w.experts[0].gate.rows + m.w.experts[0].down.rows);
+    }
+  }
+}
+
+TEST_CASE("NUMA modes parse, and threads map to nodes in contiguous blocks", "[moe][numa]") {
+  CHECK(ParseNumaMode("off").value() == NumaMode::kOff);
+  CHECK(ParseNumaMode("distribute").value() == NumaMode::kDistribute);
+  CHECK(ParseNumaMode("split").value() == NumaMode::kSplit);
+  CHECK(!ParseNumaMode("interleave").ok());
+  for (int threads = 1; threads <= 9; ++threads)
+    for (int nodes = 1; nodes <= threads; ++nodes) {
+      std::vector<int> count(static_cast<size_t>(nodes), 0);
+      int last = 0;
+      for (int t = 0; t < threads; ++t) {
+        const int node = NodeOfThread(t, threads, nodes);
+        REQUIRE(node >= last);
+        REQUIRE(node < nodes);
+        last = node;
+        ++count[static_cast<size_t>(node)];
+      }
+      for (int c : count) CHECK(c >= threads / nodes);
+    }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "model/weights.h"
 #include "ops/attention.h"
 #include "ops/norm_rope.h"
+#include "platform/numa.h"
 #include "platform/parallel.h"
 
 namespace m3 {
@@ -47,6 +48,14 @@ class Model {
   // [1, vocab] for the last token (kLastRow). Ids and context are checked by the caller (Session).
   void Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
                float* logits, ForwardObserver* observer = nullptr) const;
+
+  // Memory placement, before the model is shared (Engine::Open). --numa split: copies each node's
+  // row slices of every MoE layer's experts into memory local to it (ops/moe_numa.h) and drops
+  // the mapped expert pages from this process. --mlock-dense: locks every weight but the routed
+  // experts (and an untied embedding table, of which a token reads one row) in memory, so that
+  // streaming experts from disk cannot evict them; returns the bytes locked.
+  Status SplitExperts(const Topology& topology, int nodes);
+  StatusOr<uint64_t> LockDenseWeights() const;
 
  private:
   Model() = default;

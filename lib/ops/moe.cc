@@ -40,6 +40,7 @@ namespace {
 // One expert's part of the block: its rows (tokens), inputs, intermediate values and outputs.
 struct ExpertJob {
   const MlpWeights* w = nullptr;
+  size_t expert = 0;                 // index into a NUMA split's slices (the shared expert: E)
   size_t m = 0;                      // rows (tokens routed to it; all tokens for the shared expert)
   const uint32_t* tokens = nullptr;  // token of each row; nullptr: the rows are x's rows as they are
   float* gathered = nullptr;         // [m, H] inputs gathered from x (routed experts)
@@ -108,10 +109,12 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
   for (size_t e = 0; e < n_exp; ++e) jobs += first[e + 1] > first[e];
   s.jobs.resize(jobs);
   size_t j = 0, inter_used = 0;
-  auto add_job = [&](const MlpWeights& mw, size_t m, const uint32_t* tokens, float* gathered, float* y) {
+  auto add_job = [&](const MlpWeights& mw, size_t expert, size_t m, const uint32_t* tokens, float* gathered,
+                     float* y) {
     ExpertJob& J = s.jobs[j++];
     const size_t inter = mw.gate.rows;
     J.w = &mw;
+    J.expert = expert;
     J.m = m;
     J.tokens = tokens;
     J.gathered = gathered;
@@ -122,11 +125,11 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
     J.gate_up_in.Reset(mw.gate, gathered ? gathered : x, hidden, m);
     J.down_in.Reset(mw.down, J.g, inter, m);
   };
-  if (w.has_shared) add_job(w.shared, n, nullptr, nullptr, out);
+  if (w.has_shared) add_job(w.shared, n_exp, n, nullptr, nullptr, out);
   for (size_t e = 0; e < n_exp; ++e) {
     const size_t m = first[e + 1] - first[e];
     if (m == 0) continue;
-    add_job(w.experts[e], m, s.row_tokens.data() + first[e], s.gathered.data() + first[e] * hidden,
+    add_job(w.experts[e], e, m, s.row_tokens.data() + first[e], s.gathered.data() + first[e] * hidden,
             s.y.data() + first[e] * hidden);
   }
 
@@ -142,6 +145,16 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
   }
   const std::vector<size_t> tokens{n};
   const std::vector<uint64_t> token_cost{1};
+  // NUMA split: node n's threads take node n's row slices (needs a thread per node at least).
+  const MoeSplit* split = w.split && tc.threads >= w.split->nodes ? w.split.get() : nullptr;
+  const int nodes = split ? split->nodes : 1;
+  std::vector<std::vector<size_t>> node_gate_up(static_cast<size_t>(nodes)), node_down(static_cast<size_t>(nodes));
+  for (int node = 0; split && node < nodes; ++node)
+    for (size_t i = 0; i < jobs; ++i) {
+      const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][s.jobs[i].expert];
+      node_gate_up[static_cast<size_t>(node)].push_back(2 * MatMulRowTiles(sl.local.gate));
+      node_down[static_cast<size_t>(node)].push_back(MatMulRowTiles(sl.local.down));
+    }
 
   ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
     // (A) Gather each expert's rows and quantize them for its gate/up weights.
@@ -153,13 +166,25 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
       J.gate_up_in.PrepareRows(b, e);
     });
     barrier();
-    // (B) Gate and up row tiles.
-    ForEachShare(gate_up_tiles, per_row, tid, nt, [&](size_t i, size_t b, size_t e) {
-      const ExpertJob& J = s.jobs[i];
-      const size_t tiles = gate_up_tiles[i] / 2, inter = J.w->gate.rows;
-      if (b < tiles) J.gate_up_in.Multiply(J.w->gate, b, std::min(e, tiles), J.g, inter);
-      if (e > tiles) J.gate_up_in.Multiply(J.w->up, std::max(b, tiles) - tiles, e - tiles, J.u, inter);
-    });
+    // This thread's node and its place among the node's threads (all threads: one node).
+    const int node = NodeOfThread(tid, nt, nodes);
+    const int node_first = (node * nt + nodes - 1) / nodes, node_threads = ((node + 1) * nt + nodes - 1) / nodes - node_first;
+    // (B) Gate and up row tiles: units [0, T) are gate tiles, [T, 2T) up tiles.
+    auto gate_up = [&](const MlpWeights& mw, size_t tile0, const ExpertJob& J, size_t b, size_t e) {
+      const size_t tiles = MatMulRowTiles(mw.gate), inter = J.w->gate.rows, r0 = tile0 * kMatMulRowTile;
+      if (b < tiles) J.gate_up_in.Multiply(mw.gate, b, std::min(e, tiles), J.g + r0, inter);
+      if (e > tiles) J.gate_up_in.Multiply(mw.up, std::max(b, tiles) - tiles, e - tiles, J.u + r0, inter);
+    };
+    if (split) {
+      ForEachShare(node_gate_up[static_cast<size_t>(node)], per_row, tid - node_first, node_threads,
+                   [&](size_t i, size_t b, size_t e) {
+                     const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][s.jobs[i].expert];
+                     gate_up(sl.local, sl.gate_up_tile0, s.jobs[i], b, e);
+                   });
+    } else {
+      ForEachShare(gate_up_tiles, per_row, tid, nt,
+                   [&](size_t i, size_t b, size_t e) { gate_up(*s.jobs[i].w, 0, s.jobs[i], b, e); });
+    }
     barrier();
     // (C) SwiGLU, then quantize for the down weights.
     ForEachShare(rows, one, tid, nt, [&](size_t i, size_t b, size_t e) {
@@ -170,10 +195,19 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
     });
     barrier();
     // (D) Down row tiles: the shared expert writes `out`, routed experts their rows of y.
-    ForEachShare(down_tiles, per_row, tid, nt, [&](size_t i, size_t b, size_t e) {
-      const ExpertJob& J = s.jobs[i];
-      J.down_in.Multiply(J.w->down, b, e, J.y, hidden);
-    });
+    if (split) {
+      ForEachShare(node_down[static_cast<size_t>(node)], per_row, tid - node_first, node_threads,
+                   [&](size_t i, size_t b, size_t e) {
+                     const ExpertJob& J = s.jobs[i];
+                     const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][J.expert];
+                     J.down_in.Multiply(sl.local.down, b, e, J.y + sl.down_tile0 * kMatMulRowTile, hidden);
+                   });
+    } else {
+      ForEachShare(down_tiles, per_row, tid, nt, [&](size_t i, size_t b, size_t e) {
+        const ExpertJob& J = s.jobs[i];
+        J.down_in.Multiply(J.w->down, b, e, J.y, hidden);
+      });
+    }
     barrier();
     // (E) out[t] += w_s * y[row of (t, s)] in slot order.
     ForEachShare(tokens, token_cost, tid, nt, [&](size_t, size_t b, size_t e) {

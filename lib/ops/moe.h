@@ -13,13 +13,16 @@
 // tokens (a GEMM). Each phase's work is split into contiguous shares of equal cost (tiles times
 // tokens), so skewed routing is spread over every thread. Each output element is computed by one
 // thread in a fixed order: results are identical for any thread count and batch composition.
+// With a NUMA split (w.split), phases B and D give each node's threads that node's row slices.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ops/mlp.h"
+#include "ops/moe_numa.h"
 #include "platform/parallel.h"
 #include "weight_format.h"
 
@@ -38,6 +41,7 @@ struct MoeWeights {
   std::vector<MemoryRange> expert_memory;  // [E] for prefetching chosen experts; empty: none known
   bool has_shared = false;
   MlpWeights shared;
+  std::shared_ptr<const MoeSplit> split;   // --numa split: node-local row slices (ops/moe_numa.h)
 };
 
 struct MoeParams {

@@ -12,6 +12,19 @@ StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, con
   std::unique_ptr<Engine> e(new Engine());
   M3_ASSIGN_OR_RETURN(e->model_, Model::Load(model_dir));
   e->threads_.threads = options.threads > 0 ? options.threads : DefaultThreadCount();
+  e->placement_ = std::string("numa ") + NumaModeName(options.numa);
+  if (options.numa != NumaMode::kOff) {
+    M3_ASSIGN_OR_RETURN(const Topology topology, DetectTopology());
+    // A node without a thread would leave its slices uncomputed: at most one node per thread.
+    const int nodes = std::min(static_cast<int>(topology.nodes.size()), e->threads_.threads);
+    if (options.numa == NumaMode::kSplit && nodes > 1) M3_RETURN_IF_ERROR(e->model_->SplitExperts(topology, nodes));
+    M3_RETURN_IF_ERROR(PinThreads(topology, options.numa, e->threads_.threads, nodes));
+    e->placement_ += " over " + std::to_string(nodes) + " of " + topology.Describe();
+  }
+  if (options.mlock_dense) {
+    M3_ASSIGN_OR_RETURN(const uint64_t locked, e->model_->LockDenseWeights());
+    e->placement_ += ", " + std::to_string(locked >> 20) + " MiB of dense weights locked";
+  }
   return e;
 }
 

@@ -10,11 +10,14 @@
 
 #include "base/status.h"
 #include "model/model.h"
+#include "ops/moe_numa.h"
 
 namespace m3 {
 
 struct EngineOptions {
-  int threads = 0;  // 0: all cores
+  int threads = 0;                 // 0: all cores
+  NumaMode numa = NumaMode::kOff;  // ops/moe_numa.h
+  bool mlock_dense = false;        // lock all weights but the routed experts in memory
 };
 
 class Engine {
@@ -23,11 +26,14 @@ class Engine {
   const Model& model() const { return *model_; }
   const ThreadConfig& threads() const { return threads_; }
   std::string simd_target() const;
+  // How the weights were placed: NUMA mode and topology, bytes locked ("numa off" when off).
+  const std::string& placement() const { return placement_; }
 
  private:
   Engine() = default;
   std::unique_ptr<Model> model_;
   ThreadConfig threads_;
+  std::string placement_;
 };
 
 struct SessionOptions {
