@@ -3,6 +3,8 @@
 // bit-identical results; request validation.
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <string>
 #include <cstdlib>
 #include <map>
 
@@ -162,6 +164,33 @@ TEST_CASE("simulated NUMA nodes (split, distribute) give logits identical to --n
       CHECK(numa.greedy == off.greedy);
     }
   }
+}
+
+// Locked memory of this process (VmLck in /proc/self/status), in bytes.
+uint64_t LockedBytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmLck:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+TEST_CASE("mlock-dense locks the dense weights and changes no logit", "[golden]") {
+  const std::string dir = test::GoldenDir("s1_fp32_basic");
+  auto cj = test::ReadPythonJson(dir + "/case.json");
+  const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+  const uint64_t before = LockedBytes();
+  EngineOptions locked{2};
+  locked.mlock_dense = true;
+  auto engine = Engine::Open(dir, locked);
+  if (!engine.ok()) {  // an unprivileged run with a small RLIMIT_MEMLOCK: the error says how to fix it
+    CHECK(engine.status().message().find("ulimit -l") != std::string::npos);
+    return;
+  }
+  CHECK((*engine)->placement().find("locked") != std::string::npos);
+  CHECK(LockedBytes() > before);
+  const RunResult a = RunCase(dir, prompt, 2, locked), b = RunCase(dir, prompt, 2, EngineOptions{2});
+  CHECK(a.prefill == b.prefill);
+  CHECK(a.decode == b.decode);
 }
 
 TEST_CASE("chunked prefill equals one prefill", "[golden]") {
