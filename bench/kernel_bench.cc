@@ -8,7 +8,6 @@
 // bandwidth probe and the weights see the same kind of pages.
 #include "kernel_bench.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,15 +15,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <new>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "bandwidth.h"
+#include "bench/limits.h"
 #include "bench/onednn_peer.h"
 #include "bench/shapes.h"
 #include "kernels.h"
@@ -40,65 +38,8 @@
 namespace m3::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using simd::WeightFormat;
 using simd::WeightRef;
-
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Machine facts.
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) != 0) continue;
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) break;
-    const size_t b = line.find_first_not_of(" \t", colon + 1);
-    return b == std::string::npos ? "unknown" : line.substr(b);
-  }
-  return "unknown";
-}
-
-size_t L3Bytes() {
-  const long s = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  if (s > 0) return static_cast<size_t>(s);
-  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");  // "36608K"
-  size_t v = 0;
-  char unit = 0;
-  if (in >> v >> unit) return v * (unit == 'M' ? (1u << 20) : unit == 'K' ? 1024u : 1u);
-  return size_t{32} << 20;  // unknown: assume a large server L3
-}
-
-// ---------------------------------------------------------------------------------------------
-// Memory: anonymous mappings, huge pages advised, pre-faulted by the caller's writes.
-
-class BigBuffer {
- public:
-  explicit BigBuffer(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {
-    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    madvise(p, bytes_, MADV_HUGEPAGE);  // best effort
-    data_ = static_cast<uint8_t*>(p);
-  }
-  BigBuffer(const BigBuffer&) = delete;
-  BigBuffer& operator=(const BigBuffer&) = delete;
-  ~BigBuffer() { munmap(data_, bytes_); }
-  uint8_t* data() { return data_; }
-  size_t size() const { return bytes_; }
-
- private:
-  size_t bytes_;
-  uint8_t* data_ = nullptr;
-};
 
 struct Rng {  // SplitMix64
   uint64_t s;
@@ -315,7 +256,7 @@ Plan MakePlan(bool quick, size_t l3) {
     return p;
   }
   // >= 8x L3 so neither the probe nor a GEMV is served from cache; 1 GiB at least.
-  p.read_bytes = std::max(size_t{1} << 30, RoundUp(8 * l3, size_t{1} << 21));
+  p.read_bytes = ReadProbeBytes(l3);
   p.read_chunk = size_t{16} << 20;  // the expert matrices are 10.6 (q4) to 37.7 MB (bf16)
   p.read_reps = 3;
   p.peak_seconds = 0.2;
@@ -333,91 +274,6 @@ Plan MakePlan(bool quick, size_t l3) {
 // ---------------------------------------------------------------------------------------------
 // Limits.
 
-// Reads bytes [offset, offset + bytes) of buf with `threads` threads, split as a GEMV call
-// splits its row tiles (one contiguous slice each, one parallel region); returns the seconds.
-double TimedRead(BigBuffer& buf, size_t offset, size_t bytes, int threads, simd::ReadPattern pattern) {
-  const size_t slices = static_cast<size_t>(threads), slice = RoundUp((bytes + slices - 1) / slices, 64);
-  std::vector<uint64_t> sums(slices);
-  const auto t0 = Clock::now();
-  ParallelFor(ThreadConfig{threads}, slices, 1, [&](size_t b, size_t e, int) {
-    for (size_t s = b; s < e; ++s) {
-      const size_t begin = std::min(bytes, s * slice), end = std::min(bytes, begin + slice);
-      sums[s] = simd::StreamRead(buf.data() + offset + begin, end - begin, pattern);
-    }
-  });
-  const double dt = Seconds(t0, Clock::now());
-  static volatile uint64_t sink;
-  for (uint64_t v : sums) sink = sink + v;  // keeps the reads
-  return dt;
-}
-
-constexpr simd::ReadPattern kReadPatterns[] = {simd::ReadPattern::kSequential, simd::ReadPattern::kQuartersPrefetched};
-const char* PatternName(simd::ReadPattern p) {
-  return p == simd::ReadPattern::kSequential ? "sequential" : "quarters-prefetched";
-}
-
-// Read bandwidth samples in GB/s: `reps` passes over buf (after one warm-up pass; the first
-// read of freshly written memory is several times slower on VMs), each timed in chunks of
-// `chunk` bytes, the chunks alternating between the read patterns. Chunks the size of one
-// matrix give samples at the time scale of one kernel call; the buffer as a whole (>= 8x L3)
-// keeps every chunk cold. Returns the samples of each pattern.
-std::map<simd::ReadPattern, std::vector<double>> MeasureReadBandwidth(BigBuffer& buf, size_t chunk, int threads,
-                                                                      int reps) {
-  std::map<simd::ReadPattern, std::vector<double>> gbs;
-  size_t i = 0;
-  for (int r = 0; r < reps + 1; ++r) {  // the first pass is a warm-up
-    for (size_t c0 = 0; c0 + chunk <= buf.size(); c0 += chunk, ++i) {
-      const simd::ReadPattern pattern = kReadPatterns[i % 2];
-      const double dt = TimedRead(buf, c0, chunk, threads, pattern);
-      if (r > 0) gbs[pattern].push_back(static_cast<double>(chunk) / dt / 1e9);
-    }
-  }
-  return gbs;
-}
-
-// Runs loop(iterations) -> operations on every thread at once for ~seconds each; returns one
-// sample per rep: the per-thread rates summed, in GOP/s. iters[t] (0: not yet) keeps each
-// thread's calibrated iteration count between calls.
-template <class Loop>
-std::vector<double> MeasurePeak(int threads, double seconds, int reps, std::vector<size_t>& iters, Loop&& loop) {
-  const ThreadConfig tc{threads};
-  std::vector<double> rates(static_cast<size_t>(threads)), totals;
-  iters.resize(static_cast<size_t>(threads), 0);
-  for (int r = 0; r < reps; ++r) {
-    ParallelFor(tc, static_cast<size_t>(threads), 1, [&](size_t b, size_t e, int) {
-      for (size_t t = b; t < e; ++t) {
-        if (iters[t] == 0) {  // calibrate: double until a run takes >= seconds / 8
-          size_t n = 1024;
-          for (;;) {
-            const auto t0 = Clock::now();
-            loop(n);
-            const double dt = Seconds(t0, Clock::now());
-            if (dt >= seconds / 8 || n >= (size_t{1} << 40)) {
-              iters[t] = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(n) * seconds / std::max(dt, 1e-9)));
-              break;
-            }
-            n *= 2;
-          }
-        }
-        const auto t0 = Clock::now();
-        const double ops = loop(iters[t]);
-        rates[t] = ops / Seconds(t0, Clock::now()) / 1e9;
-      }
-    });
-    double total = 0;
-    for (double v : rates) total += v;
-    totals.push_back(total);
-  }
-  return totals;
-}
-
-double Int8PeakLoop(size_t n) { return static_cast<double>(simd::Int8DotPeakLoop(n)); }
-double FmaLoop(size_t n) {
-  float sink;
-  const double ops = static_cast<double>(simd::FmaPeakLoop(n, &sink));
-  return sink == 0.123f ? ops + 1 : ops;  // sink is observed
-}
-
 // The machine limits, probed at the start and again before each block of kernel rows. Other
 // processes can only lower a probe, so each limit is the best sample of the whole run: a quiet
 // moment anywhere sets it, and no kernel row is compared against a limit taken in a noisy one.
@@ -427,10 +283,7 @@ class LimitProbes {
 
   LimitProbes(const Plan& plan, const std::vector<int>& thread_counts)
       : plan_(plan), thread_counts_(thread_counts), buf_(plan.read_bytes) {
-    const int max_threads = *std::max_element(thread_counts.begin(), thread_counts.end());
-    ParallelFor(ThreadConfig{max_threads}, buf_.size() / kPage, 1, [&](size_t b, size_t e, int) {
-      for (size_t i = b; i < e; ++i) std::memset(buf_.data() + i * kPage, static_cast<int>(i & 0xFF), kPage);
-    });
+    buf_.Fill(*std::max_element(thread_counts.begin(), thread_counts.end()));
   }
 
   void Probe(Kind kind, int reps) {

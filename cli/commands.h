@@ -24,6 +24,6 @@ void AddLogitsCommand(CLI::App& app, int* rc);
 void AddTextCommands(CLI::App& app, int* rc);  // tokenize, template
 void AddRunCommands(CLI::App& app, int* rc);   // run, chat
 void AddPackCommand(CLI::App& app, int* rc);   // pack
-void AddBenchCommand(CLI::App& app, int* rc);  // bench --kernels
+void AddBenchCommand(CLI::App& app, int* rc);  // bench (end to end), bench --kernels
 
 }  // namespace m3::cli

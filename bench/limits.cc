@@ -1,0 +1,137 @@
+// Machine-limit probes (limits.h).
+#include "limits.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <new>
+
+#include "quant_kernels.h"
+
+namespace m3::bench {
+namespace {
+
+constexpr size_t kPage = 4096;
+size_t RoundUp(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+}  // namespace
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t b = line.find_first_not_of(" \t", colon + 1);
+    return b == std::string::npos ? "unknown" : line.substr(b);
+  }
+  return "unknown";
+}
+
+size_t L3Bytes() {
+  const long s = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (s > 0) return static_cast<size_t>(s);
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");  // "36608K"
+  size_t v = 0;
+  char unit = 0;
+  if (in >> v >> unit) return v * (unit == 'M' ? (1u << 20) : unit == 'K' ? 1024u : 1u);
+  return size_t{32} << 20;  // unknown: assume a large server L3
+}
+
+size_t ReadProbeBytes(size_t l3) { return std::max(size_t{1} << 30, RoundUp(8 * l3, size_t{1} << 21)); }
+
+BigBuffer::BigBuffer(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {
+  void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  madvise(p, bytes_, MADV_HUGEPAGE);  // best effort
+  data_ = static_cast<uint8_t*>(p);
+}
+
+BigBuffer::~BigBuffer() { munmap(data_, bytes_); }
+
+void BigBuffer::Fill(int threads) {
+  ParallelFor(ThreadConfig{threads}, bytes_ / kPage, 1, [&](size_t b, size_t e, int) {
+    for (size_t i = b; i < e; ++i) std::memset(data_ + i * kPage, static_cast<int>(i & 0xFF), kPage);
+  });
+}
+
+const char* PatternName(simd::ReadPattern p) {
+  return p == simd::ReadPattern::kSequential ? "sequential" : "quarters-prefetched";
+}
+
+double TimedRead(BigBuffer& buf, size_t offset, size_t bytes, int threads, simd::ReadPattern pattern) {
+  const size_t slices = static_cast<size_t>(threads), slice = RoundUp((bytes + slices - 1) / slices, 64);
+  std::vector<uint64_t> sums(slices);
+  const auto t0 = Clock::now();
+  ParallelFor(ThreadConfig{threads}, slices, 1, [&](size_t b, size_t e, int) {
+    for (size_t s = b; s < e; ++s) {
+      const size_t begin = std::min(bytes, s * slice), end = std::min(bytes, begin + slice);
+      sums[s] = simd::StreamRead(buf.data() + offset + begin, end - begin, pattern);
+    }
+  });
+  const double dt = Seconds(t0, Clock::now());
+  static volatile uint64_t sink;
+  for (uint64_t v : sums) sink = sink + v;  // keeps the reads
+  return dt;
+}
+
+std::map<simd::ReadPattern, std::vector<double>> MeasureReadBandwidth(BigBuffer& buf, size_t chunk, int threads,
+                                                                      int reps) {
+  std::map<simd::ReadPattern, std::vector<double>> gbs;
+  size_t i = 0;
+  for (int r = 0; r < reps + 1; ++r) {  // the first pass is a warm-up
+    for (size_t c0 = 0; c0 + chunk <= buf.size(); c0 += chunk, ++i) {
+      const simd::ReadPattern pattern = kReadPatterns[i % 2];
+      const double dt = TimedRead(buf, c0, chunk, threads, pattern);
+      if (r > 0) gbs[pattern].push_back(static_cast<double>(chunk) / dt / 1e9);
+    }
+  }
+  return gbs;
+}
+
+double Int8PeakLoop(size_t n) { return static_cast<double>(simd::Int8DotPeakLoop(n)); }
+
+double FmaLoop(size_t n) {
+  float sink;
+  const double ops = static_cast<double>(simd::FmaPeakLoop(n, &sink));
+  return sink == 0.123f ? ops + 1 : ops;  // sink is observed
+}
+
+void ProbeResult::Merge(const ProbeResult& other) {
+  if (other.best > best) best = other.best, pattern = other.pattern;
+  samples.insert(samples.end(), other.samples.begin(), other.samples.end());
+}
+
+ProbeResult ProbeReadBandwidth(int threads, int reps) {
+  BigBuffer buf(ReadProbeBytes(L3Bytes()));
+  buf.Fill(threads);
+  ProbeResult r;
+  for (auto& [pattern, v] : MeasureReadBandwidth(buf, size_t{16} << 20, threads, reps)) {
+    ProbeResult one;
+    one.samples = v;
+    one.best = v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+    one.pattern = PatternName(pattern);
+    r.Merge(one);
+  }
+  return r;
+}
+
+ProbeResult ProbeInt8Peak(int threads, double seconds, int reps) {
+  std::vector<size_t> iters;
+  ProbeResult r;
+  r.samples = MeasurePeak(threads, seconds, reps, iters, Int8PeakLoop);
+  r.best = r.samples.empty() ? 0 : *std::max_element(r.samples.begin(), r.samples.end());
+  return r;
+}
+
+}  // namespace m3::bench

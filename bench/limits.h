@@ -1,0 +1,120 @@
+// Machine limits the benchmarks judge their results against, measured in the same run:
+//
+//   read bandwidth   simd::StreamRead over a buffer >= 8x L3 (1 GiB at least), both read patterns,
+//                    split over the threads as a GEMV splits its row tiles
+//   int8 peak        simd::Int8DotPeakLoop on every thread at once, rates summed
+//   fp32 FMA peak    simd::FmaPeakLoop likewise
+//
+// Other processes only ever lower a probe, so callers report the best sample. Shared by
+// `m3 bench --kernels` (kernel_bench.cc) and the end-to-end `m3 bench` (model_bench.cc).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bandwidth.h"
+#include "platform/parallel.h"
+
+namespace m3::bench {
+
+using Clock = std::chrono::steady_clock;
+inline double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double Median(std::vector<double> v);  // 0 for none
+
+std::string CpuModel();  // "model name" of /proc/cpuinfo
+size_t L3Bytes();
+// Bytes of the read-bandwidth probe buffer: >= 8x L3 so no sample is served from cache; 1 GiB at least.
+size_t ReadProbeBytes(size_t l3);
+
+// An anonymous mapping with a huge-page hint; the caller writes it before timing (on VMs the
+// first read of fresh memory is several times slower than later ones).
+class BigBuffer {
+ public:
+  explicit BigBuffer(size_t bytes);  // throws std::bad_alloc
+  BigBuffer(const BigBuffer&) = delete;
+  BigBuffer& operator=(const BigBuffer&) = delete;
+  ~BigBuffer();
+  uint8_t* data() { return data_; }
+  size_t size() const { return bytes_; }
+  // Writes every page, split over `threads` like the reads (first touch on NUMA).
+  void Fill(int threads);
+
+ private:
+  size_t bytes_;
+  uint8_t* data_ = nullptr;
+};
+
+inline constexpr simd::ReadPattern kReadPatterns[] = {simd::ReadPattern::kSequential,
+                                                      simd::ReadPattern::kQuartersPrefetched};
+const char* PatternName(simd::ReadPattern p);
+
+// Reads bytes [offset, offset + bytes) of buf with `threads` threads (one contiguous slice each,
+// one parallel region); returns the seconds.
+double TimedRead(BigBuffer& buf, size_t offset, size_t bytes, int threads, simd::ReadPattern pattern);
+
+// Read bandwidth samples in GB/s: `reps` passes over buf (after one warm-up pass; the first
+// read of freshly written memory is several times slower on VMs), each timed in chunks of
+// `chunk` bytes, the chunks alternating between the read patterns. Chunks the size of one
+// matrix give samples at the time scale of one kernel call; the buffer as a whole (>= 8x L3)
+// keeps every chunk cold. Returns the samples of each pattern.
+std::map<simd::ReadPattern, std::vector<double>> MeasureReadBandwidth(BigBuffer& buf, size_t chunk, int threads,
+                                                                      int reps);
+
+// Runs loop(iterations) -> operations on every thread at once for ~seconds each; returns one
+// sample per rep: the per-thread rates summed, in GOP/s. iters[t] (0: not yet) keeps each
+// thread's calibrated iteration count between calls.
+template <class Loop>
+std::vector<double> MeasurePeak(int threads, double seconds, int reps, std::vector<size_t>& iters, Loop&& loop) {
+  const ThreadConfig tc{threads};
+  std::vector<double> rates(static_cast<size_t>(threads)), totals;
+  iters.resize(static_cast<size_t>(threads), 0);
+  for (int r = 0; r < reps; ++r) {
+    ParallelFor(tc, static_cast<size_t>(threads), 1, [&](size_t b, size_t e, int) {
+      for (size_t t = b; t < e; ++t) {
+        if (iters[t] == 0) {  // calibrate: double until a run takes >= seconds / 8
+          size_t n = 1024;
+          for (;;) {
+            const auto t0 = Clock::now();
+            loop(n);
+            const double dt = Seconds(t0, Clock::now());
+            if (dt >= seconds / 8 || n >= (size_t{1} << 40)) {
+              iters[t] = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(n) * seconds / std::max(dt, 1e-9)));
+              break;
+            }
+            n *= 2;
+          }
+        }
+        const auto t0 = Clock::now();
+        const double ops = loop(iters[t]);
+        rates[t] = ops / Seconds(t0, Clock::now()) / 1e9;
+      }
+    });
+    double total = 0;
+    for (double v : rates) total += v;
+    totals.push_back(total);
+  }
+  return totals;
+}
+
+double Int8PeakLoop(size_t n);  // simd::Int8DotPeakLoop as operations
+double FmaLoop(size_t n);       // simd::FmaPeakLoop as operations
+
+// The samples of one limit (GB/s or GOP/s) from one or more calls below; the limit is the best.
+struct ProbeResult {
+  double best = 0;
+  std::string pattern;  // read bandwidth: the pattern of the best sample
+  std::vector<double> samples;
+  double median() const { return Median(samples); }
+  void Merge(const ProbeResult& other);
+};
+// Read bandwidth over a fresh ReadProbeBytes(L3Bytes()) buffer (freed on return) in 16 MiB
+// chunks (about one expert matrix), `reps` passes.
+ProbeResult ProbeReadBandwidth(int threads, int reps);
+ProbeResult ProbeInt8Peak(int threads, double seconds, int reps);
+
+}  // namespace m3::bench

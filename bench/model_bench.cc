@@ -1,0 +1,639 @@
+// `m3 bench` end to end (model_bench.h).
+#include "model_bench.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bandwidth.h"
+#include "bench/limits.h"
+#include "bench/shapes.h"
+#include "bench/synthetic_model.h"
+#include "kernels.h"
+#include "ops/matmul.h"
+#include "platform/parallel.h"
+#include "quant_kernels.h"
+#include "runtime/engine.h"
+#include "weight_format.h"
+
+#ifndef M3_COMMIT
+#define M3_COMMIT "unknown"
+#endif
+
+namespace m3::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using simd::WeightFormat;
+using simd::WeightRef;
+
+// ---------------------------------------------------------------------------------------------
+// What one token reads, from the bound weights.
+
+// Calls fn(pointer, bytes) for the stored bytes of a weight (codes or values, then scales).
+template <class Fn>
+void ForEachRange(const WeightRef& w, Fn&& fn) {
+  if (!w.data) return;
+  if (simd::IsTiled(w.format)) {
+    fn(static_cast<const uint8_t*>(w.data), simd::TiledCodeBytes(w));
+    if (w.scales && simd::TiledScaleBytes(w)) fn(w.scales, simd::TiledScaleBytes(w));
+    return;
+  }
+  fn(static_cast<const uint8_t*>(w.data), w.rows * w.cols * simd::ElementBytes(w.format));
+  if (w.format == WeightFormat::kE4M3Mx32 && w.scales) fn(w.scales, w.rows * w.scale_cols());
+}
+
+uint64_t MatrixBytes(const WeightRef& w) {
+  uint64_t total = 0;
+  ForEachRange(w, [&](const uint8_t*, size_t n) { total += n; });
+  return total;
+}
+int64_t Params(const WeightRef& w) { return static_cast<int64_t>(w.rows * w.cols); }
+uint64_t VectorBytes(const std::vector<float>& v) { return v.size() * sizeof(float); }
+
+struct Footprint {
+  uint64_t fixed_bytes = 0;        // read by every decode token, routed experts aside
+  uint64_t layers_fixed_bytes = 0; // the part of fixed_bytes in the layers
+  uint64_t lm_head_bytes = 0;
+  int64_t layer_params = 0;        // per token in all layers, top-k routed experts included
+  int64_t lm_head_params = 0;
+  int64_t embed_row_params = 0;
+  std::vector<std::vector<uint64_t>> expert_bytes;  // [layer][expert]
+  std::vector<std::pair<const uint8_t*, size_t>> ranges;  // every matrix's bytes (to read them in)
+  uint64_t range_bytes = 0;
+};
+
+Footprint MeasureFootprint(const Model& model) {
+  const ModelWeights& w = model.weights();
+  const ModelConfig& c = model.config();
+  Footprint f;
+  auto keep = [&](const WeightRef& m) {
+    ForEachRange(m, [&](const uint8_t* p, size_t n) {
+      f.ranges.emplace_back(p, n);
+      f.range_bytes += n;
+    });
+  };
+  auto per_token = [&](const WeightRef& m) {  // a layer matrix every token reads whole
+    f.layers_fixed_bytes += MatrixBytes(m);
+    f.layer_params += Params(m);
+    keep(m);
+  };
+  auto per_token_vector = [&](const std::vector<float>& v) {
+    f.layers_fixed_bytes += VectorBytes(v);
+    f.layer_params += static_cast<int64_t>(v.size());
+  };
+  keep(w.embed);
+  f.fixed_bytes += w.embed.rows ? MatrixBytes(w.embed) / w.embed.rows : 0;  // one row
+  f.embed_row_params = static_cast<int64_t>(w.embed.cols);
+  if (w.lm_head.data != w.embed.data) keep(w.lm_head);
+  f.lm_head_bytes = MatrixBytes(w.lm_head) + VectorBytes(w.final_norm);
+  f.lm_head_params = Params(w.lm_head) + static_cast<int64_t>(w.final_norm.size());
+  f.expert_bytes.resize(w.layers.size());
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const LayerWeights& L = w.layers[l];
+    const AttentionWeights& a = L.attn;
+    for (const auto* v : {&L.input_norm, &L.post_norm, &a.q_norm, &a.k_norm, &a.index_q_norm, &a.index_k_norm})
+      per_token_vector(*v);
+    for (const WeightRef* m : {&a.q, &a.k, &a.v, &a.o}) per_token(*m);
+    if (a.sparse) {
+      per_token(a.index_q);
+      per_token(a.index_k);
+    }
+    if (!L.is_moe) {
+      for (const WeightRef* m : {&L.mlp.gate, &L.mlp.up, &L.mlp.down}) per_token(*m);
+      continue;
+    }
+    per_token(L.moe.router);
+    per_token_vector(L.moe.router_bias);
+    if (L.moe.has_shared)
+      for (const WeightRef* m : {&L.moe.shared.gate, &L.moe.shared.up, &L.moe.shared.down}) per_token(*m);
+    for (const MlpWeights& e : L.moe.experts) {
+      f.expert_bytes[l].push_back(MatrixBytes(e.gate) + MatrixBytes(e.up) + MatrixBytes(e.down));
+      for (const WeightRef* m : {&e.gate, &e.up, &e.down}) keep(*m);
+    }
+    if (!L.moe.experts.empty()) {
+      const MlpWeights& e = L.moe.experts[0];  // all experts of a layer have one shape
+      f.layer_params += c.experts_per_token * (Params(e.gate) + Params(e.up) + Params(e.down));
+    }
+  }
+  f.fixed_bytes += f.layers_fixed_bytes + f.lm_head_bytes;
+  return f;
+}
+
+// Sums the bytes of the routed experts each token chose (decode: one token per call).
+class RoutedExpertBytes : public ForwardObserver {
+ public:
+  explicit RoutedExpertBytes(const std::vector<std::vector<uint64_t>>& bytes) : bytes_(bytes) {}
+  void OnRouting(int layer, int64_t, size_t n, int top_k, const int32_t* ids) override {
+    if (layer < 0 || static_cast<size_t>(layer) >= bytes_.size()) return;
+    const auto& sizes = bytes_[static_cast<size_t>(layer)];
+    for (size_t i = 0; i < n * static_cast<size_t>(top_k); ++i)
+      if (ids[i] >= 0 && static_cast<size_t>(ids[i]) < sizes.size()) total_ += sizes[static_cast<size_t>(ids[i])];
+  }
+  uint64_t Take() { return std::exchange(total_, 0); }
+
+ private:
+  const std::vector<std::vector<uint64_t>>& bytes_;
+  uint64_t total_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Figures.
+
+// A figure with 3-4 significant digits, whatever its size.
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, std::fabs(v) >= 100 ? "%.1f" : std::fabs(v) >= 1 ? "%.2f" : "%.3g", v);
+  return buf;
+}
+
+std::string Bytes(double b) {
+  return b >= 1e9 ? Num(b / 1e9) + " GB" : b >= 1e6 ? Num(b / 1e6) + " MB" : Num(b / 1e3) + " KB";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The process and the machine.
+
+uint64_t MemAvailable() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+// Bytes this process caused to be read from storage (/proc/self/io); -1 when unavailable.
+int64_t StorageReadBytes() {
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  int64_t v = 0;
+  while (in >> key >> v)
+    if (key == "read_bytes:") return v;
+  return -1;
+}
+
+uint64_t PeakRssBytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;  // kilobytes on Linux
+}
+
+double LoadAverage() {
+  double load[1] = {0};
+  return getloadavg(load, 1) == 1 ? load[0] : -1;
+}
+
+// Reads every range once, split over the threads: maps the pages and brings the file into the
+// page cache, so no page fault or disk read lands inside the timed runs.
+void ReadIn(const ThreadConfig& tc, const std::vector<std::pair<const uint8_t*, size_t>>& ranges) {
+  constexpr size_t kPiece = size_t{64} << 20;
+  std::vector<std::pair<const uint8_t*, size_t>> pieces;
+  for (const auto& [p, n] : ranges)
+    for (size_t o = 0; o < n; o += kPiece) pieces.emplace_back(p + o, std::min(kPiece, n - o));
+  std::vector<uint64_t> sums(pieces.size());
+  ParallelFor(tc, pieces.size(), 1, [&](size_t b, size_t e, int) {
+    for (size_t i = b; i < e; ++i) sums[i] = simd::StreamRead(pieces[i].first, pieces[i].second);
+  });
+  static volatile uint64_t sink;
+  for (uint64_t v : sums) sink = sink + v;
+}
+
+int32_t Argmax(const std::vector<float>& v) {  // ties -> lower id; NaN never wins
+  size_t best = 0;
+  for (size_t i = 1; i < v.size(); ++i)
+    if (v[i] > v[best] || (std::isnan(v[best]) && !std::isnan(v[i]))) best = i;
+  return static_cast<int32_t>(best);
+}
+
+bool AllFinite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+double Rms(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += static_cast<double>(x) * x;
+  return v.empty() ? 0 : std::sqrt(s / static_cast<double>(v.size()));
+}
+
+// Times the lm_head matmul on one token (the per-token work outside the layers), one call right
+// after each decode step so that it meets the same bandwidth as the step.
+class LmHeadTimer {
+ public:
+  LmHeadTimer(const ThreadConfig& tc, const WeightRef& w) : tc_(tc), w_(w), x_(w.cols), y_(w.rows) {
+    uint64_t s = 12345;
+    for (float& v : x_) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      v = static_cast<float>(static_cast<int64_t>(s >> 33) % 2001 - 1000) / 1000.0f;
+    }
+  }
+  double Time() {
+    const auto t0 = Clock::now();
+    MatMul(tc_, w_, x_.data(), w_.cols, 1, y_.data(), w_.rows);
+    return Seconds(t0, Clock::now());
+  }
+
+ private:
+  ThreadConfig tc_;
+  WeightRef w_;
+  std::vector<float> x_, y_;
+};
+
+// Forgets the peak RSS so far ("5" to /proc/self/clear_refs resets the high-water mark that
+// getrusage reports), so that a probe buffer freed before the model runs does not count.
+bool ResetPeakRss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.close();
+  return static_cast<bool>(f);
+}
+
+// The read-bandwidth probe paired step by step with decode, as `m3 bench --kernels` pairs it with
+// each GEMV call: right after a step, read as many bytes of the model's own weights as the step
+// did, from a cursor cycling through all of them (cold when they are >= 8x L3), the patterns
+// alternating. Bandwidth on a shared VM swings by a third from second to second (34 to 60 GB/s
+// on the 2-core Zen 4 VM), and a limit sampled at other moments than the decode judges it by noise.
+class PairedWeightReads {
+ public:
+  PairedWeightReads(const std::vector<std::pair<const uint8_t*, size_t>>& ranges, int threads) : threads_(threads) {
+    for (const auto& r : ranges)
+      if (r.second > 0) ranges_.push_back(r);
+  }
+
+  void Read(uint64_t bytes, simd::ReadPattern pattern) {
+    std::vector<std::pair<const uint8_t*, size_t>> pieces;
+    for (uint64_t left = bytes; left > 0 && !ranges_.empty();) {
+      const auto& [p, n] = ranges_[range_];
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(left, n - offset_));
+      pieces.emplace_back(p + offset_, take);
+      left -= take;
+      offset_ += take;
+      if (offset_ == n) offset_ = 0, range_ = (range_ + 1) % ranges_.size();
+    }
+    // Thread t reads bytes [t * bytes / T, (t + 1) * bytes / T) of the pieces back to back.
+    const size_t threads = static_cast<size_t>(threads_);
+    std::vector<uint64_t> sums(threads);
+    const auto t0 = Clock::now();
+    ParallelFor(ThreadConfig{threads_}, threads, 1, [&](size_t b, size_t e, int) {
+      for (size_t t = b; t < e; ++t) {
+        const uint64_t begin = bytes * t / threads, end = bytes * (t + 1) / threads;
+        uint64_t at = 0;
+        for (const auto& [p, n] : pieces) {
+          const uint64_t lo = std::max(begin, at), hi = std::min<uint64_t>(end, at + n);
+          if (lo < hi) sums[t] += simd::StreamRead(p + (lo - at), static_cast<size_t>(hi - lo), pattern);
+          at += n;
+        }
+      }
+    });
+    const double dt = Seconds(t0, Clock::now());
+    static volatile uint64_t sink;
+    for (uint64_t v : sums) sink = sink + v;
+    gbps_[pattern == simd::ReadPattern::kSequential ? 0 : 1].push_back(static_cast<double>(bytes) / dt / 1e9);
+  }
+
+  // The faster pattern's median GB/s, and its name.
+  std::pair<double, const char*> Limit() const {
+    const double seq = Median(gbps_[0]), quarters = Median(gbps_[1]);
+    return seq >= quarters ? std::make_pair(seq, PatternName(simd::ReadPattern::kSequential))
+                           : std::make_pair(quarters, PatternName(simd::ReadPattern::kQuartersPrefetched));
+  }
+
+ private:
+  std::vector<std::pair<const uint8_t*, size_t>> ranges_;
+  int threads_;
+  size_t range_ = 0, offset_ = 0;
+  std::vector<double> gbps_[2];
+};
+
+// ---------------------------------------------------------------------------------------------
+// The run.
+
+struct Result {
+  std::string model_dir, model_kind;
+  bool generated = false;
+  double generation_s = 0, load_s = 0, read_in_s = 0;
+  bool read_in = false;
+  uint64_t weight_bytes = 0;
+  int layers = 0, threads = 0, prompt_tokens = 0, decode_tokens = 0;
+  std::string numa;
+  double ttft_s = 0, prefill_tok_s = 0, prefill_ops = 0, prefill_gops = 0;
+  std::vector<double> step_s;
+  double decode_tok_s = 0, decode_tok_s_mean = 0;
+  double bytes_per_token = 0, routed_bytes_per_token = 0, decode_gbps = 0;
+  int64_t active_params = 0;
+  int64_t disk_read_bytes = 0;
+  double disk_read_mbps = 0;
+  uint64_t peak_rss = 0;
+  bool peak_rss_reset = false;  // the first probe's buffer is not in peak_rss
+  double read_paired_gbps = 0;  // 0: not paired (weights not resident, or too small to be cold)
+  std::string read_paired_pattern;
+  double t_rest_s = 0, t_layer_s = 0, projected_tok_s = 0, projected_bytes_per_token = 0;
+  ProbeResult read_bw, int8_peak;
+  bool logits_finite = true;
+  double logits_rms = 0;  // of the last decode step: a sanity check of the synthetic weights
+  double loadavg_start = 0, loadavg_end = 0;
+};
+
+StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
+  if (o.prompt_tokens < 1) return InvalidArgument("-p must be >= 1 prompt token, got ", o.prompt_tokens);
+  if (o.decode_tokens < 1) return InvalidArgument("-n must be >= 1 decode token, got ", o.decode_tokens);
+  if (o.engine.threads < 0) return InvalidArgument("-t must be >= 1 thread, got ", o.engine.threads);
+  if (o.layers && (*o.layers < 1 || *o.layers > static_cast<int>(shapes::kLayers)))
+    return InvalidArgument("--layers must be 1..", shapes::kLayers, " (the real model has ", shapes::kLayers,
+                           " layers), got ", *o.layers);
+  Result r;
+  r.loadavg_start = LoadAverage();
+  r.threads = o.engine.threads > 0 ? o.engine.threads : DefaultThreadCount();
+  const ThreadConfig tc{r.threads};
+
+  // 1. The model: given, or the synthetic one (generated once).
+  if (!o.model_dir.empty()) {
+    if (o.layers || o.tiny || !o.cache_dir.empty())
+      return InvalidArgument("--layers, --tiny and --cache-dir describe the generated model; they cannot be used with -m");
+    std::error_code ec;
+    if (!fs::is_directory(o.model_dir, ec)) return NotFound(o.model_dir, ": no such model folder");
+    r.model_dir = o.model_dir;
+    r.model_kind = "given";
+  } else {
+    SyntheticModelOptions so;
+    so.layers = o.layers.value_or(0);
+    so.tiny = o.tiny;
+    so.cache_dir = o.cache_dir;
+    so.threads = r.threads;
+    M3_ASSIGN_OR_RETURN(SyntheticModel sm, EnsureSyntheticModel(so, log));
+    r.model_dir = sm.dir;
+    r.generated = sm.generated;
+    r.generation_s = sm.seconds;
+    r.model_kind = o.tiny ? "synthetic-tiny" : "synthetic";
+  }
+  auto t0 = Clock::now();
+  EngineOptions engine_options = o.engine;
+  engine_options.threads = r.threads;
+  M3_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Open(r.model_dir, engine_options));
+  r.load_s = Seconds(t0, Clock::now());
+  r.numa = NumaModeName(engine_options.numa);
+  const Model& model = engine->model();
+  const ModelConfig& cfg = model.config();
+  r.layers = cfg.num_layers;
+  r.prompt_tokens = o.prompt_tokens;
+  r.decode_tokens = o.decode_tokens;
+  Session session(*engine);
+  const size_t need = static_cast<size_t>(o.prompt_tokens) + static_cast<size_t>(o.decode_tokens);
+  if (need > session.max_context())
+    return OutOfRange("-p ", o.prompt_tokens, " + -n ", o.decode_tokens, " = ", need,
+                      " tokens exceed the model's context of ", session.max_context(), " tokens");
+
+  // 2. The limits, before the weights are in memory (opening maps them but reads none): the
+  // probe buffer is freed and forgotten by the peak RSS. Probed again after the decode; each
+  // limit is the best sample of the run.
+  if (log) std::fprintf(log, "m3 bench: probing the read bandwidth and int8 peak (%d threads)\n", r.threads);
+  r.read_bw = ProbeReadBandwidth(r.threads, 2);
+  r.int8_peak = ProbeInt8Peak(r.threads, 0.2, 2);
+  r.peak_rss_reset = ResetPeakRss();
+
+  // 3. Weights into memory, when they fit (a server keeps them resident).
+  const Footprint fp = MeasureFootprint(model);
+  r.weight_bytes = fp.range_bytes;
+  r.active_params = fp.layer_params + fp.lm_head_params + fp.embed_row_params;
+  const uint64_t available = MemAvailable();
+  if (available == 0 || fp.range_bytes < available / 10 * 8) {
+    if (log) std::fprintf(log, "m3 bench: reading %s of weights into memory\n", Bytes(static_cast<double>(fp.range_bytes)).c_str());
+    t0 = Clock::now();
+    ReadIn(tc, fp.ranges);
+    r.read_in_s = Seconds(t0, Clock::now());
+    r.read_in = true;
+  } else if (log) {
+    std::fprintf(log, "m3 bench: the weights (%s) do not fit in available memory (%s): they stream from storage\n",
+                 Bytes(static_cast<double>(fp.range_bytes)).c_str(), Bytes(static_cast<double>(available)).c_str());
+  }
+
+  // 4. Prefill: one Eval of random ids (fixed seed), last-row logits.
+  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
+  uint64_t s = 0x5EED;
+  for (int32_t& id : prompt) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    id = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
+  }
+  if (log) std::fprintf(log, "m3 bench: prefill of %d tokens (a warm-up, then timed), %d threads\n", o.prompt_tokens,
+                        r.threads);
+  std::vector<float> logits;
+  {  // untimed: first-call allocations and page faults of the activation buffers
+    Session warm_up(*engine);
+    M3_RETURN_IF_ERROR(warm_up.Eval(prompt, LogitsMode::kLastRow, &logits));
+  }
+  t0 = Clock::now();
+  M3_RETURN_IF_ERROR(session.Eval(prompt, LogitsMode::kLastRow, &logits));
+  r.ttft_s = Seconds(t0, Clock::now());
+  r.logits_finite = AllFinite(logits);
+  r.prefill_tok_s = o.prompt_tokens / r.ttft_s;
+  // The work done: every layer's active parameters for each prompt token, lm_head once (last row).
+  r.prefill_ops = 2.0 * (static_cast<double>(fp.layer_params) * o.prompt_tokens + static_cast<double>(fp.lm_head_params));
+  r.prefill_gops = r.prefill_ops / r.ttft_s / 1e9;
+
+  // 5. Decode: greedy, one token per Eval; a step is the Eval and the argmax. Each step is
+  // followed by its paired read when the weights are resident and large enough to be cold.
+  if (log) std::fprintf(log, "m3 bench: decode of %d tokens\n", o.decode_tokens);
+  const bool paired = r.read_in && fp.range_bytes >= ReadProbeBytes(L3Bytes());
+  PairedWeightReads pair_reads(fp.ranges, r.threads);
+  RoutedExpertBytes routed(fp.expert_bytes);
+  LmHeadTimer lm_head(tc, model.weights().lm_head);
+  std::vector<double> lm_head_s, layers_s;  // per step: lm_head alone, the step minus it
+  uint64_t routed_total = 0;
+  double read_s = 0;
+  const int64_t io_before = StorageReadBytes();
+  int32_t token = Argmax(logits);
+  for (int i = 0; i < o.decode_tokens; ++i) {
+    t0 = Clock::now();
+    M3_RETURN_IF_ERROR(session.Eval(std::span<const int32_t>(&token, 1), LogitsMode::kLastRow, &logits, &routed));
+    token = Argmax(logits);
+    r.step_s.push_back(Seconds(t0, Clock::now()));
+    r.logits_finite = r.logits_finite && AllFinite(logits);
+    const uint64_t step_routed = routed.Take();
+    routed_total += step_routed;
+    lm_head_s.push_back(lm_head.Time());
+    layers_s.push_back(std::max(0.0, r.step_s.back() - lm_head_s.back()));
+    if (paired) {
+      t0 = Clock::now();
+      pair_reads.Read(fp.fixed_bytes + step_routed, kReadPatterns[i % 2]);
+      read_s += Seconds(t0, Clock::now());
+    }
+  }
+  const int64_t io_after = StorageReadBytes();
+  r.logits_rms = Rms(logits);
+  double decode_total = 0;
+  for (double v : r.step_s) decode_total += v;
+  r.decode_tok_s = 1.0 / Median(r.step_s);
+  r.decode_tok_s_mean = o.decode_tokens / decode_total;
+  r.routed_bytes_per_token = static_cast<double>(routed_total) / o.decode_tokens;
+  r.bytes_per_token = static_cast<double>(fp.fixed_bytes) + r.routed_bytes_per_token;
+  r.decode_gbps = r.bytes_per_token * r.decode_tok_s / 1e9;
+  r.disk_read_bytes = io_before >= 0 && io_after >= io_before ? io_after - io_before : 0;
+  r.disk_read_mbps = static_cast<double>(r.disk_read_bytes) / (decode_total + read_s) / 1e6;
+  if (paired) std::tie(r.read_paired_gbps, r.read_paired_pattern) = pair_reads.Limit();
+  r.peak_rss = PeakRssBytes();  // before the second probe's buffer
+
+  // 6. The projection: this run's time per layer x 60 + the rest (lm_head, sampling), both
+  // medians over the steps of the split of each step.
+  r.t_rest_s = Median(lm_head_s);
+  r.t_layer_s = Median(layers_s) / std::max(1, r.layers);
+  r.projected_tok_s = 1.0 / (r.t_layer_s * static_cast<double>(shapes::kLayers) + r.t_rest_s);
+  const double outside_layers = static_cast<double>(fp.fixed_bytes - fp.layers_fixed_bytes);
+  r.projected_bytes_per_token =
+      (r.bytes_per_token - outside_layers) / std::max(1, r.layers) * static_cast<double>(shapes::kLayers) + outside_layers;
+
+  // 7. The limits again, same threads as the run.
+  if (log) std::fprintf(log, "m3 bench: probing the machine limits again\n");
+  r.read_bw.Merge(ProbeReadBandwidth(r.threads, 2));
+  r.int8_peak.Merge(ProbeInt8Peak(r.threads, 0.2, 2));
+  r.loadavg_end = LoadAverage();
+  return r;
+}
+
+double Ratio(double v, double limit) { return limit > 0 ? v / limit : 0.0; }
+
+nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
+  return {
+      {"model_dir", r.model_dir},
+      {"model_kind", r.model_kind},
+      {"generated_now", r.generated},
+      {"generation_s", r.generation_s},
+      {"load_s", r.load_s},
+      {"weights_read_in", r.read_in},
+      {"read_in_s", r.read_in_s},
+      {"weight_bytes", r.weight_bytes},
+      {"layers", r.layers},
+      {"prompt_tokens", r.prompt_tokens},
+      {"decode_tokens", r.decode_tokens},
+      {"threads", r.threads},
+      {"numa", r.numa},
+      {"cpu", CpuModel()},
+      {"simd_target", simd_target},
+      {"quant_kernels", simd::QuantKernelName()},
+      {"commit", M3_COMMIT},
+      {"prefill_tok_s", r.prefill_tok_s},
+      {"ttft_s", r.ttft_s},
+      {"prefill_ops", r.prefill_ops},
+      {"prefill_gops", r.prefill_gops},
+      {"int8_peak_gops", r.int8_peak.best},
+      {"prefill_peak_ratio", Ratio(r.prefill_gops, r.int8_peak.best)},
+      {"active_params", r.active_params},
+      {"decode_tok_s", r.decode_tok_s},
+      {"decode_tok_s_mean", r.decode_tok_s_mean},
+      {"decode_step_s_median", Median(r.step_s)},
+      {"decode_step_s_min", r.step_s.empty() ? 0 : *std::min_element(r.step_s.begin(), r.step_s.end())},
+      {"bytes_per_token", r.bytes_per_token},
+      {"routed_expert_bytes_per_token", r.routed_bytes_per_token},
+      {"decode_gbps", r.decode_gbps},
+      {"read_gbps", r.read_bw.best},
+      {"read_gbps_median", r.read_bw.median()},
+      {"read_pattern", r.read_bw.pattern},
+      {"decode_bw_ratio", Ratio(r.decode_gbps, r.read_bw.best)},
+      {"read_gbps_paired", r.read_paired_gbps},
+      {"read_paired_pattern", r.read_paired_pattern},
+      {"decode_bw_ratio_paired", Ratio(r.decode_gbps, r.read_paired_gbps)},
+      {"disk_read_bytes", r.disk_read_bytes},
+      {"disk_read_mbps", r.disk_read_mbps},
+      {"peak_rss_bytes", r.peak_rss},
+      {"peak_rss_excludes_probe", r.peak_rss_reset},
+      {"t_layer_s", r.t_layer_s},
+      {"t_rest_s", r.t_rest_s},
+      {"projected_full_model_tok_s", r.projected_tok_s},
+      {"projected_full_model_bytes_per_token", r.projected_bytes_per_token},
+      {"projection_note",
+       Str("all ", shapes::kLayers, " layers taken as this model's layers (the real model has ", shapes::kDenseLayers,
+           " dense-attention + dense-MLP layers and ", shapes::kLayers - shapes::kDenseLayers,
+           " MoE sparse ones); per-layer time = median over the steps of (decode step - an lm_head matmul timed "
+           "right after it) / layers; assumes the weights stay in memory")},
+      {"logits_finite", r.logits_finite},
+      {"logits_rms", r.logits_rms},
+      {"loadavg_start", r.loadavg_start},
+      {"loadavg_end", r.loadavg_end},
+  };
+}
+
+void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
+  const std::string kind = r.model_kind == "given" ? "given model"
+                           : Str(r.model_kind == "synthetic" ? "MiniMax-M3 shapes" : "tiny shapes", ", ", r.layers,
+                                 " of ", shapes::kLayers, " layers, random q4-mixed weights");
+  std::fprintf(out, "m3 bench: %s (%s)\n", r.model_dir.c_str(), kind.c_str());
+  std::fprintf(out, "cpu %s | simd %s | quant kernels %s | %d threads, numa %s | commit %s | load %.2f -> %.2f\n",
+               CpuModel().c_str(), simd_target.c_str(), simd::QuantKernelName(), r.threads, r.numa.c_str(), M3_COMMIT,
+               r.loadavg_start, r.loadavg_end);
+  const std::string residency =
+      r.read_in ? Str(" (read into memory in ", Num(r.read_in_s), " s)") : std::string(" (streamed from storage)");
+  std::fprintf(out, "weights %s%s | active params per token %s M | prompt %d + decode %d tokens\n\n",
+               Bytes(static_cast<double>(r.weight_bytes)).c_str(), residency.c_str(),
+               Num(static_cast<double>(r.active_params) / 1e6).c_str(), r.prompt_tokens, r.decode_tokens);
+  std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6s\n", "", "value", "unit", "limit", "limit kind", "ratio");
+  auto row = [&](const char* name, double v, const char* unit, double limit, const char* limit_kind,
+                 const std::string& note) {
+    if (limit > 0)
+      std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6.3f\n", name, Num(v).c_str(), unit, Num(limit).c_str(),
+                   limit_kind, v / limit);
+    else
+      std::fprintf(out, "%-27s %10s %-6s %s\n", name, Num(v).c_str(), unit, note.c_str());
+  };
+  row("prefill", r.prefill_tok_s, "tok/s", 0, "", "");
+  row("time to first token", r.ttft_s, "s", 0, "", "");
+  row("prefill compute", r.prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "");
+  row("decode (median step)", r.decode_tok_s, "tok/s", 0, "", Str("mean ", Num(r.decode_tok_s_mean), " tok/s"));
+  row("weights read per token", r.bytes_per_token / 1e6, "MB", 0, "",
+      Str("routed experts ", Num(r.routed_bytes_per_token / 1e6), " MB"));
+  row("decode bandwidth", r.decode_gbps, "GB/s", r.read_bw.best, "read_bw", "");
+  if (r.read_paired_gbps > 0) row("  vs paired reads", r.decode_gbps, "GB/s", r.read_paired_gbps, "paired", "");
+  row("disk reads during decode", r.disk_read_mbps, "MB/s", 0, "", "");
+  row("peak RSS", static_cast<double>(r.peak_rss) / 1e9, "GB", 0, "",
+      r.peak_rss_reset ? "" : "includes the 1st probe's buffer");
+  row("projected 60-layer decode", r.projected_tok_s, "tok/s", 0, "",
+      Str(Num(r.t_layer_s * 1e3), " ms/layer x ", shapes::kLayers, " + ", Num(r.t_rest_s * 1e3), " ms lm_head, ",
+          Bytes(r.projected_bytes_per_token), "/token"));
+  std::fprintf(out,
+               "\nread_bw: best of %zu samples before and after the run (%s; median %s GB/s); int8_peak: best of %zu "
+               "(median %s GOP/s).\n",
+               r.read_bw.samples.size(), r.read_bw.pattern.c_str(), Num(r.read_bw.median()).c_str(),
+               r.int8_peak.samples.size(), Num(r.int8_peak.median()).c_str());
+  if (r.read_paired_gbps > 0)
+    std::fprintf(out, "paired: median read of as many cold weight bytes right after each decode step (%s).\n",
+                 r.read_paired_pattern.c_str());
+  std::fprintf(out,
+               "prefill compute: 2 x every layer's active parameters per prompt token + lm_head once (last row).\n"
+               "projection: all %zu layers taken as MoE + sparse-attention layers (the real model has %zu dense "
+               "ones), weights in memory.\n",
+               shapes::kLayers, shapes::kDenseLayers);
+  if (!r.logits_finite) std::fprintf(out, "warning: some logits were not finite\n");
+}
+
+}  // namespace
+
+int RunModelBench(const ModelBenchOptions& options, FILE* out, FILE* log) {
+  StatusOr<Result> r = Run(options, log);
+  if (!r.ok()) {
+    std::fprintf(log, "m3 bench: %s\n", r.status().message().c_str());
+    return 1;
+  }
+  const std::string simd_target = simd::ActiveTargetName();
+  if (!r->logits_finite) std::fprintf(log, "m3 bench: warning: some logits were not finite\n");
+  if (options.json) {
+    std::fprintf(out, "%s\n", ToJson(*r, simd_target).dump().c_str());
+  } else {
+    PrintTable(*r, simd_target, out);
+  }
+  return 0;
+}
+
+}  // namespace m3::bench

@@ -1,0 +1,44 @@
+// `m3 bench` (no mode flag): end-to-end prefill and decode of a whole model, each figure against
+// a machine limit measured in the same run.
+//
+//   model        -m DIR, or the synthetic model (synthetic_model.h) generated once into a cache
+//   prefill      one Session::Eval of `prompt_tokens` random ids (last-row logits): ttft, tok/s,
+//                GOP/s of the work done (2 x each layer's active parameters per token, lm_head
+//                once) vs the int8 dot-product peak
+//   decode       `decode_tokens` single-token Evals, greedy: tok/s from the median step, bytes of
+//                weights read per token (from the bound weights' sizes and the experts actually
+//                routed to), their GB/s vs the read bandwidth: the best sample of the run (the probe
+//                of `m3 bench --kernels`, same threads, before and after the run) and, as the
+//                kernel benchmark pairs each GEMV, the median of reads of as many cold weight bytes
+//                right after each step (on a shared VM bandwidth swings from 34 to 60 GB/s)
+//   projection   decode tok/s of the full 60-layer model: per step, the step minus an lm_head
+//                matmul timed right after it is the layers' time; medians, x 60 / layers + lm_head
+// Weights are read once before timing when they fit in available memory (a server keeps them
+// resident); the disk read rate during decode is reported for models that do not fit. Peak RSS
+// leaves out the probes' buffer (2.5 GiB on the 2-core VM, whose L3 reads as 320 MiB).
+#pragma once
+
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "runtime/engine.h"
+
+namespace m3::bench {
+
+struct ModelBenchOptions {
+  std::string model_dir;      // empty: the synthetic model
+  std::optional<int> layers;  // synthetic model only; unset: what fits in a third of RAM
+  bool tiny = false;          // synthetic model at small shapes (smoke tests)
+  std::string cache_dir;      // synthetic model cache; empty: $XDG_CACHE_HOME/m3 or ~/.cache/m3
+  int prompt_tokens = 512;
+  int decode_tokens = 128;
+  EngineOptions engine;       // threads (0: all cores), NUMA mode, mlock; limits probed on as many threads
+  bool json = false;          // one JSON object instead of the table
+};
+
+// Runs the benchmark: results to `out`, progress and errors to `log`. Returns 0, or 1 with a
+// message on `log` (bad option, unreadable model, context too small, ...).
+int RunModelBench(const ModelBenchOptions& options, FILE* out, FILE* log);
+
+}  // namespace m3::bench

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Smoke test of the end-to-end `m3 bench` on the tiny generated model: `--tiny --json -p 16 -n 4`
+twice in a fresh cache folder (the second run must reuse the cached model, not regenerate it), one
+JSON object with every report field, finite values, positive where they must be, ratios equal to
+value / limit. Bad input fails with a message: a missing model folder, -p 0, --layers 0, a damaged
+cached model is regenerated. No timing assertions.
+Usage: bench_model_check.py M3_BINARY"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+m3 = sys.argv[1]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+def run(args, timeout=300):
+    return subprocess.run([m3, "bench"] + args, capture_output=True, text=True, timeout=timeout)
+
+
+POSITIVE = ["prefill_tok_s", "decode_tok_s", "decode_tok_s_mean", "ttft_s", "bytes_per_token", "decode_gbps",
+            "read_gbps", "decode_bw_ratio", "prefill_gops", "int8_peak_gops", "prefill_peak_ratio", "peak_rss_bytes",
+            "threads", "layers", "projected_full_model_tok_s", "active_params", "weight_bytes", "t_layer_s"]
+NON_NEGATIVE = ["disk_read_mbps", "disk_read_bytes", "t_rest_s", "load_s", "routed_expert_bytes_per_token",
+                "read_gbps_paired", "decode_bw_ratio_paired"]
+STRINGS = ["simd_target", "model_dir", "cpu", "commit", "projection_note", "quant_kernels"]
+
+
+def check_report(p, label):
+    check(p.returncode == 0, f"{label}: exit code {p.returncode}; stderr: {p.stderr.strip()[-2000:]}")
+    lines = [l for l in p.stdout.splitlines() if l.strip()]
+    check(len(lines) == 1, f"{label}: expected one JSON line on stdout, got {len(lines)}")
+    try:
+        r = json.loads(lines[0]) if lines else {}
+    except json.JSONDecodeError as e:
+        check(False, f"{label}: stdout is not JSON ({e})")
+        return {}
+    check(isinstance(r, dict), f"{label}: not a JSON object")
+    for f in POSITIVE + NON_NEGATIVE:
+        v = r.get(f)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        check(ok, f"{label}: {f} missing or not a finite number: {v!r}")
+        if ok:
+            check(v > 0 if f in POSITIVE else v >= 0, f"{label}: {f} = {v} out of range")
+    for f in STRINGS:
+        check(isinstance(r.get(f), str) and r[f] != "", f"{label}: {f} missing or empty")
+    check(r.get("prompt_tokens") == 16 and r.get("decode_tokens") == 4, f"{label}: token counts {r.get('prompt_tokens')}, {r.get('decode_tokens')}")
+    check(r.get("layers") == 2, f"{label}: layers {r.get('layers')}")
+    check(r.get("logits_finite") is True, f"{label}: logits not finite")
+    for ratio, value, limit in (("decode_bw_ratio", "decode_gbps", "read_gbps"),
+                                ("decode_bw_ratio_paired", "decode_gbps", "read_gbps_paired"),
+                                ("prefill_peak_ratio", "prefill_gops", "int8_peak_gops")):
+        if all(isinstance(r.get(k), (int, float)) and r.get(k) > 0 for k in (ratio, value, limit)):
+            check(math.isclose(r[ratio], r[value] / r[limit], rel_tol=1e-9),
+                  f"{label}: {ratio} {r[ratio]} != {value} / {limit} = {r[value] / r[limit]}")
+    if all(isinstance(r.get(k), (int, float)) for k in ("decode_gbps", "bytes_per_token", "decode_tok_s")):
+        check(math.isclose(r["decode_gbps"], r["bytes_per_token"] * r["decode_tok_s"] / 1e9, rel_tol=1e-9),
+              f"{label}: decode_gbps != bytes_per_token x decode_tok_s")
+    if all(isinstance(r.get(k), (int, float)) for k in ("prefill_tok_s", "ttft_s")):
+        check(math.isclose(r["prefill_tok_s"], 16 / r["ttft_s"], rel_tol=1e-9), f"{label}: prefill_tok_s != 16 / ttft_s")
+    return r
+
+
+with tempfile.TemporaryDirectory() as cache:
+    args = ["--tiny", "--json", "-p", "16", "-n", "4", "-t", "2", "--cache-dir", cache]
+    first = run(args)
+    r1 = check_report(first, "first run")
+    check(r1.get("generated_now") is True, "first run: the model was not generated")
+    check("generating" in first.stderr, "first run: no generation progress on stderr")
+    model_dir = r1.get("model_dir", "")
+    check(model_dir.startswith(cache), f"model_dir {model_dir!r} is not under --cache-dir")
+
+    second = run(args)
+    r2 = check_report(second, "second run")
+    check(r2.get("generated_now") is False and "using the cached" in second.stderr,
+          f"second run did not reuse the cache: {second.stderr.strip()[-500:]}")
+
+    # The human table.
+    p = run(["--tiny", "-p", "16", "-n", "4", "--cache-dir", cache])
+    check(p.returncode == 0 and "decode bandwidth" in p.stdout and "read_bw" in p.stdout,
+          f"table run: rc {p.returncode}, stdout {p.stdout[:500]!r}")
+
+    # A damaged cached model is regenerated, not used and not a crash.
+    if model_dir and os.path.exists(os.path.join(model_dir, "model.m3w")):
+        with open(os.path.join(model_dir, "model.m3w"), "r+b") as f:
+            f.write(b"garbage!")
+        p = run(args)
+        r3 = check_report(p, "damaged cache run")
+        check(r3.get("generated_now") is True and "cannot be used" in p.stderr,
+              f"damaged cache was not regenerated: {p.stderr.strip()[-500:]}")
+
+    # -m on the generated folder benchmarks it as a given model.
+    if model_dir:
+        p = run(["-m", model_dir, "--json", "-p", "16", "-n", "4"])
+        r4 = check_report(p, "-m run")
+        check(r4.get("model_kind") == "given", f"-m run: model_kind {r4.get('model_kind')}")
+
+    # Bad input: a clear message and a non-zero exit, never a crash.
+    bad = [(["-m", "/nonexistent/m3-model"], "/nonexistent/m3-model"),
+           (["--tiny", "-p", "0", "--cache-dir", cache], "-p"),
+           (["--tiny", "-n", "0", "--cache-dir", cache], "-n"),
+           (["--layers", "0", "--cache-dir", cache], "--layers"),
+           (["--tiny", "-p", "5000", "-n", "4", "--cache-dir", cache], "context"),
+           (["-m", cache, "--tiny"], "-m"),
+           (["--kernels", "-p", "16"], "end-to-end")]
+    for extra, needle in bad:
+        p = run(extra, timeout=120)
+        check(p.returncode not in (0,) and p.returncode > 0 and needle in p.stderr,
+              f"`m3 bench {' '.join(extra)}`: rc {p.returncode}, stderr {p.stderr.strip()[-300:]!r}")
+
+for f in failures:
+    print("FAIL:", f)
+print(f"{len(failures)} failures")
+sys.exit(1 if failures else 0)
