@@ -16,6 +16,7 @@
 
 #include "base/aligned_buffer.h"
 #include "base/hash.h"
+#include "base/progress.h"
 #include "bench/shapes.h"
 #include "format/pack_file.h"
 #include "format/safetensors.h"
@@ -189,41 +190,22 @@ std::pair<RegionFill, RegionFill> FillsFor(const PackedTensor& t, size_t index) 
 // ---------------------------------------------------------------------------------------------
 // Output.
 
-// Percentage, MB/s and ETA on `log`: redrawn in place on a terminal, one line per 10% otherwise.
+// The generator's progress on `log` (nullptr: none).
 class ProgressLine {
  public:
   ProgressLine(FILE* log, uint64_t total)
-      : log_(log), total_(total), tty_(log && ::isatty(::fileno(log)) != 0), start_(Clock::now()), last_(start_) {}
-
+      : log_(log), meter_("m3 bench: generating the model ", total, log && ::isatty(::fileno(log)) != 0) {}
   void Advance(uint64_t bytes) {
     done_ += bytes;
     if (!log_) return;
-    const auto now = Clock::now();
-    const bool finished = done_ >= total_;
-    const double pct = total_ ? 100.0 * static_cast<double>(done_) / static_cast<double>(total_) : 100.0;
-    if (tty_) {
-      if (!finished && now - last_ < std::chrono::milliseconds(200)) return;
-    } else {
-      const int decile = static_cast<int>(pct / 10);
-      if (decile <= last_decile_) return;
-      last_decile_ = decile;
-    }
-    last_ = now;
-    const double secs = std::chrono::duration<double>(now - start_).count();
-    const double rate = secs > 0 ? static_cast<double>(done_) / secs : 0;  // bytes/s
-    const double eta = rate > 0 ? static_cast<double>(total_ - std::min(done_, total_)) / rate : 0;
-    std::fprintf(log_, "%sm3 bench: generating the model %5.1f%%  %s / %s  %.0f MB/s  ETA %.0fs%s", tty_ ? "\r" : "",
-                 pct, Size(done_).c_str(), Size(total_).c_str(), rate / 1e6, eta, tty_ && !finished ? "   " : "\n");
+    std::fputs(meter_.Update(done_).c_str(), log_);
     std::fflush(log_);
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
   FILE* log_;
-  uint64_t total_, done_ = 0;
-  bool tty_;
-  Clock::time_point start_, last_;
-  int last_decile_ = -1;
+  ProgressMeter meter_;
+  uint64_t done_ = 0;
 };
 
 // Fills and writes bytes [offset, offset + bytes) a chunk at a time; hashes them in order.

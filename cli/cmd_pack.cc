@@ -2,11 +2,11 @@
 // model folder (docs/PACKED_FORMAT.md) with a progress bar on stderr and a summary on stdout.
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "base/progress.h"
 #include "cli/commands.h"
 #include "model/packer.h"
 
@@ -19,52 +19,7 @@ struct PackArgs {
   int threads = 0;
 };
 
-std::string Duration(double s) {
-  char buf[32];
-  if (s < 60) std::snprintf(buf, sizeof buf, "%.0fs", s);
-  else if (s < 3600) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  else std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, static_cast<int>(s) % 3600 / 60);
-  return buf;
-}
-
 double Mb(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
-
-// Percentage, MB/s and ETA: redrawn in place on a terminal, one line per ~10% otherwise.
-class ProgressBar {
- public:
-  ProgressBar() : tty_(::isatty(STDERR_FILENO) != 0), start_(Clock::now()), last_draw_(start_) {}
-
-  void Update(uint64_t done, uint64_t total) {
-    const auto now = Clock::now();
-    const double pct = total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0;
-    const bool finished = done >= total;
-    if (tty_) {
-      if (!finished && now - last_draw_ < std::chrono::milliseconds(100)) return;
-    } else {
-      const int decile = static_cast<int>(pct / 10);
-      if (decile <= last_decile_) return;
-      last_decile_ = decile;
-    }
-    last_draw_ = now;
-    const double secs = std::chrono::duration<double>(now - start_).count();
-    const double rate = secs > 0 ? Mb(done) / secs : 0;
-    const std::string eta = rate > 0 && !finished ? Duration(Mb(total - done) / rate) : "0s";
-    constexpr int kWidth = 30;
-    const int filled = static_cast<int>(pct / 100 * kWidth);
-    std::string bar(static_cast<size_t>(filled), '#');
-    bar.append(static_cast<size_t>(kWidth - filled), '.');
-    std::fprintf(stderr, "%s[%s] %5.1f%%  %8.1f / %.1f MB  %7.1f MB/s  ETA %s%s", tty_ ? "\r" : "", bar.c_str(), pct,
-                 Mb(done), Mb(total), rate, eta.c_str(), tty_ ? "   " : "\n");
-    if (tty_ && finished) std::fprintf(stderr, "\n");
-    std::fflush(stderr);
-  }
-
- private:
-  using Clock = std::chrono::steady_clock;
-  bool tty_;
-  Clock::time_point start_, last_draw_;
-  int last_decile_ = -1;
-};
 
 int RunPack(const PackArgs& a) {
   const auto type = ParsePackType(a.type);
@@ -72,14 +27,18 @@ int RunPack(const PackArgs& a) {
     std::fprintf(stderr, "m3 pack: unknown --type '%s' (q8, q4 or q4-mixed)\n", a.type.c_str());
     return 2;
   }
-  ProgressBar bar;
+  std::unique_ptr<ProgressMeter> meter;  // made at the first report, which gives the total
   PackOptions opt;
   opt.source_dir = a.model;
   opt.output_dir = a.output;
   opt.type = *type;
   opt.force = a.force;
   opt.threads = a.threads;
-  opt.progress = [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); };
+  opt.progress = [&meter](uint64_t done, uint64_t total) {
+    if (!meter) meter = std::make_unique<ProgressMeter>("", total, ::isatty(STDERR_FILENO) != 0);
+    std::fputs(meter->Update(done).c_str(), stderr);
+    std::fflush(stderr);
+  };
   auto r = PackModel(opt);
   if (!r.ok()) {
     std::fprintf(stderr, "\nm3 pack: %s\n", r.status().ToString().c_str());
