@@ -23,6 +23,11 @@ int main(int argc, char** argv) {
 
   m3_engine_options opts;
   m3_engine_options_init(&opts);
+  EXPECT(opts.numa_mode == M3_NUMA_OFF && opts.mlock_dense == 0);
+  opts.numa_mode = 7;
+  EXPECT(m3_engine_open(argv[1], &opts, &engine) == M3_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(m3_last_error(), "numa_mode") != NULL);
+  opts.numa_mode = M3_NUMA_DISTRIBUTE;
   opts.threads = 2;
   EXPECT(m3_engine_open(argv[1], &opts, &engine) == M3_OK);
   EXPECT(strlen(m3_simd_target()) > 0);

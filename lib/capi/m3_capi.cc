@@ -1,6 +1,7 @@
 // Implements m3.h: converts Status to m3_status and keeps the message per thread. No logic here.
 #include "m3/m3.h"
 
+#include <cstddef>
 #include <exception>
 #include <string>
 
@@ -34,6 +35,8 @@ void m3_engine_options_init(m3_engine_options* o) {
   if (!o) return;
   o->struct_size = sizeof(*o);
   o->threads = 0;
+  o->numa_mode = M3_NUMA_OFF;
+  o->mlock_dense = 0;
 }
 
 const char* m3_last_error(void) { return g_last_error.c_str(); }
@@ -46,6 +49,17 @@ m3_status m3_engine_open(const char* model_dir, const m3_engine_options* options
     if (options->struct_size < sizeof(size_t) + sizeof(int32_t))
       return Fail(M3_ERR_INVALID_ARGUMENT, "m3_engine_open: options.struct_size too small (call m3_engine_options_init)");
     eo.threads = options->threads;
+    if (options->struct_size >= offsetof(m3_engine_options, mlock_dense) + sizeof(int32_t)) {
+      switch (options->numa_mode) {
+        case M3_NUMA_OFF: eo.numa = m3::NumaMode::kOff; break;
+        case M3_NUMA_DISTRIBUTE: eo.numa = m3::NumaMode::kDistribute; break;
+        case M3_NUMA_SPLIT: eo.numa = m3::NumaMode::kSplit; break;
+        default:
+          return Fail(M3_ERR_INVALID_ARGUMENT, "m3_engine_open: options.numa_mode must be M3_NUMA_OFF, "
+                                               "M3_NUMA_DISTRIBUTE or M3_NUMA_SPLIT");
+      }
+      eo.mlock_dense = options->mlock_dense != 0;
+    }
   }
   try {
     auto e = m3::Engine::Open(model_dir, eo);

@@ -26,9 +26,19 @@ typedef enum m3_status {
 typedef struct m3_engine m3_engine;
 typedef struct m3_session m3_session;
 
+typedef enum m3_numa_mode {
+  M3_NUMA_OFF = 0,        /* threads float */
+  M3_NUMA_DISTRIBUTE = 1, /* threads pinned round robin over the nodes */
+  M3_NUMA_SPLIT = 2       /* each node computes its slice of every expert from node-local memory */
+} m3_numa_mode;
+
 typedef struct m3_engine_options {
   size_t struct_size; /* sizeof(m3_engine_options); set by m3_engine_options_init */
   int32_t threads;    /* 0: all cores */
+  /* Fields below were added later; callers built against the first version (struct_size ending
+   * after `threads`) get their defaults. */
+  int32_t numa_mode;   /* m3_numa_mode; default M3_NUMA_OFF */
+  int32_t mlock_dense; /* nonzero: lock all weights but the routed experts in memory */
 } m3_engine_options;
 
 void m3_engine_options_init(m3_engine_options* options);
