@@ -96,6 +96,12 @@ with tempfile.TemporaryDirectory() as cache:
         check(r3.get("generated_now") is True and "cannot be used" in p.stderr,
               f"damaged cache was not regenerated: {p.stderr.strip()[-500:]}")
 
+    # The NUMA split path on two simulated nodes (the same dispatch as on a 2-socket server).
+    p = subprocess.run([m3, "bench"] + args + ["--numa", "split"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, M3_FAKE_NUMA="2"))
+    r5 = check_report(p, "--numa split run")
+    check("split" in str(r5.get("numa", "")), f"--numa split run: numa field {r5.get('numa')!r}")
+
     # -m on the generated folder benchmarks it as a given model.
     if model_dir:
         p = run(["-m", model_dir, "--json", "-p", "16", "-n", "4"])
