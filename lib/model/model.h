@@ -55,6 +55,10 @@ class Model {
   // experts (and an untied embedding table, of which a token reads one row) in memory, so that
   // streaming experts from disk cannot evict them; returns the bytes locked.
   Status SplitExperts(const Topology& topology, int nodes);
+  // --numa split as a whole: SplitExperts, and a node-local copy of the dense matrices (attention,
+  // indexer, router, dense MLPs, an untied lm_head) whose pages lie on the node of the `threads`
+  // pinned threads that compute each row tile.
+  Status PlaceOnNodes(const Topology& topology, int nodes, int threads);
   StatusOr<uint64_t> LockDenseWeights() const;
 
  private:
@@ -68,6 +72,7 @@ class Model {
   ModelWeights weights_;
   WeightStats stats_;
   std::unique_ptr<Rope> rope_;
+  std::shared_ptr<NodeBuffer> dense_memory_;  // --numa split: the node-local dense matrices
 };
 
 }  // namespace m3

@@ -353,6 +353,25 @@ StatusOr<NodeBuffer> NodeBuffer::Allocate(const Topology& topology, int node, si
   return buffer;
 }
 
+Status NodeBuffer::BindRange(const Topology& topology, size_t offset, size_t bytes, int node) {
+  if (!topology.FindNode(node))
+    return InvalidArgument("NodeBuffer: node ", node, " is not in the topology (", topology.Describe(), ")");
+  if (offset > size_ || bytes > size_ - offset)
+    return InvalidArgument("NodeBuffer: range [", offset, ", ", offset + bytes, ") is outside its ", size_, " bytes");
+  if (!bound_ || bytes == 0) return Status::Ok();
+#ifdef M3_HAVE_NUMA
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t begin = offset / page * page, end = std::min(mapped_size_, (offset + bytes + page - 1) / page * page);
+  constexpr size_t kBits = sizeof(unsigned long) * CHAR_BIT;
+  std::vector<unsigned long> mask(static_cast<size_t>(node) / kBits + 1, 0);
+  mask[static_cast<size_t>(node) / kBits] |= 1UL << (static_cast<size_t>(node) % kBits);
+  if (mbind(static_cast<uint8_t*>(data_) + begin, end - begin, MPOL_BIND, mask.data(), mask.size() * kBits + 1, 0) != 0)
+    return InternalError(Str("NodeBuffer: mbind of [", begin, ", ", end, ") to node ", node,
+                             " failed: ", std::strerror(errno)));
+#endif
+  return Status::Ok();
+}
+
 NodeBuffer::~NodeBuffer() { Release(); }
 
 NodeBuffer::NodeBuffer(NodeBuffer&& other) noexcept

@@ -87,6 +87,10 @@ class NodeBuffer {
   NodeBuffer(const NodeBuffer&) = delete;
   NodeBuffer& operator=(const NodeBuffer&) = delete;
 
+  // Binds [offset, offset + bytes) (rounded out to whole pages) to `node` instead; call it before
+  // the range is first touched. A no-op where the buffer is not bound (one node, simulated).
+  Status BindRange(const Topology& topology, size_t offset, size_t bytes, int node);
+
   void* data() { return data_; }
   const void* data() const { return data_; }
   size_t size() const { return size_; }

@@ -17,7 +17,8 @@ StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, con
     M3_ASSIGN_OR_RETURN(const Topology topology, DetectTopology());
     // A node without a thread would leave its slices uncomputed: at most one node per thread.
     const int nodes = std::min(static_cast<int>(topology.nodes.size()), e->threads_.threads);
-    if (options.numa == NumaMode::kSplit && nodes > 1) M3_RETURN_IF_ERROR(e->model_->SplitExperts(topology, nodes));
+    if (options.numa == NumaMode::kSplit && nodes > 1)
+      M3_RETURN_IF_ERROR(e->model_->PlaceOnNodes(topology, nodes, e->threads_.threads));
     M3_RETURN_IF_ERROR(PinThreads(topology, options.numa, e->threads_.threads, nodes));
     e->placement_ += " over " + std::to_string(nodes) + " of " + topology.Describe();
   }
