@@ -92,7 +92,18 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const size_t page = k.page_rows();
 
-  ParallelFor(tc, n * groups.size(), 1, [&](size_t begin, size_t end, int) {
+  // Work per token grows with the keys it reads (its position, causally, or its selected blocks):
+  // shares of equal cost, not of equal token counts, or the thread with the late tokens of a
+  // prompt does ~3/4 of the work (2 threads, causal).
+  std::vector<size_t> units(n, groups.size());
+  std::vector<uint64_t> cost(n);
+  for (size_t t = 0; t < n; ++t) {
+    const uint64_t visible = static_cast<uint64_t>(pos0) + t + 1;
+    cost[t] = 64 + (sel ? std::min<uint64_t>(visible, static_cast<uint64_t>(sel->Count(t, 0)) *
+                                                          static_cast<uint64_t>(p.block_size))
+                        : visible);
+  }
+  ParallelRegion(tc, [&](int tid, int nt, auto) {
     AlignedBuffer<float> scores;
     std::vector<std::pair<size_t, size_t>> ranges;
     auto add_range = [&](size_t a, size_t b) {  // split at page boundaries: rows stay contiguous
@@ -102,9 +113,7 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
         a = e;
       }
     };
-    for (size_t item = begin; item < end; ++item) {
-      const size_t t = item / groups.size();
-      const HeadGroup& grp = groups[item % groups.size()];
+    auto attend = [&](size_t t, const HeadGroup& grp) {
       const size_t pos = static_cast<size_t>(pos0) + t;
       ranges.clear();
       if (!sel) {
@@ -121,7 +130,7 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
       const size_t nh = grp.j1 - grp.j0;
       float* o = out + t * H * D + grp.j0 * D;
       std::fill_n(o, nh * D, 0.0f);
-      if (nk == 0) continue;
+      if (nk == 0) return;
       scores.EnsureSize(nh * nk);
       const float* qh = q + t * H * D + grp.j0 * D;
       size_t off = 0;
@@ -140,7 +149,10 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
         simd::MatMulAccumulate(scores.data() + off, nk, nh, v.Row(a) + grp.kv * D, v.width(), b - a, D, o, D);
         off += b - a;
       }
-    }
+    };
+    ForEachShare(units, cost, tid, nt, [&](size_t t, size_t g0, size_t g1) {
+      for (size_t g = g0; g < g1; ++g) attend(t, groups[g]);
+    });
   });
 }
 
