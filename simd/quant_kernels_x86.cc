@@ -49,7 +49,7 @@ namespace {
 // 314-344 vs 329; q8 16: 321 vs 210, 128: 413 vs 381, 512: 415 vs 405.
 constexpr int kGemvMaxTok = 8;
 
-// Operands of one GEMV row tile x T tokens, over all groups.
+// Operands of one step: R consecutive row tiles x T tokens, over all groups.
 struct Block {
   const uint8_t* w;    // codes of the first tile (q8 layout, or packed q4 when kQ4); tile r at w + r * tile_bytes
   const uint16_t* sc;  // fp16 scales [groups][16] of the first tile; tile r at sc + r * groups * 16

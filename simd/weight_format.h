@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -74,6 +75,17 @@ inline size_t TiledCodeBytes(const WeightRef& w) { return w.row_tiles() * w.tile
 inline size_t TiledScaleBytes(const WeightRef& w) {
   return w.format == WeightFormat::kBF16Tiled ? 0 : w.row_tiles() * w.groups() * kTileRows * 2;
 }
+
+// The stored bytes of row tiles [t0, t1) (16 rows each; the last may be partial) of a weight in
+// any format: where its elements and its scales start, and how many bytes each (scales: 0 and
+// null for formats without them).
+struct StoredSpan {
+  const uint8_t* data = nullptr;
+  size_t data_bytes = 0;
+  const uint8_t* scales = nullptr;
+  size_t scale_bytes = 0;
+};
+inline StoredSpan RowTileSpan(const WeightRef& w, size_t t0, size_t t1);
 
 inline float BitsToF32(uint32_t bits) {
   float f;
@@ -182,6 +194,20 @@ inline float WeightAt(const WeightRef& w, size_t r, size_t c) {
       break;
   }
   return 0.0f;
+}
+
+inline StoredSpan RowTileSpan(const WeightRef& w, size_t t0, size_t t1) {
+  const auto* d = static_cast<const uint8_t*>(w.data);
+  if (IsTiled(w.format)) {
+    const size_t scale_tile = w.format == WeightFormat::kBF16Tiled ? 0 : w.groups() * kTileRows * 2;
+    return {d + t0 * w.tile_bytes(), (t1 - t0) * w.tile_bytes(), w.scales ? w.scales + t0 * scale_tile : nullptr,
+            w.scales ? (t1 - t0) * scale_tile : 0};
+  }
+  const size_t r0 = std::min(w.rows, t0 * kTileRows), r1 = std::min(w.rows, t1 * kTileRows);
+  const size_t row_bytes = w.cols * ElementBytes(w.format);
+  const size_t scale_row = w.format == WeightFormat::kE4M3Mx32 && w.scales ? w.scale_cols() : 0;
+  return {d + r0 * row_bytes, (r1 - r0) * row_bytes, scale_row ? w.scales + r0 * scale_row : nullptr,
+          (r1 - r0) * scale_row};
 }
 
 }  // namespace m3::simd

@@ -49,20 +49,20 @@ class Model {
   void Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
                float* logits, ForwardObserver* observer = nullptr) const;
 
-  // Memory placement, before the model is shared (Engine::Open). --numa split: copies each node's
-  // row slices of every MoE layer's experts into memory local to it (ops/moe_numa.h) and drops
-  // the mapped expert pages from this process. --mlock-dense: locks every weight but the routed
-  // experts (and an untied embedding table, of which a token reads one row) in memory, so that
-  // streaming experts from disk cannot evict them; returns the bytes locked.
-  Status SplitExperts(const Topology& topology, int nodes);
-  // --numa split as a whole: SplitExperts, and a node-local copy of the dense matrices (attention,
-  // indexer, router, dense MLPs, an untied lm_head) whose pages lie on the node of the `threads`
-  // pinned threads that compute each row tile.
+  // Memory placement, before the model is shared (Engine::Open).
+  // --numa split: copies each node's row slices of every MoE layer's experts into memory local to
+  // it (ops/moe_numa.h), and the dense matrices (attention, indexer, router, dense MLPs, an untied
+  // lm_head) once, with each row tile's pages on the node of the pinned thread (of `threads`)
+  // that computes it; the mapped originals are dropped from this process.
+  // --mlock-dense: locks every weight but the routed experts (and an untied embedding table, of
+  // which a token reads one row) in memory, so that streaming experts from disk cannot evict
+  // them; returns the bytes locked.
   Status PlaceOnNodes(const Topology& topology, int nodes, int threads);
-  StatusOr<uint64_t> LockDenseWeights() const;
+  StatusOr<uint64_t> LockDenseWeights();
 
  private:
   Model() = default;
+  Status SplitExperts(const Topology& topology, int nodes);  // the expert part of PlaceOnNodes
   void AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,
                       float* out, ForwardObserver* observer) const;
 

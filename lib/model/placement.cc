@@ -12,69 +12,30 @@
 namespace m3 {
 namespace {
 
-// The bytes a weight reads: its elements (codes) and scales, as stored.
-void AppendMemory(const simd::WeightRef& w, std::vector<MemoryRange>* out) {
-  if (!w.data) return;
-  if (simd::IsTiled(w.format)) {
-    out->push_back({w.data, simd::TiledCodeBytes(w)});
-    if (w.scales) out->push_back({w.scales, simd::TiledScaleBytes(w)});
-    return;
-  }
-  out->push_back({w.data, w.rows * w.cols * simd::ElementBytes(w.format)});
-  if (w.format == simd::WeightFormat::kE4M3Mx32 && w.scales) out->push_back({w.scales, w.rows * w.scale_cols()});
-}
-
-void AppendMlp(const MlpWeights& m, std::vector<MemoryRange>* out) {
-  AppendMemory(m.gate, out);
-  AppendMemory(m.up, out);
-  AppendMemory(m.down, out);
-}
-
-void AppendLayer(const LayerWeights& L, std::vector<MemoryRange>* out) {
-  for (const simd::WeightRef* w : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o, &L.attn.index_q, &L.attn.index_k})
-    AppendMemory(*w, out);
-  if (!L.is_moe) return AppendMlp(L.mlp, out);
-  AppendMemory(L.moe.router, out);
-  if (L.moe.has_shared) AppendMlp(L.moe.shared, out);
-}
-
-}  // namespace
-
-namespace {
-
-// Bytes of row tiles [t0, t1) of w in its data, and in its scales (row-major formats: 16 rows).
-std::pair<size_t, size_t> TileBytes(const simd::WeightRef& w, size_t t0, size_t t1) {
-  const size_t rows0 = std::min(w.rows, t0 * simd::kTileRows), rows1 = std::min(w.rows, t1 * simd::kTileRows);
-  if (simd::IsTiled(w.format)) {
-    const size_t scale_tile = w.format == simd::WeightFormat::kBF16Tiled ? 0 : w.groups() * simd::kTileRows * 2;
-    return {(t1 - t0) * w.tile_bytes(), (t1 - t0) * scale_tile};
-  }
-  const size_t scale_row = w.format == simd::WeightFormat::kE4M3Mx32 ? w.scale_cols() : 0;
-  return {(rows1 - rows0) * w.cols * simd::ElementBytes(w.format), (rows1 - rows0) * scale_row};
-}
-
-size_t Align64(size_t n) { return (n + 63) / 64 * 64; }
-
-// The dense matrices (all but routed experts and an untied embedding), each once.
-std::vector<simd::WeightRef*> DenseMatrices(ModelWeights& w, bool tied) {
+// The matrices every token reads (routed experts and the embedding, of which a token reads one
+// row, aside): attention, indexer, router, dense MLPs, MTP projections, and optionally the MoE
+// shared experts and the lm_head (the embedding itself when tied).
+std::vector<simd::WeightRef*> DenseMatrices(ModelWeights& w, bool shared_experts, bool lm_head) {
   std::vector<simd::WeightRef*> out;
+  auto add = [&](simd::WeightRef& m) {
+    if (m.data) out.push_back(&m);
+  };
   auto layer = [&](LayerWeights& L) {
-    for (simd::WeightRef* m : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o, &L.attn.index_q, &L.attn.index_k})
-      if (m->data) out.push_back(m);
-    if (L.is_moe) {
-      out.push_back(&L.moe.router);
-    } else {
-      out.push_back(&L.mlp.gate), out.push_back(&L.mlp.up), out.push_back(&L.mlp.down);
-    }
+    for (simd::WeightRef* m : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o, &L.attn.index_q, &L.attn.index_k}) add(*m);
+    MlpWeights* mlp = L.is_moe ? (shared_experts && L.moe.has_shared ? &L.moe.shared : nullptr) : &L.mlp;
+    if (L.is_moe) add(L.moe.router);
+    if (mlp) add(mlp->gate), add(mlp->up), add(mlp->down);
   };
   for (LayerWeights& L : w.layers) layer(L);
   for (MtpWeights& m : w.mtp) {
-    if (m.eh_proj.data) out.push_back(&m.eh_proj);
+    add(m.eh_proj);
     layer(m.layer);
   }
-  if (!tied) out.push_back(&w.lm_head);  // tied: the embedding, read one row per token: left mapped
+  if (lm_head) add(w.lm_head);
   return out;
 }
+
+size_t Align64(size_t n) { return (n + 63) / 64 * 64; }
 
 }  // namespace
 
@@ -84,11 +45,13 @@ Status Model::PlaceOnNodes(const Topology& topology, int nodes, int threads) {
   // (MatMul's static split: thread t takes tiles [T t / n, T (t + 1) / n)), so every thread reads
   // node-local weights whatever the page cache held before. Small and hot, and each byte is still
   // stored once.
-  std::vector<simd::WeightRef*> dense = DenseMatrices(weights_, config_.tie_word_embeddings);
+  // (The shared experts are in the expert slices; a tied lm_head is the embedding: left mapped.)
+  std::vector<simd::WeightRef*> dense =
+      DenseMatrices(weights_, /*shared_experts=*/false, /*lm_head=*/!config_.tie_word_embeddings);
   size_t total = 0;
   for (const simd::WeightRef* w : dense) {
-    const auto [data, scales] = TileBytes(*w, 0, MatMulRowTiles(*w));
-    total += Align64(data) + Align64(scales);
+    const simd::StoredSpan all = simd::RowTileSpan(*w, 0, MatMulRowTiles(*w));
+    total += Align64(all.data_bytes) + Align64(all.scale_bytes);
   }
   M3_ASSIGN_OR_RETURN(NodeBuffer buffer, NodeBuffer::Allocate(topology, topology.nodes[0].id, std::max<size_t>(total, 64)));
   auto* base = static_cast<uint8_t*>(buffer.data());
@@ -97,29 +60,30 @@ Status Model::PlaceOnNodes(const Topology& topology, int nodes, int threads) {
     uint8_t* dst = base + offset;
     const size_t tiles = MatMulRowTiles(w);
     for (int n = 0; n < nodes; ++n) {
-      // Tiles of the threads pinned to node n (NodeOfThread's contiguous blocks).
-      const size_t t_first = static_cast<size_t>((n * threads + nodes - 1) / nodes);
-      const size_t t_last = static_cast<size_t>(((n + 1) * threads + nodes - 1) / nodes);
-      const size_t tile0 = tiles * t_first / static_cast<size_t>(threads), tile1 = tiles * t_last / static_cast<size_t>(threads);
-      const auto before = TileBytes(w, 0, tile0), span = TileBytes(w, tile0, tile1);
-      M3_RETURN_IF_ERROR(buffer.BindRange(topology, offset + (scales ? before.second : before.first),
-                                          scales ? span.second : span.first, topology.nodes[static_cast<size_t>(n)].id));
+      // Tiles of the threads pinned to node n, as ParallelFor splits them (when tiles >= threads).
+      const auto [t_first, t_last] = NodeThreads(n, threads, nodes);
+      const size_t tile0 = tiles * static_cast<size_t>(t_first) / static_cast<size_t>(threads);
+      const size_t tile1 = tiles * static_cast<size_t>(t_last) / static_cast<size_t>(threads);
+      const simd::StoredSpan before = simd::RowTileSpan(w, 0, tile0), span = simd::RowTileSpan(w, tile0, tile1);
+      M3_RETURN_IF_ERROR(buffer.BindRange(topology, offset + (scales ? before.scale_bytes : before.data_bytes),
+                                          scales ? span.scale_bytes : span.data_bytes,
+                                          topology.nodes[static_cast<size_t>(n)].id));
     }
     std::memcpy(dst, src, bytes);  // the first touch: pages fault in on the bound nodes
     offset += Align64(bytes);
     return dst;
   };
   for (simd::WeightRef* w : dense) {
-    const auto [data_bytes, scale_bytes] = TileBytes(*w, 0, MatMulRowTiles(*w));
-    M3_ASSIGN_OR_RETURN(uint8_t* data, place(static_cast<const uint8_t*>(w->data), data_bytes, *w, false));
+    const simd::StoredSpan all = simd::RowTileSpan(*w, 0, MatMulRowTiles(*w));
+    M3_ASSIGN_OR_RETURN(uint8_t* data, place(all.data, all.data_bytes, *w, false));
     const uint8_t* scales = nullptr;
-    if (w->scales && scale_bytes) {
-      M3_ASSIGN_OR_RETURN(uint8_t* s, place(w->scales, scale_bytes, *w, true));
+    if (all.scale_bytes) {
+      M3_ASSIGN_OR_RETURN(uint8_t* s, place(all.scales, all.scale_bytes, *w, true));
       scales = s;
     }
     if (pack_) {  // the mapped original is no longer read
       const uint8_t* file = pack_->file().data();
-      pack_->file().DontNeed(static_cast<size_t>(static_cast<const uint8_t*>(w->data) - file), data_bytes);
+      pack_->file().DontNeed(static_cast<size_t>(all.data - file), all.data_bytes);
     }
     w->data = data;
     w->scales = scales;
@@ -145,18 +109,13 @@ Status Model::SplitExperts(const Topology& topology, int nodes) {
   return Status::Ok();
 }
 
-StatusOr<uint64_t> Model::LockDenseWeights() const {
-  std::vector<MemoryRange> ranges;
-  for (const LayerWeights& L : weights_.layers) AppendLayer(L, &ranges);
-  for (const MtpWeights& m : weights_.mtp) {
-    AppendMemory(m.eh_proj, &ranges);
-    AppendLayer(m.layer, &ranges);
-  }
-  AppendMemory(weights_.lm_head, &ranges);  // the embedding too when tied (the same bytes)
+StatusOr<uint64_t> Model::LockDenseWeights() {
   uint64_t bytes = 0;
-  for (const MemoryRange& r : ranges) {
-    M3_RETURN_IF_ERROR(LockInMemory(r.data, r.bytes));
-    bytes += r.bytes;
+  for (const simd::WeightRef* m : DenseMatrices(weights_, /*shared_experts=*/true, /*lm_head=*/true)) {
+    const simd::StoredSpan all = simd::RowTileSpan(*m, 0, MatMulRowTiles(*m));
+    M3_RETURN_IF_ERROR(LockInMemory(all.data, all.data_bytes));
+    M3_RETURN_IF_ERROR(LockInMemory(all.scales, all.scale_bytes));
+    bytes += all.data_bytes + all.scale_bytes;
   }
   return bytes;
 }

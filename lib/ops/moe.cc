@@ -168,7 +168,8 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
     barrier();
     // This thread's node and its place among the node's threads (all threads: one node).
     const int node = NodeOfThread(tid, nt, nodes);
-    const int node_first = (node * nt + nodes - 1) / nodes, node_threads = ((node + 1) * nt + nodes - 1) / nodes - node_first;
+    const auto [node_first, node_end] = NodeThreads(node, nt, nodes);
+    const int node_threads = node_end - node_first;
     // (B) Gate and up row tiles: units [0, T) are gate tiles, [T, 2T) up tiles.
     auto gate_up = [&](const MlpWeights& mw, size_t tile0, const ExpertJob& J, size_t b, size_t e) {
       const size_t tiles = MatMulRowTiles(mw.gate), inter = J.w->gate.rows, r0 = tile0 * kMatMulRowTile;

@@ -24,29 +24,6 @@ namespace {
 
 size_t RoundUp64(size_t n) { return (n + 63) / 64 * 64; }
 
-// Bytes of rows [r0, r1) of w and of their scales, and where they start. Tiled formats: whole
-// row tiles (r0, r1 multiples of 16, or r1 = rows); row-major formats: rows.
-struct RowSpan {
-  const uint8_t* data;
-  size_t data_bytes;
-  const uint8_t* scales;
-  size_t scale_bytes;
-};
-
-RowSpan RowsOf(const simd::WeightRef& w, size_t r0, size_t r1) {
-  const auto* d = static_cast<const uint8_t*>(w.data);
-  if (simd::IsTiled(w.format)) {
-    const size_t t0 = r0 / simd::kTileRows, t1 = (r1 + simd::kTileRows - 1) / simd::kTileRows;
-    const size_t scale_tile = w.format == simd::WeightFormat::kBF16Tiled ? 0 : w.groups() * simd::kTileRows * 2;
-    return {d + t0 * w.tile_bytes(), (t1 - t0) * w.tile_bytes(), w.scales ? w.scales + t0 * scale_tile : nullptr,
-            (t1 - t0) * scale_tile};
-  }
-  const size_t row_bytes = w.cols * simd::ElementBytes(w.format);
-  const size_t scale_row = w.format == simd::WeightFormat::kE4M3Mx32 ? w.scale_cols() : 0;
-  return {d + r0 * row_bytes, (r1 - r0) * row_bytes, w.scales ? w.scales + r0 * scale_row : nullptr,
-          (r1 - r0) * scale_row};
-}
-
 // Rows [tile0 * 16, min(rows, tile1 * 16)) of w as a weight of its own.
 simd::WeightRef SliceShape(const simd::WeightRef& w, size_t tile0, size_t tile1) {
   simd::WeightRef s = w;
@@ -56,7 +33,7 @@ simd::WeightRef SliceShape(const simd::WeightRef& w, size_t tile0, size_t tile1)
 
 size_t SliceBytes(const simd::WeightRef& w, size_t tile0, size_t tile1) {
   if (tile0 >= tile1) return 0;
-  const RowSpan r = RowsOf(w, tile0 * kMatMulRowTile, std::min(w.rows, tile1 * kMatMulRowTile));
+  const simd::StoredSpan r = simd::RowTileSpan(w, tile0, tile1);
   return RoundUp64(r.data_bytes) + RoundUp64(r.scale_bytes);
 }
 
@@ -68,11 +45,11 @@ simd::WeightRef CopySlice(const simd::WeightRef& w, size_t tile0, size_t tile1, 
     s.scales = nullptr;
     return s;
   }
-  const RowSpan r = RowsOf(w, tile0 * kMatMulRowTile, std::min(w.rows, tile1 * kMatMulRowTile));
+  const simd::StoredSpan r = simd::RowTileSpan(w, tile0, tile1);
   std::memcpy(dst, r.data, r.data_bytes);
   s.data = dst;
   dst += RoundUp64(r.data_bytes);
-  if (r.scales && r.scale_bytes) {
+  if (r.scale_bytes) {
     std::memcpy(dst, r.scales, r.scale_bytes);
     s.scales = dst;
     dst += RoundUp64(r.scale_bytes);

@@ -33,6 +33,11 @@ inline int NodeOfThread(int thread, int threads, int nodes) {
   return static_cast<int>(static_cast<long>(thread) * nodes / threads);
 }
 
+// Threads [first, last) of node `node`: the inverse of NodeOfThread.
+inline std::pair<int, int> NodeThreads(int node, int threads, int nodes) {
+  return {(node * threads + nodes - 1) / nodes, ((node + 1) * threads + nodes - 1) / nodes};
+}
+
 // Row tiles [first, last) of a matrix with `tiles` row tiles that node n of `nodes` owns.
 inline std::pair<size_t, size_t> NodeTiles(size_t tiles, int node, int nodes) {
   return {tiles * static_cast<size_t>(node) / static_cast<size_t>(nodes),

@@ -318,6 +318,29 @@ Status PinCurrentThread(const std::vector<int>& cpus) {
   return Status::Ok();
 }
 
+namespace {
+#ifdef M3_HAVE_NUMA
+constexpr bool kHaveLibnuma = true;
+#else
+constexpr bool kHaveLibnuma = false;
+#endif
+
+// MPOL_BIND of the whole pages [p, p + bytes) to `node` (a no-op without libnuma).
+Status BindPages(void* p, size_t bytes, int node) {
+#ifdef M3_HAVE_NUMA
+  constexpr size_t kBits = sizeof(unsigned long) * CHAR_BIT;
+  std::vector<unsigned long> mask(static_cast<size_t>(node) / kBits + 1, 0);
+  mask[static_cast<size_t>(node) / kBits] |= 1UL << (static_cast<size_t>(node) % kBits);
+  // maxnode counts one past the mask's bits (the kernel decrements it).
+  if (mbind(p, bytes, MPOL_BIND, mask.data(), mask.size() * kBits + 1, 0) != 0)
+    return InternalError(Str("NodeBuffer: mbind of ", bytes, " bytes to node ", node, " failed: ", std::strerror(errno)));
+#else
+  (void)p, (void)bytes, (void)node;
+#endif
+  return Status::Ok();
+}
+}  // namespace
+
 StatusOr<NodeBuffer> NodeBuffer::Allocate(const Topology& topology, int node, size_t bytes) {
   if (!topology.FindNode(node)) {
     return InvalidArgument("NodeBuffer: node ", node, " is not in the topology (", topology.Describe(), ")");
@@ -336,20 +359,11 @@ StatusOr<NodeBuffer> NodeBuffer::Allocate(const Topology& topology, int node, si
   buffer.data_ = p;
   buffer.size_ = bytes;
   buffer.mapped_size_ = mapped;
-#ifdef M3_HAVE_NUMA
   if (topology.binds_memory()) {
     // Bound before the first touch, so every page is faulted in on `node`.
-    constexpr size_t kBits = sizeof(unsigned long) * CHAR_BIT;
-    std::vector<unsigned long> mask(static_cast<size_t>(node) / kBits + 1, 0);
-    mask[static_cast<size_t>(node) / kBits] |= 1UL << (static_cast<size_t>(node) % kBits);
-    // maxnode counts one past the mask's bits (the kernel decrements it).
-    if (mbind(p, mapped, MPOL_BIND, mask.data(), mask.size() * kBits + 1, 0) != 0) {
-      return InternalError(
-          Str("NodeBuffer: mbind of ", bytes, " bytes to node ", node, " failed: ", std::strerror(errno)));
-    }
-    buffer.bound_ = true;
+    M3_RETURN_IF_ERROR(BindPages(p, mapped, node));
+    buffer.bound_ = kHaveLibnuma;
   }
-#endif
   return buffer;
 }
 
@@ -359,17 +373,9 @@ Status NodeBuffer::BindRange(const Topology& topology, size_t offset, size_t byt
   if (offset > size_ || bytes > size_ - offset)
     return InvalidArgument("NodeBuffer: range [", offset, ", ", offset + bytes, ") is outside its ", size_, " bytes");
   if (!bound_ || bytes == 0) return Status::Ok();
-#ifdef M3_HAVE_NUMA
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t begin = offset / page * page, end = std::min(mapped_size_, (offset + bytes + page - 1) / page * page);
-  constexpr size_t kBits = sizeof(unsigned long) * CHAR_BIT;
-  std::vector<unsigned long> mask(static_cast<size_t>(node) / kBits + 1, 0);
-  mask[static_cast<size_t>(node) / kBits] |= 1UL << (static_cast<size_t>(node) % kBits);
-  if (mbind(static_cast<uint8_t*>(data_) + begin, end - begin, MPOL_BIND, mask.data(), mask.size() * kBits + 1, 0) != 0)
-    return InternalError(Str("NodeBuffer: mbind of [", begin, ", ", end, ") to node ", node,
-                             " failed: ", std::strerror(errno)));
-#endif
-  return Status::Ok();
+  return BindPages(static_cast<uint8_t*>(data_) + begin, end - begin, node);
 }
 
 NodeBuffer::~NodeBuffer() { Release(); }
