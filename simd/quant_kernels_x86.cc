@@ -79,8 +79,8 @@ inline int32_t Load32(const int8_t* p) {
 // GEMV: one row tile for T <= 8 tokens. Per group, accumulators take one vpdpbusd per 64-byte
 // chunk and token (u8 codes x s8 activation quad broadcast; q4 chunks unpacked to their low and
 // high nibbles, into separate accumulators) over C independent chains (chunks v, v + C, ...)
-// that hide vpdpbusd latency when there are few tokens. The chains are summed with exact int32
-// adds onto -Z * sum_a, so they end at I_g exactly; then one cvt, one multiply d_w * d_a and one
+// that hide vpdpbusd latency when there are few tokens. Chain 0 starts at -Z * sum_a and the
+// chains are summed with exact int32 adds, so they end at I_g exactly; then one cvt, one multiply d_w * d_a and one
 // fma per token, as the reference does. Activations are repacked as [quad][token][4 bytes] so
 // every broadcast is a constant offset from one pointer.
 template <int R, int T, int C, bool kQ4, size_t kG>
@@ -110,7 +110,8 @@ M3_VNNI void GemvTiles(const Block& b) {
 #pragma GCC unroll 2
         for (int h = 0; h < kParts; ++h)
 #pragma GCC unroll 8
-          for (int t = 0; t < T; ++t) acc[r][c][h][t] = _mm512_setzero_si512();
+          for (int t = 0; t < T; ++t)  // chain 0 starts at -Z * sum_a: no add in the epilogue
+            acc[r][c][h][t] = c == 0 && h == 0 ? _mm512_set1_epi32(b.bias[g * T + t]) : _mm512_setzero_si512();
     for (size_t v = 0; v < chunks; v += C) {  // chunks (G/4 or G/8 with G % 32 == 0): a multiple of 4
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
@@ -150,7 +151,6 @@ M3_VNNI void GemvTiles(const Block& b) {
           if constexpr (kHiApart) sum_hi = _mm512_add_epi32(sum_hi, acc[r][c][1][t]);
         }
         if constexpr (kHiApart) sum = _mm512_add_epi32(sum, _mm512_srai_epi32(sum_hi, 4));  // exact: a multiple of 16
-        sum = _mm512_add_epi32(sum, _mm512_set1_epi32(b.bias[g * T + t]));
         const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(b.da[g * T + t]));
         yacc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), d, yacc[r][t]);
       }
