@@ -179,43 +179,84 @@ void ReferenceAttention(const std::vector<float>& q, const std::vector<float>& K
   }
 }
 
+// Caches filled from plain arrays, and the values they hold (decoded: bf16 and int8 round).
+struct TestCaches {
+  KvPages k, v;
+  IndexKeyPages ik;
+  std::vector<float> K, V, IK;  // as stored
+  TestCaches(const std::vector<float>& K0, const std::vector<float>& V0, const std::vector<float>& IK0, int len,
+             int Hkv, int D, int Di, int B, CacheType kv_type, CacheType ik_type)
+      : k(Hkv, D, B, kv_type), v(Hkv, D, B, kv_type), ik(Di, B, ik_type), K(K0.size()), V(V0.size()), IK(IK0.size()) {
+    k.EnsureRows(len), v.EnsureRows(len), ik.EnsureRows(len);
+    std::vector<float> scratch(B * D);
+    for (int u = 0; u < len; ++u) {
+      k.Write(u, &K0[u * Hkv * D]);
+      v.Write(u, &V0[u * Hkv * D]);
+      ik.Write(u, &IK0[u * Di]);
+      for (int g = 0; g < Hkv; ++g) {
+        std::copy_n(k.Read(u, u + 1, g, scratch.data()), D, &K[(u * Hkv + g) * D]);
+        std::copy_n(v.Read(u, u + 1, g, scratch.data()), D, &V[(u * Hkv + g) * D]);
+      }
+      for (int c = 0; c < Di; ++c) IK[u * Di + c] = ik.Value(u, c);
+    }
+  }
+};
+
 TEST_CASE("indexer + sparse attention equal a direct masked reference for many settings", "[ops][sparse]") {
-  std::mt19937 rng(42);
   struct Setting {
     int len, B, topk, init, local, H, Hkv, Hidx;
+    CacheType kv, ik;
   };
-  const std::vector<Setting> settings = {
-      {40, 8, 3, 0, 1, 4, 2, 2},  {70, 8, 2, 1, 1, 6, 2, 2},   {100, 16, 4, 1, 2, 4, 4, 4},
-      {65, 4, 5, 2, 2, 8, 2, 4},  {33, 8, 100, 0, 1, 2, 1, 1}, {90, 8, 3, 0, 0, 4, 2, 2},
+  std::vector<Setting> settings = {
+      {40, 8, 3, 0, 1, 4, 2, 2, CacheType::kF32, CacheType::kF32},
+      {70, 8, 2, 1, 1, 6, 2, 2, CacheType::kF32, CacheType::kF32},
+      {100, 16, 4, 1, 2, 4, 4, 4, CacheType::kBF16, CacheType::kF32},
+      {65, 4, 5, 2, 2, 8, 2, 4, CacheType::kF32, CacheType::kBF16},
+      {33, 8, 100, 0, 1, 2, 1, 1, CacheType::kInt8, CacheType::kF32},
+      {90, 8, 3, 0, 0, 4, 2, 2, CacheType::kF32, CacheType::kInt8},
   };
+  // And random ones: lengths across several query tiles and pages, odd block sizes.
+  std::mt19937 rng(42);
+  const CacheType types[] = {CacheType::kF32, CacheType::kBF16, CacheType::kInt8};
+  for (int i = 0; i < 14; ++i) {
+    const int Hkv = 1 + static_cast<int>(rng() % 3), Hidx = Hkv;
+    const int H = Hkv * (1 + static_cast<int>(rng() % 3));
+    settings.push_back({20 + static_cast<int>(rng() % 180), 3 + static_cast<int>(rng() % 14),
+                        1 + static_cast<int>(rng() % 6), static_cast<int>(rng() % 3), static_cast<int>(rng() % 3), H,
+                        Hkv, Hidx, types[rng() % 3], types[rng() % 3]});
+  }
   for (const auto& st : settings) {
-    INFO("len " << st.len << " B " << st.B << " topk " << st.topk << " init " << st.init << " local " << st.local);
+    INFO("len " << st.len << " B " << st.B << " topk " << st.topk << " init " << st.init << " local " << st.local
+                << " H " << st.H << "/" << st.Hkv << "/" << st.Hidx << " kv " << simd::CacheTypeName(st.kv) << " ik "
+                << simd::CacheTypeName(st.ik));
     const int D = 16, Di = 12;
     const SparseParams sp{st.Hidx, Di, st.B, st.topk, st.init, st.local};
-    auto K = RandomVec(st.len * st.Hkv * D, rng()), V = RandomVec(st.len * st.Hkv * D, rng());
-    auto IK = RandomVec(st.len * Di, rng()), Q = RandomVec(st.len * st.H * D, rng()), IQ = RandomVec(st.len * st.Hidx * Di, rng());
-    PagedRows k(st.Hkv * D, st.B), v(st.Hkv * D, st.B), ik(Di, st.B);
-    k.EnsureRows(st.len), v.EnsureRows(st.len), ik.EnsureRows(st.len);
-    for (int u = 0; u < st.len; ++u) {
-      std::copy_n(&K[u * st.Hkv * D], st.Hkv * D, k.Row(u));
-      std::copy_n(&V[u * st.Hkv * D], st.Hkv * D, v.Row(u));
-      std::copy_n(&IK[u * Di], Di, ik.Row(u));
-    }
-    // Prefill of every position in one call, and the same positions one at a time (decode).
+    auto K0 = RandomVec(st.len * st.Hkv * D, rng()), V0 = RandomVec(st.len * st.Hkv * D, rng());
+    auto IK0 = RandomVec(st.len * Di, rng()), Q = RandomVec(st.len * st.H * D, rng()), IQ = RandomVec(st.len * st.Hidx * Di, rng());
+    const TestCaches c(K0, V0, IK0, st.len, st.Hkv, D, Di, st.B, st.kv, st.ik);
+    // Prefill of every position in one call, in chunks of random sizes, and one at a time (decode).
     BlockSelection sel, one;
-    SelectBlocks(kTwo, sp, IQ.data(), ik, 0, st.len, &sel);
+    SelectBlocks(kTwo, sp, IQ.data(), c.ik, 0, st.len, &sel);
     AttentionParams ap{st.H, st.Hkv, D, st.Hidx, st.B};
-    std::vector<float> out(st.len * st.H * D), step(st.H * D);
-    Attention(kTwo, ap, Q.data(), k, v, 0, st.len, &sel, out.data());
+    std::vector<float> out(st.len * st.H * D), chunked(st.len * st.H * D), step(st.H * D);
+    Attention(kTwo, ap, Q.data(), c.k, c.v, 0, st.len, &sel, out.data());
+    for (int p0 = 0; p0 < st.len;) {
+      const int n = std::min(st.len - p0, 1 + static_cast<int>(rng() % 40));
+      BlockSelection part;
+      SelectBlocks(kTwo, sp, &IQ[p0 * st.Hidx * Di], c.ik, p0, n, &part);
+      Attention(kTwo, ap, &Q[p0 * st.H * D], c.k, c.v, p0, n, &part, &chunked[p0 * st.H * D]);
+      p0 += n;
+    }
+    CHECK(chunked == out);
     for (int p = 0; p < st.len; ++p) {
-      // Reference selection: block max of exact scores, forced blocks, best others.
+      // Reference selection: block max of the stored keys' scores, forced blocks, best others.
       const int valid = p / st.B + 1;
       std::vector<std::set<int>> per_head(st.H);
       for (int h = 0; h < st.Hidx; ++h) {
         std::vector<float> bs(valid, -INFINITY);
         for (int u = 0; u <= p; ++u) {
           double d = 0;
-          for (int c = 0; c < Di; ++c) d += double(IQ[(p * st.Hidx + h) * Di + c]) * IK[u * Di + c];
+          for (int cc = 0; cc < Di; ++cc) d += double(IQ[(p * st.Hidx + h) * Di + cc]) * c.IK[u * Di + cc];
           bs[u / st.B] = std::max(bs[u / st.B], static_cast<float>(d));
         }
         int32_t ids[128];
@@ -226,34 +267,72 @@ TEST_CASE("indexer + sparse attention equal a direct masked reference for many s
         for (int j = h * (st.H / st.Hidx); j < (h + 1) * (st.H / st.Hidx); ++j) per_head[j] = std::set<int>(ids, ids + n);
       }
       std::vector<double> want;
-      ReferenceAttention(std::vector<float>(&Q[p * st.H * D], &Q[(p + 1) * st.H * D]), K, V, st.H, st.Hkv, D, p,
+      ReferenceAttention(std::vector<float>(&Q[p * st.H * D], &Q[(p + 1) * st.H * D]), c.K, c.V, st.H, st.Hkv, D, p,
                          &per_head, st.B, &want);
       // A query whose own block is not selected (local 0) can see no key at all: zero output.
       for (int i = 0; i < st.H * D; ++i) CHECK(std::fabs(out[p * st.H * D + i] - want[i]) < 1e-4);
-      SelectBlocks(kOne, sp, &IQ[p * st.Hidx * Di], ik, p, 1, &one);
-      Attention(kOne, ap, &Q[p * st.H * D], k, v, p, 1, &one, step.data());
+      SelectBlocks(kOne, sp, &IQ[p * st.Hidx * Di], c.ik, p, 1, &one);
+      Attention(kOne, ap, &Q[p * st.H * D], c.k, c.v, p, 1, &one, step.data());
       for (int i = 0; i < st.H * D; ++i) CHECK(step[i] == out[p * st.H * D + i]);  // decode == prefill row
     }
   }
 }
 
 TEST_CASE("sparse attention with top-k >= visible blocks equals dense causal attention", "[ops][sparse]") {
-  const int len = 50, B = 8, H = 4, Hkv = 2, D = 16, Di = 8;
+  const int len = 150, B = 8, H = 4, Hkv = 2, D = 16, Di = 8;
   auto K = RandomVec(len * Hkv * D, 1), V = RandomVec(len * Hkv * D, 2), Q = RandomVec(len * H * D, 3);
   auto IK = RandomVec(len * Di, 4), IQ = RandomVec(len * 2 * Di, 5);
-  PagedRows k(Hkv * D, B), v(Hkv * D, B), ik(Di, B);
-  k.EnsureRows(len), v.EnsureRows(len), ik.EnsureRows(len);
-  for (int u = 0; u < len; ++u) {
-    std::copy_n(&K[u * Hkv * D], Hkv * D, k.Row(u));
-    std::copy_n(&V[u * Hkv * D], Hkv * D, v.Row(u));
-    std::copy_n(&IK[u * Di], Di, ik.Row(u));
+  for (CacheType kv : {CacheType::kF32, CacheType::kBF16, CacheType::kInt8}) {
+    INFO(simd::CacheTypeName(kv));
+    const TestCaches c(K, V, IK, len, Hkv, D, Di, B, kv, CacheType::kF32);
+    BlockSelection sel;
+    SelectBlocks(kTwo, SparseParams{2, Di, B, 19, 0, 1}, IQ.data(), c.ik, 0, len, &sel);
+    std::vector<float> sparse(len * H * D), dense(len * H * D);
+    Attention(kTwo, AttentionParams{H, Hkv, D, 2, B}, Q.data(), c.k, c.v, 0, len, &sel, sparse.data());
+    Attention(kTwo, AttentionParams{H, Hkv, D, 1, 1}, Q.data(), c.k, c.v, 0, len, nullptr, dense.data());
+    CHECK(sparse == dense);
+    std::vector<double> want;
+    for (int p : {0, 7, 8, 77, len - 1}) {
+      ReferenceAttention(std::vector<float>(&Q[p * H * D], &Q[(p + 1) * H * D]), c.K, c.V, H, Hkv, D, p, nullptr, B,
+                         &want);
+      for (int i = 0; i < H * D; ++i) CHECK(std::fabs(dense[p * H * D + i] - want[i]) < 1e-4);
+    }
   }
-  BlockSelection sel;
-  SelectBlocks(kTwo, SparseParams{2, Di, B, 7, 0, 1}, IQ.data(), ik, 0, len, &sel);
-  std::vector<float> sparse(len * H * D), dense(len * H * D);
-  Attention(kTwo, AttentionParams{H, Hkv, D, 2, B}, Q.data(), k, v, 0, len, &sel, sparse.data());
-  Attention(kTwo, AttentionParams{H, Hkv, D, 1, 1}, Q.data(), k, v, 0, len, nullptr, dense.data());
-  CHECK(sparse == dense);
+}
+
+TEST_CASE("KV and index-key pages store each type within its rounding", "[ops][cache]") {
+  const int len = 300, Hkv = 3, D = 20, B = 16;
+  auto X = RandomVec(len * Hkv * D, 9, 3.0f);
+  std::vector<float> scratch(B * D);
+  for (CacheType t : {CacheType::kF32, CacheType::kBF16, CacheType::kInt8}) {
+    INFO(simd::CacheTypeName(t));
+    KvPages k(Hkv, D, B, t);
+    IndexKeyPages ik(Hkv * D, B, t);
+    k.EnsureRows(len), ik.EnsureRows(len);
+    CHECK(k.capacity_rows() == (len + B - 1) / B * B);
+    CHECK(k.bytes() == k.capacity_rows() * KvPages::BytesPerRow(Hkv, D, t));
+    for (int u = 0; u < len; ++u) k.Write(u, &X[u * Hkv * D]), ik.Write(u, &X[u * Hkv * D]);
+    for (int u = 0; u < len; ++u)
+      for (int g = 0; g < Hkv; ++g) {
+        float amax = 0;
+        for (int c = 0; c < D; ++c) amax = std::max(amax, std::fabs(X[(u * Hkv + g) * D + c]));
+        const float* row = k.Read(u, u + 1, g, scratch.data());
+        for (int c = 0; c < D; ++c) {
+          const float x = X[(u * Hkv + g) * D + c];
+          const float tol = t == CacheType::kF32 ? 0.0f : t == CacheType::kBF16 ? std::fabs(x) / 256 : amax / 254 * 1.0001f;
+          CHECK(std::fabs(row[c] - x) <= tol);
+        }
+      }
+    // A block read in one call equals its rows read one by one.
+    std::vector<float> block(B * D);
+    std::copy_n(k.Read(2 * B, 3 * B, 1, scratch.data()), B * D, block.begin());
+    for (int r = 0; r < B; ++r)
+      CHECK(std::vector<float>(k.Read(2 * B + r, 2 * B + r + 1, 1, scratch.data()),
+                               k.Read(2 * B + r, 2 * B + r + 1, 1, scratch.data()) + D) ==
+            std::vector<float>(&block[r * D], &block[(r + 1) * D]));
+    if (t == CacheType::kF32)
+      for (int u = 0; u < len; u += 7) CHECK(ik.Value(u, 5) == X[u * Hkv * D + 5]);
+  }
 }
 
 }  // namespace

@@ -56,8 +56,9 @@ void NormRope(const Rope& rope, float* x, size_t n, size_t heads, size_t dim, co
   for (size_t t = 0; t < n; ++t) rope.Apply(x + t * heads * dim, heads, dim, pos0 + static_cast<int64_t>(t));
 }
 
-void StoreRows(PagedRows& dst, size_t row0, const float* src, size_t n) {
-  for (size_t t = 0; t < n; ++t) std::memcpy(dst.Row(row0 + t), src + t * dst.width(), dst.width() * sizeof(float));
+template <class Pages>
+void StoreRows(Pages& dst, size_t row0, const float* src, size_t n, size_t width) {
+  for (size_t t = 0; t < n; ++t) dst.Write(row0 + t, src + t * width);
 }
 
 }  // namespace
@@ -75,8 +76,8 @@ void Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, si
   MatMul(tc, w.v, x, H, n, v.data(), Hkv * D);
   NormRope(*rope_, q.data(), n, Hq, D, w.q_norm, c.rms_norm_eps, pos0);
   NormRope(*rope_, k.data(), n, Hkv, D, w.k_norm, c.rms_norm_eps, pos0);
-  StoreRows(cache->k(layer), static_cast<size_t>(pos0), k.data(), n);
-  StoreRows(cache->v(layer), static_cast<size_t>(pos0), v.data(), n);
+  StoreRows(cache->k(layer), static_cast<size_t>(pos0), k.data(), n, Hkv * D);
+  StoreRows(cache->v(layer), static_cast<size_t>(pos0), v.data(), n, Hkv * D);
 
   AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim, 1, 1};
   BlockSelection selection;
@@ -90,7 +91,7 @@ void Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, si
     MatMul(tc, w.index_k, x, H, n, ik.data(), Di);
     NormRope(*rope_, iq.data(), n, Hi, Di, w.index_q_norm, c.rms_norm_eps, pos0);
     NormRope(*rope_, ik.data(), n, 1, Di, w.index_k_norm, c.rms_norm_eps, pos0);
-    StoreRows(cache->index_k(layer), static_cast<size_t>(pos0), ik.data(), n);
+    StoreRows(cache->index_k(layer), static_cast<size_t>(pos0), ik.data(), n, Di);
     SelectBlocks(tc, s, iq.data(), cache->index_k(layer), pos0, n, &selection);
     if (observer) observer->OnBlockSelection(layer, pos0, selection);
     sel = &selection;

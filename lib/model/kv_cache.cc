@@ -2,13 +2,14 @@
 
 namespace m3 {
 
-KvCache::KvCache(const ModelConfig& cfg) {
+KvCache::KvCache(const ModelConfig& cfg, const CacheOptions& options) : options_(options) {
+  // Sparse models: a page is one key block, so the indexer and the sparse attention read pages.
   const size_t page = cfg.any_sparse() ? static_cast<size_t>(cfg.sparse.block_size) : 64;
-  const size_t kv_width = static_cast<size_t>(cfg.num_kv_heads) * cfg.head_dim;
+  const auto kv_heads = static_cast<size_t>(cfg.num_kv_heads), dim = static_cast<size_t>(cfg.head_dim);
   for (int l = 0; l < cfg.num_layers; ++l) {
-    k_.emplace_back(kv_width, page);
-    v_.emplace_back(kv_width, page);
-    ik_.emplace_back(cfg.sparse_layer[l] ? static_cast<size_t>(cfg.sparse.index_dim) : 0, page);
+    k_.emplace_back(kv_heads, dim, page, options.kv);
+    v_.emplace_back(kv_heads, dim, page, options.kv);
+    ik_.emplace_back(cfg.sparse_layer[l] ? static_cast<size_t>(cfg.sparse.index_dim) : 0, page, options.index_keys);
   }
 }
 
@@ -16,13 +17,23 @@ void KvCache::Reserve(size_t n_tokens) {
   for (size_t l = 0; l < k_.size(); ++l) {
     k_[l].EnsureRows(n_tokens);
     v_[l].EnsureRows(n_tokens);
-    if (ik_[l].width()) ik_[l].EnsureRows(n_tokens);
+    if (ik_[l].dim()) ik_[l].EnsureRows(n_tokens);
   }
 }
 
 size_t KvCache::bytes() const {
   size_t b = 0;
   for (size_t l = 0; l < k_.size(); ++l) b += k_[l].bytes() + v_[l].bytes() + ik_[l].bytes();
+  return b;
+}
+
+size_t KvCache::BytesFor(size_t n_tokens) const {
+  size_t b = 0;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    const size_t rows = (n_tokens + k_[l].page_rows() - 1) / k_[l].page_rows() * k_[l].page_rows();
+    b += 2 * rows * KvPages::BytesPerRow(k_[l].heads(), k_[l].dim(), k_[l].type());
+    if (ik_[l].dim()) b += rows * IndexKeyPages::BytesPerRow(ik_[l].dim(), ik_[l].type());
+  }
   return b;
 }
 

@@ -11,24 +11,34 @@
 
 namespace m3 {
 
+// Storage types of the caches: K/V and index keys (exact fp32 by default).
+struct CacheOptions {
+  CacheType kv = CacheType::kF32;
+  CacheType index_keys = CacheType::kF32;
+};
+
 class KvCache {
  public:
-  explicit KvCache(const ModelConfig& cfg);
+  explicit KvCache(const ModelConfig& cfg, const CacheOptions& options = {});
 
   size_t length() const { return length_; }
   // Drops positions >= n (e.g. to reuse a shared prompt prefix).
   void Truncate(size_t n) { length_ = std::min(length_, n); }
   void SetLength(size_t n) { length_ = n; }
   void Reserve(size_t n_tokens);  // may throw std::bad_alloc
-  size_t bytes() const;
+  size_t bytes() const;                    // allocated
+  size_t BytesFor(size_t n_tokens) const;  // allocated once n_tokens are held (whole pages)
+  const CacheOptions& options() const { return options_; }
 
-  PagedRows& k(int layer) { return k_[layer]; }
-  PagedRows& v(int layer) { return v_[layer]; }
-  PagedRows& index_k(int layer) { return ik_[layer]; }
+  KvPages& k(int layer) { return k_[layer]; }
+  KvPages& v(int layer) { return v_[layer]; }
+  IndexKeyPages& index_k(int layer) { return ik_[layer]; }
 
  private:
   size_t length_ = 0;
-  std::vector<PagedRows> k_, v_, ik_;
+  CacheOptions options_;
+  std::vector<KvPages> k_, v_;
+  std::vector<IndexKeyPages> ik_;
 };
 
 }  // namespace m3

@@ -12,17 +12,6 @@
 
 namespace m3 {
 
-void PagedRows::FreeDeleter::operator()(float* p) const { std::free(p); }
-
-void PagedRows::EnsureRows(size_t n) {
-  const size_t page_bytes = (page_rows_ * width_ * sizeof(float) + 63) / 64 * 64;
-  while (capacity_rows() < n) {
-    void* p = std::aligned_alloc(64, page_bytes);
-    if (!p) throw std::bad_alloc();
-    pages_.emplace_back(static_cast<float*>(p));
-  }
-}
-
 int SelectBlocksForQuery(const float* block_scores, int64_t pos, const SparseParams& p, int32_t* out) {
   const int64_t valid = pos / p.block_size + 1;
   const int64_t k_eff = std::min<int64_t>(p.topk_blocks, valid);
@@ -46,36 +35,74 @@ int SelectBlocksForQuery(const float* block_scores, int64_t pos, const SparsePar
   return static_cast<int>(k_eff);
 }
 
-void SelectBlocks(const ThreadConfig& tc, const SparseParams& p, const float* iq, const PagedRows& index_keys,
+namespace {
+
+constexpr size_t kQueryTile = 16;  // consecutive queries that share each key block they load
+
+}  // namespace
+
+void SelectBlocks(const ThreadConfig& tc, const SparseParams& p, const float* iq, const IndexKeyPages& index_keys,
                   int64_t pos0, size_t n, BlockSelection* out) {
-  const int heads = p.num_index_heads;
-  const size_t dim = static_cast<size_t>(p.index_dim);
+  const size_t heads = static_cast<size_t>(p.num_index_heads), dim = static_cast<size_t>(p.index_dim);
   const size_t B = static_cast<size_t>(p.block_size);
-  out->Reset(n, heads, p.topk_blocks);
-  ParallelFor(tc, n, 1, [&](size_t begin, size_t end, int) {
-    std::vector<float> block_scores, key_scores(heads * B);
-    for (size_t t = begin; t < end; ++t) {
-      const int64_t pos = pos0 + static_cast<int64_t>(t);
-      const size_t valid = static_cast<size_t>(pos) / B + 1;
-      const float* q = iq + t * heads * dim;
-      block_scores.assign(heads * valid, 0.0f);
-      if (valid > static_cast<size_t>(p.topk_blocks)) {
-        // Per-key scores of a whole block for all index heads at once, then a max per head.
-        for (size_t b = 0; b < valid; ++b) {
-          const size_t a = b * B, e = std::min(a + B, static_cast<size_t>(pos) + 1);
-          simd::MatMulF32(index_keys.Row(a), dim, e - a, q, dim, heads, dim, key_scores.data(), B);
-          for (int h = 0; h < heads; ++h) block_scores[h * valid + b] = simd::MaxValue(&key_scores[h * B], e - a);
+  out->Reset(n, p.num_index_heads, p.topk_blocks);
+  // Queries in parts of bounded size: block scores are [part][heads][blocks].
+  const size_t part = std::max<size_t>(kQueryTile, 256);
+  const size_t last_pos = static_cast<size_t>(pos0) + n - 1, max_blocks = last_pos / B + 1;
+  std::vector<float> block_scores;
+  for (size_t t0 = 0; t0 < n; t0 += part) {
+    const size_t tn = std::min(part, n - t0);
+    block_scores.assign(tn * heads * max_blocks, -INFINITY);
+    // Work items: (query tile, range of pages). A tile reads each page once for all its queries
+    // and heads; one tile (decode) is split by pages so every thread scans part of the keys.
+    const size_t tiles = (tn + kQueryTile - 1) / kQueryTile;
+    const size_t tile_last_pos = static_cast<size_t>(pos0) + t0 + tn - 1;
+    const size_t page_parts = tiles >= static_cast<size_t>(tc.threads) ? 1 : static_cast<size_t>(tc.threads);
+    const size_t pages_per_part = (tile_last_pos / B + 1 + page_parts - 1) / page_parts;
+    ParallelFor(tc, tiles * page_parts, 1, [&](size_t begin, size_t end, int) {
+      for (size_t item = begin; item < end; ++item) {
+        const size_t tile = item / page_parts, part_i = item % page_parts;
+        const size_t a = tile * kQueryTile, e = std::min(tn, a + kQueryTile);  // queries [a, e) of the part
+        const size_t end_pos = static_cast<size_t>(pos0) + t0 + e;
+        const size_t b0 = part_i * pages_per_part, b1 = std::min((end_pos - 1) / B + 1, b0 + pages_per_part);
+        std::vector<float> row_max(kQueryTile * heads);
+        for (size_t b = b0; b < b1; ++b) {
+          // Queries whose own position ends inside page b see only part of it; the others see
+          // it all (one call for the whole run of them).
+          size_t full_from = a;
+          while (full_from < e && static_cast<size_t>(pos0) + t0 + full_from < (b + 1) * B - 1) ++full_from;
+          for (size_t t = a; t < full_from; ++t) {
+            const size_t pos = static_cast<size_t>(pos0) + t0 + t;
+            if (pos < b * B) continue;  // page not visible yet
+            if (pos / B + 1 <= static_cast<size_t>(p.topk_blocks)) continue;  // everything is selected
+            simd::IndexScoreMax(iq + (t0 + t) * heads * dim, dim, heads, index_keys.Page(b, pos + 1 - b * B),
+                                row_max.data());
+            for (size_t h = 0; h < heads; ++h) block_scores[((t) * heads + h) * max_blocks + b] = row_max[h];
+          }
+          if (full_from < e) {
+            simd::IndexScoreMax(iq + (t0 + full_from) * heads * dim, dim, (e - full_from) * heads,
+                                index_keys.Page(b, B), row_max.data());
+            for (size_t t = full_from; t < e; ++t)
+              for (size_t h = 0; h < heads; ++h)
+                block_scores[(t * heads + h) * max_blocks + b] = row_max[(t - full_from) * heads + h];
+          }
         }
       }
-      for (int h = 0; h < heads; ++h)
-        out->counts[t * heads + h] =
-            SelectBlocksForQuery(&block_scores[h * valid], pos, p, &out->blocks[(t * heads + h) * p.topk_blocks]);
-    }
-  });
+    });
+    ParallelFor(tc, tn, 1, [&](size_t begin, size_t end, int) {
+      for (size_t t = begin; t < end; ++t)
+        for (size_t h = 0; h < heads; ++h) {
+          const size_t q = t0 + t;
+          out->counts[q * heads + h] = SelectBlocksForQuery(&block_scores[(t * heads + h) * max_blocks],
+                                                            pos0 + static_cast<int64_t>(q), p,
+                                                            &out->blocks[(q * heads + h) * p.topk_blocks]);
+        }
+    });
+  }
 }
 
-void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q, const PagedRows& k,
-               const PagedRows& v, int64_t pos0, size_t n, const BlockSelection* sel, float* out) {
+void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q, const KvPages& k, const KvPages& v,
+               int64_t pos0, size_t n, const BlockSelection* sel, float* out) {
   const size_t H = p.num_heads, D = p.head_dim;
   const size_t per_kv = H / p.num_kv_heads;
   const size_t per_idx = sel ? H / p.num_index_heads : H;
@@ -89,69 +116,90 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
       groups.push_back({j, j, j / per_kv, j / per_idx});
     groups.back().j1 = j + 1;
   }
+  const size_t max_heads = groups.front().j1 - groups.front().j0;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const size_t page = k.page_rows();
+  const size_t B = sel ? static_cast<size_t>(p.block_size) : k.page_rows();  // keys per visited block
+  const size_t P = pos0 >= 0 ? static_cast<size_t>(pos0) : 0;
 
-  // Work per token grows with the keys it reads (its position, causally, or its selected blocks):
-  // shares of equal cost, not of equal token counts, or the thread with the late tokens of a
-  // prompt does ~3/4 of the work (2 threads, causal).
-  std::vector<size_t> units(n, groups.size());
-  std::vector<uint64_t> cost(n);
-  for (size_t t = 0; t < n; ++t) {
-    const uint64_t visible = static_cast<uint64_t>(pos0) + t + 1;
-    cost[t] = 64 + (sel ? std::min<uint64_t>(visible, static_cast<uint64_t>(sel->Count(t, 0)) *
-                                                          static_cast<uint64_t>(p.block_size))
-                        : visible);
-  }
+  // Work items: query tiles, each split into head groups. Cost = keys read (causal prompts put
+  // most of the work on late tokens; shares are by cost, not by token count).
+  const size_t tiles = (n + kQueryTile - 1) / kQueryTile;
+  auto keys_read = [&](size_t t) {
+    const uint64_t visible = P + t + 1;
+    return sel ? std::min<uint64_t>(visible, static_cast<uint64_t>(sel->Count(t, 0)) * B) : visible;
+  };
+  std::vector<size_t> units(tiles, groups.size());
+  std::vector<uint64_t> cost(tiles, 0);
+  for (size_t t = 0; t < n; ++t) cost[t / kQueryTile] += 64 + keys_read(t);
+
   ParallelRegion(tc, [&](int tid, int nt, auto) {
-    AlignedBuffer<float> scores;
-    std::vector<std::pair<size_t, size_t>> ranges;
-    auto add_range = [&](size_t a, size_t b) {  // split at page boundaries: rows stay contiguous
-      while (a < b) {
-        const size_t e = std::min(b, (a / page + 1) * page);
-        ranges.emplace_back(a, e);
-        a = e;
-      }
-    };
-    auto attend = [&](size_t t, const HeadGroup& grp) {
-      const size_t pos = static_cast<size_t>(pos0) + t;
-      ranges.clear();
+    AlignedBuffer<float> scores(max_heads * B), k_tile(B * D), v_tile(B * D);
+    AlignedBuffer<float> acc(kQueryTile * max_heads * D);
+    std::vector<float> run_max(kQueryTile * max_heads), run_sum(kQueryTile * max_heads);
+    std::vector<int32_t> visit;
+    std::vector<int> cursor(kQueryTile);
+
+    auto attend_tile = [&](size_t tile, const HeadGroup& grp) {
+      const size_t t0 = tile * kQueryTile, tn = std::min(kQueryTile, n - t0), nh = grp.j1 - grp.j0;
+      const size_t last_pos = P + t0 + tn - 1;
+      const int idx = static_cast<int>(grp.idx);
+      // Blocks to visit, ascending: every visible page (dense) or the union of the tile's selections.
+      visit.clear();
       if (!sel) {
-        add_range(0, pos + 1);
+        for (size_t b = 0; b <= last_pos / B; ++b) visit.push_back(static_cast<int32_t>(b));
       } else {
-        const int32_t* blocks = sel->Blocks(t, static_cast<int>(grp.idx));
-        for (int i = 0; i < sel->Count(t, static_cast<int>(grp.idx)); ++i) {
-          const size_t a = static_cast<size_t>(blocks[i]) * p.block_size;
-          add_range(a, std::min(a + p.block_size, pos + 1));
+        for (size_t t = t0; t < t0 + tn; ++t) visit.insert(visit.end(), sel->Blocks(t, idx), sel->Blocks(t, idx) + sel->Count(t, idx));
+        std::sort(visit.begin(), visit.end());
+        visit.erase(std::unique(visit.begin(), visit.end()), visit.end());
+      }
+      std::fill_n(acc.data(), tn * nh * D, 0.0f);
+      std::fill_n(run_max.begin(), tn * nh, -INFINITY);
+      std::fill_n(run_sum.begin(), tn * nh, 0.0f);
+      std::fill_n(cursor.begin(), tn, 0);
+      for (const int32_t b : visit) {
+        const size_t a = static_cast<size_t>(b) * B, e = std::min(a + B, last_pos + 1);
+        const float* kt = nullptr;
+        const float* vt = nullptr;
+        for (size_t i = 0; i < tn; ++i) {
+          const size_t t = t0 + i, pos = P + t;
+          if (sel) {  // the query's own sorted list, walked along with `visit`
+            const int32_t* mine = sel->Blocks(t, idx);
+            if (cursor[i] >= sel->Count(t, idx) || mine[cursor[i]] != b) continue;
+            ++cursor[i];
+          }
+          if (pos < a) continue;
+          if (!kt) kt = k.Read(a, e, grp.kv, k_tile.data()), vt = v.Read(a, e, grp.kv, v_tile.data());
+          const size_t nk = std::min(e, pos + 1) - a;
+          const float* qh = q + t * H * D + grp.j0 * D;
+          simd::MatMulF32(kt, D, nk, qh, D, nh, D, scores.data(), B);
+          float* o = acc.data() + i * nh * D;
+          for (size_t h = 0; h < nh; ++h) {
+            float* s = scores.data() + h * B;
+            simd::Scale(s, scale, nk);
+            float& m = run_max[i * nh + h];
+            const float m_new = std::max(m, simd::MaxValue(s, nk));
+            const float correction = std::exp(m - m_new);  // 0 on the first block (m = -inf)
+            run_sum[i * nh + h] = run_sum[i * nh + h] * correction + simd::ExpShiftSum(s, nk, m_new);
+            if (correction != 1.0f) simd::Scale(o + h * D, correction, D);
+            m = m_new;
+          }
+          simd::MatMulAccumulate(scores.data(), B, nh, vt, D, nk, D, o, D);
         }
       }
-      size_t nk = 0;
-      for (auto [a, b] : ranges) nk += b - a;
-      const size_t nh = grp.j1 - grp.j0;
-      float* o = out + t * H * D + grp.j0 * D;
-      std::fill_n(o, nh * D, 0.0f);
-      if (nk == 0) return;
-      scores.EnsureSize(nh * nk);
-      const float* qh = q + t * H * D + grp.j0 * D;
-      size_t off = 0;
-      for (auto [a, b] : ranges) {
-        simd::MatMulF32(k.Row(a) + grp.kv * D, k.width(), b - a, qh, D, nh, D, scores.data() + off, nk);
-        off += b - a;
-      }
-      for (size_t h = 0; h < nh; ++h) {
-        float* s = scores.data() + h * nk;
-        simd::Scale(s, scale, nk);
-        const float mx = simd::MaxValue(s, nk);
-        simd::Scale(s, 1.0f / simd::ExpShiftSum(s, nk, mx), nk);  // probabilities
-      }
-      off = 0;
-      for (auto [a, b] : ranges) {
-        simd::MatMulAccumulate(scores.data() + off, nk, nh, v.Row(a) + grp.kv * D, v.width(), b - a, D, o, D);
-        off += b - a;
-      }
+      for (size_t i = 0; i < tn; ++i)
+        for (size_t h = 0; h < nh; ++h) {
+          float* dst = out + (t0 + i) * H * D + (grp.j0 + h) * D;
+          const float* o = acc.data() + (i * nh + h) * D;
+          const float l = run_sum[i * nh + h];
+          if (l > 0.0f) {
+            for (size_t c = 0; c < D; ++c) dst[c] = o[c] / l;
+          } else {
+            std::fill_n(dst, D, 0.0f);  // no visible key (a sparse setting without the local block)
+          }
+        }
     };
-    ForEachShare(units, cost, tid, nt, [&](size_t t, size_t g0, size_t g1) {
-      for (size_t g = g0; g < g1; ++g) attend(t, groups[g]);
+    ForEachShare(units, cost, tid, nt, [&](size_t tile, size_t g0, size_t g1) {
+      for (size_t g = g0; g < g1; ++g) attend_tile(tile, groups[g]);
     });
   });
 }

@@ -1,8 +1,11 @@
-// Causal GQA attention over a paged cache, dense or restricted to selected key blocks, and the
+// Causal GQA attention over the paged caches, dense or restricted to selected key blocks, and the
 // MiniMax sparse-attention block selection (lightning indexer, spec §2.6).
 //
-// Cache rows are token positions; a page holds `page_rows` consecutive positions, so for sparse
-// layers (page_rows == block size) one key block is one contiguous page.
+// Cache rows are token positions; a page holds `page_rows` consecutive positions, and for sparse
+// layers (page_rows == block size) one key block is one page. Both functions take a chunk of n
+// queries at positions pos0..pos0+n-1 (a prompt chunk, or one decode token) and work in tiles of
+// consecutive queries, so every key block is loaded once per tile for all the queries and heads
+// that read it; memory stays O(tile x block), never O(n x context).
 #pragma once
 
 #include <cstddef>
@@ -10,30 +13,10 @@
 #include <memory>
 #include <vector>
 
+#include "ops/attention_cache.h"
 #include "platform/parallel.h"
 
 namespace m3 {
-
-// Rows of `width` floats stored in pages of `page_rows` rows; grows without moving old rows.
-class PagedRows {
- public:
-  PagedRows() = default;
-  PagedRows(size_t width, size_t page_rows) : width_(width), page_rows_(page_rows) {}
-  void EnsureRows(size_t n);  // allocates pages to hold rows [0, n)
-  float* Row(size_t i) { return pages_[i / page_rows_].get() + (i % page_rows_) * width_; }
-  const float* Row(size_t i) const { return pages_[i / page_rows_].get() + (i % page_rows_) * width_; }
-  size_t width() const { return width_; }
-  size_t page_rows() const { return page_rows_; }
-  size_t capacity_rows() const { return pages_.size() * page_rows_; }
-  size_t bytes() const { return pages_.size() * page_rows_ * width_ * sizeof(float); }
-
- private:
-  struct FreeDeleter {
-    void operator()(float* p) const;
-  };
-  size_t width_ = 0, page_rows_ = 1;
-  std::vector<std::unique_ptr<float, FreeDeleter>> pages_;
-};
 
 // MiniMax sparse attention settings (config: sparse_attention_config).
 struct SparseParams {
@@ -68,8 +51,10 @@ struct BlockSelection {
 int SelectBlocksForQuery(const float* block_scores, int64_t pos, const SparseParams& p, int32_t* out);
 
 // Lightning-indexer selection for n queries at positions pos0..pos0+n-1. iq: [n, H_idx*D_idx]
-// (after norm and RoPE); index_keys holds rows 0..pos0+n-1 (width D_idx).
-void SelectBlocks(const ThreadConfig& tc, const SparseParams& p, const float* iq, const PagedRows& index_keys,
+// (after norm and RoPE); index_keys holds rows 0..pos0+n-1. Block scores come from
+// simd::IndexScoreMax, one pass over each page of keys for a tile of queries; a decode token's
+// scan is split over the threads by pages.
+void SelectBlocks(const ThreadConfig& tc, const SparseParams& p, const float* iq, const IndexKeyPages& index_keys,
                   int64_t pos0, size_t n, BlockSelection* out);
 
 struct AttentionParams {
@@ -81,8 +66,11 @@ struct AttentionParams {
 };
 
 // out[t, j*D..] = softmax(q_j . K^T / sqrt(D)) V over keys u <= pos0+t (and, with `sel`, only in the
-// blocks selected for index head j / (H / H_idx)). q: [n, H*D]; k, v: rows [0, pos0+n) of width Hkv*D.
-void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q, const PagedRows& k,
-               const PagedRows& v, int64_t pos0, size_t n, const BlockSelection* sel, float* out);
+// blocks selected for index head j / (H / H_idx)). q: [n, H*D]; k, v: rows [0, pos0+n), Hkv heads
+// of D. Online softmax over the blocks a query reads, in ascending order; a query's result does
+// not depend on the other queries of its chunk (decode of a position equals its prefill row).
+// Without `sel` the blocks are the cache pages (every visible key: dense causal attention).
+void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q, const KvPages& k, const KvPages& v,
+               int64_t pos0, size_t n, const BlockSelection* sel, float* out);
 
 }  // namespace m3

@@ -1,0 +1,104 @@
+#include "ops/attention_cache.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "weight_format.h"
+
+namespace m3 {
+
+void PageList::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
+
+void PageList::EnsurePages(size_t n) {
+  while (pages_.size() < n) {
+    void* p = std::aligned_alloc(64, page_bytes_);
+    if (!p) throw std::bad_alloc();
+    pages_.emplace_back(static_cast<uint8_t*>(p));
+  }
+}
+
+size_t KvPages::BytesPerRow(size_t heads, size_t dim, CacheType type) {
+  return heads * (dim * simd::CacheTypeBytes(type) + (type == CacheType::kInt8 ? sizeof(float) : 0));
+}
+
+KvPages::KvPages(size_t heads, size_t dim, size_t page_rows, CacheType type)
+    : heads_(heads), dim_(dim), page_rows_(page_rows), type_(type),
+      pages_(page_rows * BytesPerRow(heads, dim, type)) {}
+
+void KvPages::Write(size_t row, const float* x) {
+  uint8_t* page = pages_.page(row / page_rows_);
+  const size_t r = row % page_rows_, bytes = simd::CacheTypeBytes(type_);
+  for (size_t h = 0; h < heads_; ++h) {
+    const size_t at = h * page_rows_ + r;
+    void* dst = page + at * dim_ * bytes;
+    const float* src = x + h * dim_;
+    switch (type_) {
+      case CacheType::kF32: std::memcpy(dst, src, dim_ * sizeof(float)); break;
+      case CacheType::kBF16: simd::EncodeBf16(src, dim_, static_cast<uint16_t*>(dst)); break;
+      case CacheType::kInt8: {
+        float* scales = reinterpret_cast<float*>(page + heads_ * page_rows_ * dim_);
+        scales[at] = simd::EncodeInt8(src, dim_, static_cast<int8_t*>(dst));
+        break;
+      }
+    }
+  }
+}
+
+const float* KvPages::Read(size_t a, size_t b, size_t head, float* scratch) const {
+  const uint8_t* page = pages_.page(a / page_rows_);
+  const size_t at = head * page_rows_ + a % page_rows_, n = b - a;
+  switch (type_) {
+    case CacheType::kF32: return reinterpret_cast<const float*>(page) + at * dim_;
+    case CacheType::kBF16:
+      simd::DecodeBf16(reinterpret_cast<const uint16_t*>(page) + at * dim_, n * dim_, scratch);
+      return scratch;
+    case CacheType::kInt8: {
+      const auto* codes = reinterpret_cast<const int8_t*>(page) + at * dim_;
+      const auto* scales = reinterpret_cast<const float*>(page + heads_ * page_rows_ * dim_) + at;
+      for (size_t i = 0; i < n; ++i) simd::DecodeInt8(codes + i * dim_, dim_, scales[i], scratch + i * dim_);
+      return scratch;
+    }
+  }
+  return nullptr;
+}
+
+size_t IndexKeyPages::BytesPerRow(size_t dim, CacheType type) {
+  return dim * simd::CacheTypeBytes(type) + (type == CacheType::kInt8 ? sizeof(float) : 0);
+}
+
+IndexKeyPages::IndexKeyPages(size_t dim, size_t page_rows, CacheType type)
+    : dim_(dim), page_rows_(page_rows), type_(type), pages_(page_rows * BytesPerRow(dim, type)) {}
+
+void IndexKeyPages::Write(size_t row, const float* x) {
+  uint8_t* page = pages_.page(row / page_rows_);
+  const size_t r = row % page_rows_;
+  switch (type_) {
+    case CacheType::kF32:
+      for (size_t d = 0; d < dim_; ++d) reinterpret_cast<float*>(page)[d * page_rows_ + r] = x[d];
+      break;
+    case CacheType::kBF16:
+      for (size_t d = 0; d < dim_; ++d) reinterpret_cast<uint16_t*>(page)[d * page_rows_ + r] = simd::F32ToBf16(x[d]);
+      break;
+    case CacheType::kInt8: {
+      std::vector<int8_t> codes(dim_);
+      reinterpret_cast<float*>(page + dim_ * page_rows_)[r] = simd::EncodeInt8(x, dim_, codes.data());
+      for (size_t d = 0; d < dim_; ++d) reinterpret_cast<int8_t*>(page)[d * page_rows_ + r] = codes[d];
+      break;
+    }
+  }
+}
+
+simd::IndexKeyPage IndexKeyPages::Page(size_t page, size_t n_keys) const {
+  const uint8_t* p = pages_.page(page);
+  return {type_, p, type_ == CacheType::kInt8 ? reinterpret_cast<const float*>(p + dim_ * page_rows_) : nullptr,
+          page_rows_, dim_, n_keys};
+}
+
+float IndexKeyPages::Value(size_t row, size_t d) const {
+  const simd::IndexKeyPage page = Page(row / page_rows_, page_rows_);
+  const float v = simd::ref::IndexKeyValue(page, d, row % page_rows_);
+  return type_ == CacheType::kInt8 ? v * page.scales[row % page_rows_] : v;
+}
+
+}  // namespace m3

@@ -1,0 +1,88 @@
+// Paged storage of the attention caches: K and V rows, and index keys. Pages hold `page_rows`
+// consecutive positions and are allocated as the cache grows; a page never moves, so growing
+// never copies the cache. For sparse layers a page is one key block.
+//
+// Storage types (simd::CacheType): f32 (exact), bf16, or int8 with one fp32 scale per stored
+// vector (one head of one position for K/V, one index key).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "attention_kernels.h"
+
+namespace m3 {
+
+using simd::CacheType;
+
+// Page-aligned blocks of bytes that never move.
+class PageList {
+ public:
+  explicit PageList(size_t page_bytes = 0) : page_bytes_((page_bytes + 63) / 64 * 64) {}
+  void EnsurePages(size_t n);  // may throw std::bad_alloc
+  uint8_t* page(size_t i) { return pages_[i].get(); }
+  const uint8_t* page(size_t i) const { return pages_[i].get(); }
+  size_t pages() const { return pages_.size(); }
+  size_t bytes() const { return pages_.size() * page_bytes_; }
+
+ private:
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  size_t page_bytes_;
+  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> pages_;
+};
+
+// K or V of one layer: per position `heads` vectors of `dim` values. A page stores each head's
+// rows together ([head][row][dim], then int8 scales [head][row]), so the rows one KV head reads
+// from one block are contiguous.
+class KvPages {
+ public:
+  KvPages() = default;
+  KvPages(size_t heads, size_t dim, size_t page_rows, CacheType type);
+  void EnsureRows(size_t n) { pages_.EnsurePages((n + page_rows_ - 1) / page_rows_); }
+  void Write(size_t row, const float* x);  // x: heads * dim values
+  // Rows [a, b) of one head (within one page) as fp32 rows of `dim`: a pointer into the page for
+  // f32, otherwise decoded into `scratch` (page_rows * dim floats).
+  const float* Read(size_t a, size_t b, size_t head, float* scratch) const;
+  size_t heads() const { return heads_; }
+  size_t dim() const { return dim_; }
+  size_t page_rows() const { return page_rows_; }
+  CacheType type() const { return type_; }
+  size_t capacity_rows() const { return pages_.pages() * page_rows_; }
+  size_t bytes() const { return pages_.bytes(); }
+  static size_t BytesPerRow(size_t heads, size_t dim, CacheType type);  // with scales
+
+ private:
+  size_t heads_ = 0, dim_ = 0, page_rows_ = 1;
+  CacheType type_ = CacheType::kF32;
+  PageList pages_;
+};
+
+// Index keys of one sparse layer, one vector of `dim` per position. A page stores its keys
+// transposed ([dim][page_rows], then int8 scales [page_rows]) for the indexer scan.
+class IndexKeyPages {
+ public:
+  IndexKeyPages() = default;
+  IndexKeyPages(size_t dim, size_t page_rows, CacheType type);
+  void EnsureRows(size_t n) { pages_.EnsurePages((n + page_rows_ - 1) / page_rows_); }
+  void Write(size_t row, const float* x);
+  float Value(size_t row, size_t d) const;  // the stored value, decoded (tests, references)
+  // Keys [page * page_rows, + n_keys) for simd::IndexScoreMax.
+  simd::IndexKeyPage Page(size_t page, size_t n_keys) const;
+  size_t dim() const { return dim_; }
+  size_t page_rows() const { return page_rows_; }
+  CacheType type() const { return type_; }
+  size_t capacity_rows() const { return pages_.pages() * page_rows_; }
+  size_t bytes() const { return pages_.bytes(); }
+  static size_t BytesPerRow(size_t dim, CacheType type);
+
+ private:
+  size_t dim_ = 0, page_rows_ = 1;
+  CacheType type_ = CacheType::kF32;
+  PageList pages_;
+};
+
+}  // namespace m3

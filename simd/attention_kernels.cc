@@ -1,0 +1,136 @@
+// Highway implementations of attention_kernels.h, compiled per SIMD target, dispatched at run time.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attention_kernels.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "attention_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace m3::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+// N consecutive keys' value of one dimension, as fp32.
+template <CacheType kType>
+HWY_INLINE hn::Vec<DF> LoadKeys(const void* data, size_t i) {
+  const DF df;
+  if constexpr (kType == CacheType::kF32) {
+    return hn::LoadU(df, static_cast<const float*>(data) + i);
+  } else if constexpr (kType == CacheType::kBF16) {
+    const hn::RebindToUnsigned<DF> du32;
+    const hn::Rebind<uint16_t, DF> du16;
+    const auto bits = hn::PromoteTo(du32, hn::LoadU(du16, static_cast<const uint16_t*>(data) + i));
+    return hn::BitCast(df, hn::ShiftLeft<16>(bits));
+  } else {
+    const hn::RebindToSigned<DF> di32;
+    const hn::Rebind<int8_t, DF> di8;
+    return hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, static_cast<const int8_t*>(data) + i)));
+  }
+}
+
+// Up to 4 query rows against the page, N keys per step: one key load per dimension feeds every row.
+template <CacheType kType, int kRows>
+HWY_INLINE void ScoreRows(const float* HWY_RESTRICT q, size_t ldq, const IndexKeyPage& page, size_t u_end,
+                          hn::Vec<DF>* mx) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  for (size_t u0 = 0; u0 + N <= u_end; u0 += N) {
+    hn::Vec<DF> acc[kRows];
+    for (int i = 0; i < kRows; ++i) acc[i] = hn::Zero(df);
+    for (size_t d = 0; d < page.dim; ++d) {
+      const auto k = LoadKeys<kType>(page.data, d * page.ld + u0);
+      for (int i = 0; i < kRows; ++i) acc[i] = hn::MulAdd(hn::Set(df, q[i * ldq + d]), k, acc[i]);
+    }
+    for (int i = 0; i < kRows; ++i) {
+      if constexpr (kType == CacheType::kInt8) acc[i] = hn::Mul(acc[i], hn::LoadU(df, page.scales + u0));
+      mx[i] = hn::Max(mx[i], acc[i]);
+    }
+  }
+}
+
+template <CacheType kType>
+void IndexScoreMaxT(const float* HWY_RESTRICT q, size_t ldq, size_t n_q, const IndexKeyPage& page, float* out) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const size_t u_vec = page.n_keys / N * N;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (size_t i0 = 0; i0 < n_q; i0 += 4) {
+    const int rows = static_cast<int>(std::min<size_t>(4, n_q - i0));
+    hn::Vec<DF> mx[4];
+    for (int i = 0; i < 4; ++i) mx[i] = hn::Set(df, neg_inf);
+    const float* qi = q + i0 * ldq;
+    switch (rows) {
+      case 4: ScoreRows<kType, 4>(qi, ldq, page, u_vec, mx); break;
+      case 3: ScoreRows<kType, 3>(qi, ldq, page, u_vec, mx); break;
+      case 2: ScoreRows<kType, 2>(qi, ldq, page, u_vec, mx); break;
+      default: ScoreRows<kType, 1>(qi, ldq, page, u_vec, mx); break;
+    }
+    for (int i = 0; i < rows; ++i) {
+      float m = hn::GetLane(hn::MaxOfLanes(df, mx[i]));
+      // Tail keys one at a time, with the reference's operations.
+      for (size_t u = u_vec; u < page.n_keys; ++u) {
+        float s = 0.0f;
+        for (size_t d = 0; d < page.dim; ++d) s = std::fma(qi[i * ldq + d], ref::IndexKeyValue(page, d, u), s);
+        if constexpr (kType == CacheType::kInt8) s *= page.scales[u];
+        m = std::max(m, s);
+      }
+      out[i0 + static_cast<size_t>(i)] = m;
+    }
+  }
+}
+
+void IndexScoreMaxImpl(const float* q, size_t ldq, size_t n_q, const IndexKeyPage& page, float* out) {
+  switch (page.type) {
+    case CacheType::kF32: return IndexScoreMaxT<CacheType::kF32>(q, ldq, n_q, page, out);
+    case CacheType::kBF16: return IndexScoreMaxT<CacheType::kBF16>(q, ldq, n_q, page, out);
+    case CacheType::kInt8: return IndexScoreMaxT<CacheType::kInt8>(q, ldq, n_q, page, out);
+  }
+}
+
+void DecodeBf16Impl(const uint16_t* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT out) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(LoadKeys<CacheType::kBF16>(x, i), df, out + i);
+  ref::DecodeBf16(x + i, n - i, out + i);
+}
+
+void DecodeInt8Impl(const int8_t* HWY_RESTRICT x, size_t n, float scale, float* HWY_RESTRICT out) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const auto s = hn::Set(df, scale);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(LoadKeys<CacheType::kInt8>(x, i), s), df, out + i);
+  ref::DecodeInt8(x + i, n - i, scale, out + i);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace m3::simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace m3::simd {
+
+HWY_EXPORT(IndexScoreMaxImpl);
+HWY_EXPORT(DecodeBf16Impl);
+HWY_EXPORT(DecodeInt8Impl);
+
+void IndexScoreMax(const float* q, size_t ldq, size_t n_q, const IndexKeyPage& page, float* out) {
+  HWY_DYNAMIC_DISPATCH(IndexScoreMaxImpl)(q, ldq, n_q, page, out);
+}
+void DecodeBf16(const uint16_t* x, size_t n, float* out) { HWY_DYNAMIC_DISPATCH(DecodeBf16Impl)(x, n, out); }
+void DecodeInt8(const int8_t* x, size_t n, float scale, float* out) {
+  HWY_DYNAMIC_DISPATCH(DecodeInt8Impl)(x, n, scale, out);
+}
+// Encoding runs once per stored token and head (a few hundred values): the reference is fast enough.
+void EncodeBf16(const float* x, size_t n, uint16_t* out) { ref::EncodeBf16(x, n, out); }
+float EncodeInt8(const float* x, size_t n, int8_t* out) { return ref::EncodeInt8(x, n, out); }
+
+}  // namespace m3::simd
+#endif  // HWY_ONCE

@@ -1,0 +1,75 @@
+// Scalar references of attention_kernels.h.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "attention_kernels.h"
+#include "weight_format.h"
+
+namespace m3::simd {
+
+const char* CacheTypeName(CacheType t) {
+  switch (t) {
+    case CacheType::kF32: return "f32";
+    case CacheType::kBF16: return "bf16";
+    case CacheType::kInt8: return "int8";
+  }
+  return "?";
+}
+
+bool ParseCacheType(const char* name, CacheType* out) {
+  for (CacheType t : {CacheType::kF32, CacheType::kBF16, CacheType::kInt8})
+    if (std::strcmp(name, CacheTypeName(t)) == 0) return *out = t, true;
+  return false;
+}
+
+size_t CacheTypeBytes(CacheType t) { return t == CacheType::kF32 ? 4 : t == CacheType::kBF16 ? 2 : 1; }
+
+namespace ref {
+
+float IndexKeyValue(const IndexKeyPage& page, size_t d, size_t u) {
+  const size_t i = d * page.ld + u;
+  switch (page.type) {
+    case CacheType::kF32: return static_cast<const float*>(page.data)[i];
+    case CacheType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(page.data)[i]);
+    case CacheType::kInt8: return static_cast<float>(static_cast<const int8_t*>(page.data)[i]);
+  }
+  return 0.0f;
+}
+
+void IndexScoreMax(const float* q, size_t ldq, size_t n_q, const IndexKeyPage& page, float* out) {
+  for (size_t i = 0; i < n_q; ++i) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (size_t u = 0; u < page.n_keys; ++u) {
+      float s = 0.0f;
+      for (size_t d = 0; d < page.dim; ++d) s = std::fma(q[i * ldq + d], IndexKeyValue(page, d, u), s);
+      if (page.type == CacheType::kInt8) s *= page.scales[u];
+      mx = std::max(mx, s);  // a NaN score never wins (selection treats NaN as -inf)
+    }
+    out[i] = mx;
+  }
+}
+
+void EncodeBf16(const float* x, size_t n, uint16_t* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = F32ToBf16(x[i]);
+}
+
+void DecodeBf16(const uint16_t* x, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = Bf16ToF32(x[i]);
+}
+
+float EncodeInt8(const float* x, size_t n, int8_t* out) {
+  float amax = 0.0f;
+  for (size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+  return amax / 127.0f;
+}
+
+void DecodeInt8(const int8_t* x, size_t n, float scale, float* out) {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(x[i]) * scale;
+}
+
+}  // namespace ref
+}  // namespace m3::simd
