@@ -33,7 +33,7 @@ std::string Engine::simd_target() const { return simd::ActiveTargetName(); }
 
 Session::Session(const Engine& engine, const SessionOptions& options)
     : engine_(engine),
-      cache_(engine.model().config()),
+      cache_(engine.model().config(), options.cache),
       max_context_(options.max_context ? options.max_context
                                        : static_cast<size_t>(engine.model().config().max_position_embeddings)) {}
 

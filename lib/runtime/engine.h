@@ -38,6 +38,7 @@ class Engine {
 
 struct SessionOptions {
   size_t max_context = 0;  // 0: max_position_embeddings of the model
+  CacheOptions cache;      // storage types of the KV and index-key caches
 };
 
 class Session {
