@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "attention_kernels.h"
 #include "kernels.h"
 #include "test_util.h"
 
@@ -166,6 +167,94 @@ TEST_CASE("vector kernels match their references", "[kernels]") {
     });
   }
   CHECK(std::isinf(MaxValue(nullptr, 0)));
+}
+
+TEST_CASE("IndexScoreMax matches the reference for every storage type, key count and query count", "[kernels]") {
+  std::mt19937 rng(5);
+  for (CacheType type : {CacheType::kF32, CacheType::kBF16, CacheType::kInt8}) {
+    for (size_t dim : {1, 12, 128}) {
+      const size_t ld = 133;  // keys per stored dimension row, not a multiple of any vector width
+      std::vector<float> f(dim * ld), scales(ld);
+      std::vector<uint16_t> b(dim * ld);
+      std::vector<int8_t> q8(dim * ld);
+      for (size_t i = 0; i < f.size(); ++i) {
+        f[i] = std::uniform_real_distribution<float>(-1, 1)(rng);
+        b[i] = F32ToBf16(f[i]);
+        q8[i] = static_cast<int8_t>(static_cast<int>(rng() % 255) - 127);
+      }
+      for (auto& s : scales) s = std::uniform_real_distribution<float>(0.001f, 0.02f)(rng);
+      IndexKeyPage page{type,
+                        type == CacheType::kF32    ? static_cast<const void*>(f.data())
+                        : type == CacheType::kBF16 ? static_cast<const void*>(b.data())
+                                                   : static_cast<const void*>(q8.data()),
+                        type == CacheType::kInt8 ? scales.data() : nullptr, ld, dim, 0};
+      for (size_t n_keys : {0, 1, 15, 16, 17, 33, 128, 133}) {
+        page.n_keys = n_keys;
+        for (size_t n_q : {1, 3, 4, 5, 9}) {
+          INFO(CacheTypeName(type) << " dim " << dim << " keys " << n_keys << " queries " << n_q);
+          const size_t ldq = dim + 3;
+          auto q = RandomVec(n_q * ldq, static_cast<uint32_t>(rng()));
+          std::vector<float> want(n_q), got(n_q);
+          ref::IndexScoreMax(q.data(), ldq, n_q, page, want.data());
+          ForEachTarget([&] {
+            IndexScoreMax(q.data(), ldq, n_q, page, got.data());
+            for (size_t i = 0; i < n_q; ++i) {
+              if (n_keys == 0) {
+                CHECK((std::isinf(got[i]) && got[i] < 0));
+              } else {
+                CHECK(std::fabs(got[i] - want[i]) <= Tol(want[i], dim));
+              }
+            }
+            // One query at a time gives the same bits as the query inside a batch.
+            for (size_t i = 0; i < n_q; ++i) {
+              float one = 0;
+              IndexScoreMax(q.data() + i * ldq, ldq, 1, page, &one);
+              CHECK(std::memcmp(&one, &got[i], sizeof(float)) == 0);
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cache codecs: bf16 and int8 round trips match the references", "[kernels]") {
+  for (size_t n : kSizes) {
+    INFO("n " << n);
+    auto x = RandomVec(n, static_cast<uint32_t>(n), 4.0f);
+    std::vector<uint16_t> b(n), b_ref(n);
+    std::vector<int8_t> q(n), q_ref(n);
+    EncodeBf16(x.data(), n, b.data());
+    ref::EncodeBf16(x.data(), n, b_ref.data());
+    CHECK(b == b_ref);
+    const float scale = EncodeInt8(x.data(), n, q.data()), scale_ref = ref::EncodeInt8(x.data(), n, q_ref.data());
+    CHECK(scale == scale_ref);
+    CHECK(q == q_ref);
+    float amax = 0;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    CHECK(scale == amax / 127.0f);
+    std::vector<float> y_ref(n), y(n), z_ref(n), z(n);
+    ref::DecodeBf16(b.data(), n, y_ref.data());
+    ref::DecodeInt8(q.data(), n, scale, z_ref.data());
+    for (size_t i = 0; i < n; ++i) {
+      CHECK(std::fabs(y_ref[i] - x[i]) <= std::fabs(x[i]) / 256);
+      CHECK(std::fabs(z_ref[i] - x[i]) <= scale / 2 * 1.0001f);
+    }
+    ForEachTarget([&] {
+      DecodeBf16(b.data(), n, y.data());
+      DecodeInt8(q.data(), n, scale, z.data());
+      CHECK(y == y_ref);
+      CHECK(z == z_ref);
+    });
+  }
+  std::vector<float> zeros(5, 0.0f);
+  std::vector<int8_t> q(5, 1);
+  CHECK(EncodeInt8(zeros.data(), 5, q.data()) == 0.0f);
+  CHECK(q == std::vector<int8_t>(5, 0));
+  CacheType t{};
+  CHECK(ParseCacheType("bf16", &t));
+  CHECK(t == CacheType::kBF16);
+  CHECK_FALSE(ParseCacheType("fp8", &t));
 }
 
 TEST_CASE("the active SIMD target is reported", "[kernels]") {
