@@ -1,5 +1,8 @@
 #include "ops/attention_cache.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -11,10 +14,24 @@ namespace m3 {
 void PageList::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 void PageList::EnsurePages(size_t n) {
+  constexpr size_t kHuge = size_t{2} << 20;
   while (pages_.size() < n) {
-    void* p = std::aligned_alloc(64, page_bytes_);
-    if (!p) throw std::bad_alloc();
-    pages_.emplace_back(static_cast<uint8_t*>(p));
+    if (spare_ == 0) {
+      const size_t per_huge = std::max<size_t>(1, kHuge / page_bytes_);
+      const size_t count = std::clamp<size_t>(pages_.size(), 1, per_huge);
+      size_t bytes = count * page_bytes_;
+      const bool huge = bytes >= kHuge;
+      if (huge) bytes = (bytes + kHuge - 1) / kHuge * kHuge;
+      void* p = std::aligned_alloc(huge ? kHuge : 64, bytes);
+      if (!p) throw std::bad_alloc();
+      if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // best effort
+      arenas_.emplace_back(static_cast<uint8_t*>(p));
+      pages_.push_back(arenas_.back().get());
+      spare_ = count - 1;
+    } else {
+      pages_.push_back(pages_.back() + page_bytes_);
+      --spare_;
+    }
   }
 }
 

@@ -17,13 +17,16 @@ namespace m3 {
 
 using simd::CacheType;
 
-// Page-aligned blocks of bytes that never move.
+// Blocks of bytes (pages) that never move, carved out of arenas that double in size up to
+// 2 MiB and are then 2 MiB each, aligned and advised as transparent huge pages: a long context's
+// pages are read with few TLB misses (64 MB of index keys span 16K small pages), while a short
+// one does not pay 2 MiB per cache.
 class PageList {
  public:
   explicit PageList(size_t page_bytes = 0) : page_bytes_((page_bytes + 63) / 64 * 64) {}
   void EnsurePages(size_t n);  // may throw std::bad_alloc
-  uint8_t* page(size_t i) { return pages_[i].get(); }
-  const uint8_t* page(size_t i) const { return pages_[i].get(); }
+  uint8_t* page(size_t i) { return pages_[i]; }
+  const uint8_t* page(size_t i) const { return pages_[i]; }
   size_t pages() const { return pages_.size(); }
   size_t bytes() const { return pages_.size() * page_bytes_; }
 
@@ -32,7 +35,9 @@ class PageList {
     void operator()(uint8_t* p) const;
   };
   size_t page_bytes_;
-  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> pages_;
+  std::vector<uint8_t*> pages_;
+  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> arenas_;
+  size_t spare_ = 0;  // pages left in the last arena, after pages_.back()
 };
 
 // K or V of one layer: per position `heads` vectors of `dim` values. A page stores each head's
