@@ -19,17 +19,21 @@ int SelectBlocksForQuery(const float* block_scores, int64_t pos, const SparsePar
     for (int64_t b = 0; b < valid; ++b) out[b] = static_cast<int32_t>(b);
     return static_cast<int>(valid);
   }
-  auto score = [&](int64_t b) { return std::isnan(block_scores[b]) ? -INFINITY : block_scores[b]; };
-  std::vector<int> prio(valid, 0);
-  for (int64_t b = 0; b < std::min<int64_t>(p.init_blocks, valid); ++b) prio[b] = 2;
-  for (int64_t b = std::max<int64_t>(0, valid - p.local_blocks); b < valid; ++b) prio[b] = 1;  // local wins
-  std::vector<int32_t> order(valid);
+  const int64_t init_end = std::min<int64_t>(p.init_blocks, valid);
+  const int64_t local_begin = std::max<int64_t>(0, valid - p.local_blocks);
+  auto prio = [&](int32_t b) { return b >= local_begin ? 1 : b < init_end ? 2 : 0; };  // local wins
+  auto score = [&](int32_t b) { return std::isnan(block_scores[b]) ? -INFINITY : block_scores[b]; };
+  // Forced blocks first (init before local), then by score descending, then by id ascending: a
+  // strict order, so the k best are one nth_element away (O(blocks), no full sort per query).
+  auto better = [&](int32_t a, int32_t b) {
+    if (prio(a) != prio(b)) return prio(a) > prio(b);
+    if (score(a) != score(b)) return score(a) > score(b);
+    return a < b;
+  };
+  thread_local std::vector<int32_t> order;
+  order.resize(static_cast<size_t>(valid));
   std::iota(order.begin(), order.end(), 0);
-  // Forced blocks first (init before local), then by score descending, then by id ascending.
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    if (prio[a] != prio[b]) return prio[a] > prio[b];
-    return score(a) > score(b);
-  });
+  std::nth_element(order.begin(), order.begin() + (k_eff - 1), order.end(), better);
   std::copy_n(order.begin(), k_eff, out);
   std::sort(out, out + k_eff);
   return static_cast<int>(k_eff);
