@@ -115,6 +115,76 @@ void IndexScoreMaxImpl(const float* q, size_t ldq, size_t n_q, const IndexKeyPag
   }
 }
 
+// Rows [0, kRows) of q against kCols vectors of fp32 keys from u0 (transposed, in cache): all
+// dimensions, 4 x 4 accumulators. `lanes` < N stores only the first lanes of the last vector.
+template <int kRows, int kCols>
+HWY_INLINE void KeyScoreSteps(const float* HWY_RESTRICT q, size_t ldq, const float* HWY_RESTRICT kt, size_t ldk,
+                              size_t dim, size_t u0, size_t lanes, float* HWY_RESTRICT out, size_t ldo) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  hn::Vec<DF> acc[kRows][kCols];
+#pragma GCC unroll 4
+  for (int i = 0; i < kRows; ++i)
+#pragma GCC unroll 4
+    for (int c = 0; c < kCols; ++c) acc[i][c] = hn::Zero(df);
+  for (size_t d = 0; d < dim; ++d) {
+    hn::Vec<DF> k[kCols];
+#pragma GCC unroll 4
+    for (int c = 0; c < kCols; ++c) k[c] = hn::LoadU(df, kt + d * ldk + u0 + c * N);
+#pragma GCC unroll 4
+    for (int i = 0; i < kRows; ++i) {
+      const auto qv = hn::Set(df, q[i * ldq + d]);
+#pragma GCC unroll 4
+      for (int c = 0; c < kCols; ++c) acc[i][c] = hn::MulAdd(qv, k[c], acc[i][c]);
+    }
+  }
+  HWY_ALIGN float last[HWY_MAX_BYTES / sizeof(float)];
+#pragma GCC unroll 4
+  for (int i = 0; i < kRows; ++i)
+#pragma GCC unroll 4
+    for (int c = 0; c < kCols; ++c) {
+      float* o = out + i * ldo + u0 + c * N;
+      if (lanes == N) {
+        hn::StoreU(acc[i][c], df, o);
+      } else {
+        hn::Store(acc[i][c], df, last);
+        std::copy_n(last, lanes, o);
+      }
+    }
+}
+
+template <int kRows>
+HWY_INLINE void KeyScoreRows(const float* HWY_RESTRICT q, size_t ldq, const float* HWY_RESTRICT kt, size_t ldk,
+                             size_t n_keys, size_t dim, float* HWY_RESTRICT out, size_t ldo) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  size_t u = 0;
+  for (; u + 4 * N <= n_keys; u += 4 * N) KeyScoreSteps<kRows, 4>(q, ldq, kt, ldk, dim, u, N, out, ldo);
+  for (; u + N <= n_keys; u += N) KeyScoreSteps<kRows, 1>(q, ldq, kt, ldk, dim, u, N, out, ldo);
+  if (u < n_keys && u + N <= ldk) {  // a partial vector whose lanes are inside the stored rows
+    KeyScoreSteps<kRows, 1>(q, ldq, kt, ldk, dim, u, n_keys - u, out, ldo);
+    return;
+  }
+  for (; u < n_keys; ++u)  // the reference's operations
+    for (int i = 0; i < kRows; ++i) {
+      float s = 0.0f;
+      for (size_t d = 0; d < dim; ++d) s = std::fma(q[i * ldq + d], kt[d * ldk + u], s);
+      out[i * ldo + u] = s;
+    }
+}
+
+void KeyScoresImpl(const float* HWY_RESTRICT q, size_t ldq, size_t n_q, const float* HWY_RESTRICT kt, size_t ldk,
+                   size_t n_keys, size_t dim, float* HWY_RESTRICT out, size_t ldo) {
+  size_t i = 0;
+  for (; i + 4 <= n_q; i += 4) KeyScoreRows<4>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo);
+  switch (n_q - i) {
+    case 3: KeyScoreRows<3>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo); break;
+    case 2: KeyScoreRows<2>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo); break;
+    case 1: KeyScoreRows<1>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo); break;
+    default: break;
+  }
+}
+
 void DecodeBf16Impl(const uint16_t* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT out) {
   const DF df;
   const size_t N = hn::Lanes(df);
@@ -140,11 +210,16 @@ HWY_AFTER_NAMESPACE();
 namespace m3::simd {
 
 HWY_EXPORT(IndexScoreMaxImpl);
+HWY_EXPORT(KeyScoresImpl);
 HWY_EXPORT(DecodeBf16Impl);
 HWY_EXPORT(DecodeInt8Impl);
 
 void IndexScoreMax(const float* q, size_t ldq, size_t n_q, const IndexKeyPage& page, float* out) {
   HWY_DYNAMIC_DISPATCH(IndexScoreMaxImpl)(q, ldq, n_q, page, out);
+}
+void KeyScores(const float* q, size_t ldq, size_t n_q, const float* kt, size_t ldk, size_t n_keys, size_t dim,
+               float* out, size_t ldo) {
+  HWY_DYNAMIC_DISPATCH(KeyScoresImpl)(q, ldq, n_q, kt, ldk, n_keys, dim, out, ldo);
 }
 void DecodeBf16(const uint16_t* x, size_t n, float* out) { HWY_DYNAMIC_DISPATCH(DecodeBf16Impl)(x, n, out); }
 void DecodeInt8(const int8_t* x, size_t n, float scale, float* out) {

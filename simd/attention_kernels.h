@@ -32,6 +32,13 @@ struct IndexKeyPage {
 // Every score is computed the same way for any n_q, so prefill and decode agree bit for bit.
 void IndexScoreMax(const float* q, size_t ldq, size_t n_q, const IndexKeyPage& page, float* out);
 
+// out[i * ldo + u] = sum over d of q[i * ldq + d] * kt[d * ldk + u] for i < n_q, u < n_keys: the
+// Q.K^T of attention against keys transposed ([dim][keys]), one fma per dimension in order
+// d = 0, 1, ..., so a score never depends on n_q. Key columns up to the next vector boundary may
+// be read when that stays inside ldk (their results are dropped).
+void KeyScores(const float* q, size_t ldq, size_t n_q, const float* kt, size_t ldk, size_t n_keys, size_t dim,
+               float* out, size_t ldo);
+
 // Storage codecs of one vector of n values.
 void EncodeBf16(const float* x, size_t n, uint16_t* out);        // round to nearest even
 void DecodeBf16(const uint16_t* x, size_t n, float* out);
@@ -41,6 +48,8 @@ void DecodeInt8(const int8_t* x, size_t n, float scale, float* out);
 namespace ref {
 float IndexKeyValue(const IndexKeyPage& page, size_t d, size_t u);  // value d of key u (int8: the code)
 void IndexScoreMax(const float* q, size_t ldq, size_t n_q, const IndexKeyPage& page, float* out);
+void KeyScores(const float* q, size_t ldq, size_t n_q, const float* kt, size_t ldk, size_t n_keys, size_t dim,
+               float* out, size_t ldo);
 void EncodeBf16(const float* x, size_t n, uint16_t* out);
 void DecodeBf16(const uint16_t* x, size_t n, float* out);
 float EncodeInt8(const float* x, size_t n, int8_t* out);

@@ -51,6 +51,16 @@ void IndexScoreMax(const float* q, size_t ldq, size_t n_q, const IndexKeyPage& p
   }
 }
 
+void KeyScores(const float* q, size_t ldq, size_t n_q, const float* kt, size_t ldk, size_t n_keys, size_t dim,
+               float* out, size_t ldo) {
+  for (size_t i = 0; i < n_q; ++i)
+    for (size_t u = 0; u < n_keys; ++u) {
+      float s = 0.0f;
+      for (size_t d = 0; d < dim; ++d) s = std::fma(q[i * ldq + d], kt[d * ldk + u], s);
+      out[i * ldo + u] = s;
+    }
+}
+
 void EncodeBf16(const float* x, size_t n, uint16_t* out) {
   for (size_t i = 0; i < n; ++i) out[i] = F32ToBf16(x[i]);
 }

@@ -218,6 +218,42 @@ TEST_CASE("IndexScoreMax matches the reference for every storage type, key count
   }
 }
 
+TEST_CASE("KeyScores matches the reference for every key and query count, one query == in a batch", "[kernels]") {
+  std::mt19937 rng(6);
+  for (size_t dim : {1, 16, 128}) {
+    for (size_t ldk : {5, 64, 133}) {
+      auto kt = RandomVec(dim * ldk, static_cast<uint32_t>(rng()));
+      for (size_t n_keys : {0, 1, 3, 5, 16, 17, 63, 64, 128, 133}) {
+        if (n_keys > ldk) continue;
+        for (size_t n_q : {1, 2, 3, 4, 7, 16}) {
+          INFO("dim " << dim << " ldk " << ldk << " keys " << n_keys << " queries " << n_q);
+          const size_t ldq = dim + 1, ldo = n_keys + 2;
+          auto q = RandomVec(n_q * ldq, static_cast<uint32_t>(rng()));
+          std::vector<float> want(n_q * ldo, -7.0f), got(n_q * ldo, -7.0f);
+          ref::KeyScores(q.data(), ldq, n_q, kt.data(), ldk, n_keys, dim, want.data(), ldo);
+          ForEachTarget([&] {
+            std::fill(got.begin(), got.end(), -7.0f);
+            KeyScores(q.data(), ldq, n_q, kt.data(), ldk, n_keys, dim, got.data(), ldo);
+            for (size_t i = 0; i < n_q; ++i)
+              for (size_t u = 0; u < ldo; ++u) {
+                if (u < n_keys) {
+                  CHECK(std::fabs(got[i * ldo + u] - want[i * ldo + u]) <= Tol(want[i * ldo + u], dim));
+                } else {
+                  CHECK(got[i * ldo + u] == -7.0f);  // nothing written past n_keys
+                }
+              }
+            std::vector<float> one(ldo);
+            for (size_t i = 0; i < n_q; ++i) {
+              KeyScores(q.data() + i * ldq, ldq, 1, kt.data(), ldk, n_keys, dim, one.data(), ldo);
+              CHECK(std::memcmp(one.data(), &got[i * ldo], n_keys * sizeof(float)) == 0);
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("cache codecs: bf16 and int8 round trips match the references", "[kernels]") {
   for (size_t n : kSizes) {
     INFO("n " << n);
