@@ -115,33 +115,35 @@ void IndexScoreMaxImpl(const float* q, size_t ldq, size_t n_q, const IndexKeyPag
   }
 }
 
-// Rows [0, kRows) of q against kCols vectors of fp32 keys from u0 (transposed, in cache): all
-// dimensions, 4 x 4 accumulators. `lanes` < N stores only the first lanes of the last vector.
+// Rows [0, kRows) of q against kCols vectors of fp32 keys from u0 (transposed): all dimensions.
+// 2 rows x 8 vectors: a step reads whole 512-byte rows of a 128-key page front to back (the first
+// row pair streams the page from memory, the next pairs find it in L2; 4 x 4 steps strided
+// through it and waited on memory). `lanes` < N stores only the first lanes of the last vector.
 template <int kRows, int kCols>
 HWY_INLINE void KeyScoreSteps(const float* HWY_RESTRICT q, size_t ldq, const float* HWY_RESTRICT kt, size_t ldk,
                               size_t dim, size_t u0, size_t lanes, float* HWY_RESTRICT out, size_t ldo) {
   const DF df;
   const size_t N = hn::Lanes(df);
   hn::Vec<DF> acc[kRows][kCols];
-#pragma GCC unroll 4
+#pragma GCC unroll 2
   for (int i = 0; i < kRows; ++i)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < kCols; ++c) acc[i][c] = hn::Zero(df);
   for (size_t d = 0; d < dim; ++d) {
     hn::Vec<DF> k[kCols];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < kCols; ++c) k[c] = hn::LoadU(df, kt + d * ldk + u0 + c * N);
-#pragma GCC unroll 4
+#pragma GCC unroll 2
     for (int i = 0; i < kRows; ++i) {
       const auto qv = hn::Set(df, q[i * ldq + d]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int c = 0; c < kCols; ++c) acc[i][c] = hn::MulAdd(qv, k[c], acc[i][c]);
     }
   }
   HWY_ALIGN float last[HWY_MAX_BYTES / sizeof(float)];
-#pragma GCC unroll 4
+#pragma GCC unroll 2
   for (int i = 0; i < kRows; ++i)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < kCols; ++c) {
       float* o = out + i * ldo + u0 + c * N;
       if (lanes == N) {
@@ -159,7 +161,7 @@ HWY_INLINE void KeyScoreRows(const float* HWY_RESTRICT q, size_t ldq, const floa
   const DF df;
   const size_t N = hn::Lanes(df);
   size_t u = 0;
-  for (; u + 4 * N <= n_keys; u += 4 * N) KeyScoreSteps<kRows, 4>(q, ldq, kt, ldk, dim, u, N, out, ldo);
+  for (; u + 8 * N <= n_keys; u += 8 * N) KeyScoreSteps<kRows, 8>(q, ldq, kt, ldk, dim, u, N, out, ldo);
   for (; u + N <= n_keys; u += N) KeyScoreSteps<kRows, 1>(q, ldq, kt, ldk, dim, u, N, out, ldo);
   if (u < n_keys && u + N <= ldk) {  // a partial vector whose lanes are inside the stored rows
     KeyScoreSteps<kRows, 1>(q, ldq, kt, ldk, dim, u, n_keys - u, out, ldo);
@@ -176,13 +178,8 @@ HWY_INLINE void KeyScoreRows(const float* HWY_RESTRICT q, size_t ldq, const floa
 void KeyScoresImpl(const float* HWY_RESTRICT q, size_t ldq, size_t n_q, const float* HWY_RESTRICT kt, size_t ldk,
                    size_t n_keys, size_t dim, float* HWY_RESTRICT out, size_t ldo) {
   size_t i = 0;
-  for (; i + 4 <= n_q; i += 4) KeyScoreRows<4>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo);
-  switch (n_q - i) {
-    case 3: KeyScoreRows<3>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo); break;
-    case 2: KeyScoreRows<2>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo); break;
-    case 1: KeyScoreRows<1>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo); break;
-    default: break;
-  }
+  for (; i + 2 <= n_q; i += 2) KeyScoreRows<2>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo);
+  if (i < n_q) KeyScoreRows<1>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo);
 }
 
 void DecodeBf16Impl(const uint16_t* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT out) {

@@ -159,69 +159,59 @@ void MatMulF32Impl(const float* HWY_RESTRICT a, size_t lda, size_t n_rows,
     for (size_t t = 0; t < n_tok; ++t) y[t * ldy + r] = RowDot(a + r * lda, x + t * ldx, k);
 }
 
-// Columns [c, c + width) of one row of P.V, accumulated in registers over all keys. Used for the
-// vector body and, with scalar code, for the tail, so every output follows the same u order.
-void MatMulAccumulateImpl(const float* HWY_RESTRICT p, size_t ldp, size_t n_rows, const float* HWY_RESTRICT v,
-                          size_t ldv, size_t n_keys, size_t d, float* HWY_RESTRICT out, size_t ldo) {
+// Rows [0, kRows) of P.V over columns [c, c + kCols * N): accumulators in registers over all keys,
+// one fma per key in order u = 0, 1, ... (the order every path of this kernel follows).
+template <int kRows, int kCols>
+HWY_INLINE void PvSteps(const float* HWY_RESTRICT p, size_t ldp, const float* HWY_RESTRICT v, size_t ldv,
+                        size_t n_keys, size_t c, float* HWY_RESTRICT out, size_t ldo) {
   const DF df;
   const size_t N = hn::Lanes(df);
+  hn::Vec<DF> acc[kRows][kCols];
+#pragma GCC unroll 2
+  for (int h = 0; h < kRows; ++h)
+#pragma GCC unroll 8
+    for (int j = 0; j < kCols; ++j) acc[h][j] = hn::LoadU(df, out + h * ldo + c + j * N);
+  for (size_t u = 0; u < n_keys; ++u) {
+    hn::Vec<DF> vv[kCols];
+#pragma GCC unroll 8
+    for (int j = 0; j < kCols; ++j) vv[j] = hn::LoadU(df, v + u * ldv + c + j * N);
+#pragma GCC unroll 2
+    for (int h = 0; h < kRows; ++h) {
+      const auto w = hn::Set(df, p[h * ldp + u]);
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) acc[h][j] = hn::MulAdd(w, vv[j], acc[h][j]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < kRows; ++h)
+#pragma GCC unroll 8
+    for (int j = 0; j < kCols; ++j) hn::StoreU(acc[h][j], df, out + h * ldo + c + j * N);
+}
+
+template <int kRows>
+HWY_INLINE void PvRows(const float* HWY_RESTRICT p, size_t ldp, const float* HWY_RESTRICT v, size_t ldv,
+                       size_t n_keys, size_t d, float* HWY_RESTRICT out, size_t ldo) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  size_t c = 0;
+  for (; c + 8 * N <= d; c += 8 * N) PvSteps<kRows, 8>(p, ldp, v, ldv, n_keys, c, out, ldo);
+  for (; c + N <= d; c += N) PvSteps<kRows, 1>(p, ldp, v, ldv, n_keys, c, out, ldo);
+  for (; c < d; ++c)
+    for (int h = 0; h < kRows; ++h) {
+      float acc = out[h * ldo + c];
+      for (size_t u = 0; u < n_keys; ++u) acc = std::fma(p[h * ldp + u], v[u * ldv + c], acc);
+      out[h * ldo + c] = acc;
+    }
+}
+
+// Two rows of P share each loaded V vector; 8 vectors of columns per step read whole 512-byte V
+// rows (head_dim 128) front to back: the first row pair streams a V block from memory and the
+// next ones find it in L2 (narrower column steps strided through it and waited on memory).
+void MatMulAccumulateImpl(const float* HWY_RESTRICT p, size_t ldp, size_t n_rows, const float* HWY_RESTRICT v,
+                          size_t ldv, size_t n_keys, size_t d, float* HWY_RESTRICT out, size_t ldo) {
   size_t h = 0;
-  // Four rows of P share each loaded V vector pair: 8 accumulators.
-  for (; h + 4 <= n_rows; h += 4) {
-    const float* p0 = p + h * ldp;
-    const float* p1 = p0 + ldp;
-    const float* p2 = p1 + ldp;
-    const float* p3 = p2 + ldp;
-    float* o0 = out + h * ldo;
-    float* o1 = o0 + ldo;
-    float* o2 = o1 + ldo;
-    float* o3 = o2 + ldo;
-    size_t c = 0;
-    for (; c + 2 * N <= d; c += 2 * N) {
-      auto a00 = hn::LoadU(df, o0 + c), a01 = hn::LoadU(df, o0 + c + N);
-      auto a10 = hn::LoadU(df, o1 + c), a11 = hn::LoadU(df, o1 + c + N);
-      auto a20 = hn::LoadU(df, o2 + c), a21 = hn::LoadU(df, o2 + c + N);
-      auto a30 = hn::LoadU(df, o3 + c), a31 = hn::LoadU(df, o3 + c + N);
-      for (size_t u = 0; u < n_keys; ++u) {
-        const float* vu = v + u * ldv + c;
-        const auto v0 = hn::LoadU(df, vu), v1 = hn::LoadU(df, vu + N);
-        const auto w0 = hn::Set(df, p0[u]), w1 = hn::Set(df, p1[u]), w2 = hn::Set(df, p2[u]), w3 = hn::Set(df, p3[u]);
-        a00 = hn::MulAdd(w0, v0, a00), a01 = hn::MulAdd(w0, v1, a01);
-        a10 = hn::MulAdd(w1, v0, a10), a11 = hn::MulAdd(w1, v1, a11);
-        a20 = hn::MulAdd(w2, v0, a20), a21 = hn::MulAdd(w2, v1, a21);
-        a30 = hn::MulAdd(w3, v0, a30), a31 = hn::MulAdd(w3, v1, a31);
-      }
-      hn::StoreU(a00, df, o0 + c), hn::StoreU(a01, df, o0 + c + N);
-      hn::StoreU(a10, df, o1 + c), hn::StoreU(a11, df, o1 + c + N);
-      hn::StoreU(a20, df, o2 + c), hn::StoreU(a21, df, o2 + c + N);
-      hn::StoreU(a30, df, o3 + c), hn::StoreU(a31, df, o3 + c + N);
-    }
-    for (; c < d; ++c)
-      for (size_t i = 0; i < 4; ++i) {
-        float acc = out[(h + i) * ldo + c];
-        for (size_t u = 0; u < n_keys; ++u) acc = std::fma(p[(h + i) * ldp + u], v[u * ldv + c], acc);
-        out[(h + i) * ldo + c] = acc;
-      }
-  }
-  for (; h < n_rows; ++h) {
-    const float* ph = p + h * ldp;
-    float* oh = out + h * ldo;
-    size_t c = 0;
-    for (; c + 2 * N <= d; c += 2 * N) {
-      auto a0 = hn::LoadU(df, oh + c), a1 = hn::LoadU(df, oh + c + N);
-      for (size_t u = 0; u < n_keys; ++u) {
-        const auto w = hn::Set(df, ph[u]);
-        a0 = hn::MulAdd(w, hn::LoadU(df, v + u * ldv + c), a0);
-        a1 = hn::MulAdd(w, hn::LoadU(df, v + u * ldv + c + N), a1);
-      }
-      hn::StoreU(a0, df, oh + c), hn::StoreU(a1, df, oh + c + N);
-    }
-    for (; c < d; ++c) {
-      float acc = oh[c];
-      for (size_t u = 0; u < n_keys; ++u) acc = std::fma(ph[u], v[u * ldv + c], acc);
-      oh[c] = acc;
-    }
-  }
+  for (; h + 2 <= n_rows; h += 2) PvRows<2>(p + h * ldp, ldp, v, ldv, n_keys, d, out + h * ldo, ldo);
+  if (h < n_rows) PvRows<1>(p + h * ldp, ldp, v, ldv, n_keys, d, out + h * ldo, ldo);
 }
 
 float DotImpl(const float* a, const float* b, size_t n) { return RowDot(a, b, n); }

@@ -27,7 +27,7 @@ void MatMulF32(const float* a, size_t lda, size_t n_rows, const float* x, size_t
                size_t n_tok, size_t k, float* y, size_t ldy);
 
 // out[h * ldo + c] += sum_u p[h * ldp + u] * v[u * ldv + c]   for h < n_rows, c < d, u < n_keys.
-// The P.V product of attention: each V row is loaded once for four rows of P. The sum over u runs
+// The P.V product of attention: each V row is loaded once for two rows of P. The sum over u runs
 // in order, so accumulating key ranges one after another gives the same result as one call.
 void MatMulAccumulate(const float* p, size_t ldp, size_t n_rows, const float* v, size_t ldv, size_t n_keys,
                       size_t d, float* out, size_t ldo);

@@ -186,17 +186,14 @@ struct TestCaches {
   std::vector<float> K, V, IK;  // as stored
   TestCaches(const std::vector<float>& K0, const std::vector<float>& V0, const std::vector<float>& IK0, int len,
              int Hkv, int D, int Di, int B, CacheType kv_type, CacheType ik_type)
-      : k(Hkv, D, B, kv_type), v(Hkv, D, B, kv_type), ik(Di, B, ik_type), K(K0.size()), V(V0.size()), IK(IK0.size()) {
+      : k(Hkv, D, B, kv_type, KvLayout::kTransposed), v(Hkv, D, B, kv_type), ik(Di, B, ik_type), K(K0.size()), V(V0.size()), IK(IK0.size()) {
     k.EnsureRows(len), v.EnsureRows(len), ik.EnsureRows(len);
-    std::vector<float> scratch(B * D);
     for (int u = 0; u < len; ++u) {
       k.Write(u, &K0[u * Hkv * D]);
       v.Write(u, &V0[u * Hkv * D]);
       ik.Write(u, &IK0[u * Di]);
-      for (int g = 0; g < Hkv; ++g) {
-        std::copy_n(k.Read(u, u + 1, g, scratch.data()), D, &K[(u * Hkv + g) * D]);
-        std::copy_n(v.Read(u, u + 1, g, scratch.data()), D, &V[(u * Hkv + g) * D]);
-      }
+      for (int g = 0; g < Hkv; ++g)
+        for (int c = 0; c < D; ++c) K[(u * Hkv + g) * D + c] = k.Value(u, g, c), V[(u * Hkv + g) * D + c] = v.Value(u, g, c);
       for (int c = 0; c < Di; ++c) IK[u * Di + c] = ik.Value(u, c);
     }
   }
@@ -306,23 +303,30 @@ TEST_CASE("KV and index-key pages store each type within its rounding", "[ops][c
   std::vector<float> scratch(B * D);
   for (CacheType t : {CacheType::kF32, CacheType::kBF16, CacheType::kInt8}) {
     INFO(simd::CacheTypeName(t));
-    KvPages k(Hkv, D, B, t);
+    KvPages k(Hkv, D, B, t), kt(Hkv, D, B, t, KvLayout::kTransposed);
     IndexKeyPages ik(Hkv * D, B, t);
-    k.EnsureRows(len), ik.EnsureRows(len);
+    k.EnsureRows(len), kt.EnsureRows(len), ik.EnsureRows(len);
     CHECK(k.capacity_rows() == (len + B - 1) / B * B);
     CHECK(k.bytes() == k.capacity_rows() * KvPages::BytesPerRow(Hkv, D, t));
-    for (int u = 0; u < len; ++u) k.Write(u, &X[u * Hkv * D]), ik.Write(u, &X[u * Hkv * D]);
+    for (int u = 0; u < len; ++u) k.Write(u, &X[u * Hkv * D]), kt.Write(u, &X[u * Hkv * D]), ik.Write(u, &X[u * Hkv * D]);
     for (int u = 0; u < len; ++u)
       for (int g = 0; g < Hkv; ++g) {
         float amax = 0;
         for (int c = 0; c < D; ++c) amax = std::max(amax, std::fabs(X[(u * Hkv + g) * D + c]));
         const float* row = k.Read(u, u + 1, g, scratch.data());
         for (int c = 0; c < D; ++c) {
+          CHECK(kt.Value(u, g, c) == row[c]);  // both layouts store the same values
           const float x = X[(u * Hkv + g) * D + c];
           const float tol = t == CacheType::kF32 ? 0.0f : t == CacheType::kBF16 ? std::fabs(x) / 256 : amax / 254 * 1.0001f;
           CHECK(std::fabs(row[c] - x) <= tol);
         }
       }
+    // A transposed block read in one call holds the same values, a dimension per row.
+    size_t ld = 0;
+    const float* tb = kt.Read(2 * B, 3 * B - 1, 2, scratch.data(), &ld);
+    CHECK(ld == static_cast<size_t>(B));
+    for (int r = 0; r < B - 1; ++r)
+      for (int c = 0; c < D; ++c) CHECK(tb[c * ld + r] == k.Value(2 * B + r, 2, c));
     // A block read in one call equals its rows read one by one.
     std::vector<float> block(B * D);
     std::copy_n(k.Read(2 * B, 3 * B, 1, scratch.data()), B * D, block.begin());

@@ -7,7 +7,7 @@ KvCache::KvCache(const ModelConfig& cfg, const CacheOptions& options) : options_
   const size_t page = cfg.any_sparse() ? static_cast<size_t>(cfg.sparse.block_size) : 64;
   const auto kv_heads = static_cast<size_t>(cfg.num_kv_heads), dim = static_cast<size_t>(cfg.head_dim);
   for (int l = 0; l < cfg.num_layers; ++l) {
-    k_.emplace_back(kv_heads, dim, page, options.kv);
+    k_.emplace_back(kv_heads, dim, page, options.kv, KvLayout::kTransposed);
     v_.emplace_back(kv_heads, dim, page, options.kv);
     ik_.emplace_back(cfg.sparse_layer[l] ? static_cast<size_t>(cfg.sparse.index_dim) : 0, page, options.index_keys);
   }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <new>
 #include <numeric>
+#include <stdexcept>
 #include <utility>
 
 #include "base/aligned_buffer.h"
@@ -107,6 +108,8 @@ void SelectBlocks(const ThreadConfig& tc, const SparseParams& p, const float* iq
 
 void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q, const KvPages& k, const KvPages& v,
                int64_t pos0, size_t n, const BlockSelection* sel, float* out) {
+  if (k.layout() != KvLayout::kTransposed || v.layout() != KvLayout::kRows)
+    throw std::invalid_argument("Attention: K pages must be transposed and V pages rows (KvLayout)");
   const size_t H = p.num_heads, D = p.head_dim;
   const size_t per_kv = H / p.num_kv_heads;
   const size_t per_idx = sel ? H / p.num_index_heads : H;
@@ -164,6 +167,7 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
         const size_t a = static_cast<size_t>(b) * B, e = std::min(a + B, last_pos + 1);
         const float* kt = nullptr;
         const float* vt = nullptr;
+        size_t ldk = 0;
         for (size_t i = 0; i < tn; ++i) {
           const size_t t = t0 + i, pos = P + t;
           if (sel) {  // the query's own sorted list, walked along with `visit`
@@ -172,10 +176,10 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
             ++cursor[i];
           }
           if (pos < a) continue;
-          if (!kt) kt = k.Read(a, e, grp.kv, k_tile.data()), vt = v.Read(a, e, grp.kv, v_tile.data());
+          if (!kt) kt = k.Read(a, e, grp.kv, k_tile.data(), &ldk), vt = v.Read(a, e, grp.kv, v_tile.data());
           const size_t nk = std::min(e, pos + 1) - a;
           const float* qh = q + t * H * D + grp.j0 * D;
-          simd::MatMulF32(kt, D, nk, qh, D, nh, D, scores.data(), B);
+          simd::KeyScores(qh, D, nh, kt, ldk, nk, D, scores.data(), B);
           float* o = acc.data() + i * nh * D;
           for (size_t h = 0; h < nh; ++h) {
             float* s = scores.data() + h * B;

@@ -70,6 +70,7 @@ struct AttentionParams {
 // of D. Online softmax over the blocks a query reads, in ascending order; a query's result does
 // not depend on the other queries of its chunk (decode of a position equals its prefill row).
 // Without `sel` the blocks are the cache pages (every visible key: dense causal attention).
+// K pages are KvLayout::kTransposed, V pages kRows.
 void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q, const KvPages& k, const KvPages& v,
                int64_t pos0, size_t n, const BlockSelection* sel, float* out);
 

@@ -39,45 +39,84 @@ size_t KvPages::BytesPerRow(size_t heads, size_t dim, CacheType type) {
   return heads * (dim * simd::CacheTypeBytes(type) + (type == CacheType::kInt8 ? sizeof(float) : 0));
 }
 
-KvPages::KvPages(size_t heads, size_t dim, size_t page_rows, CacheType type)
-    : heads_(heads), dim_(dim), page_rows_(page_rows), type_(type),
+KvPages::KvPages(size_t heads, size_t dim, size_t page_rows, CacheType type, KvLayout layout)
+    : heads_(heads), dim_(dim), page_rows_(page_rows), type_(type), layout_(layout),
       pages_(page_rows * BytesPerRow(heads, dim, type)) {}
 
 void KvPages::Write(size_t row, const float* x) {
   uint8_t* page = pages_.page(row / page_rows_);
   const size_t r = row % page_rows_, bytes = simd::CacheTypeBytes(type_);
+  thread_local std::vector<int8_t> codes;
   for (size_t h = 0; h < heads_; ++h) {
-    const size_t at = h * page_rows_ + r;
-    void* dst = page + at * dim_ * bytes;
     const float* src = x + h * dim_;
-    switch (type_) {
-      case CacheType::kF32: std::memcpy(dst, src, dim_ * sizeof(float)); break;
-      case CacheType::kBF16: simd::EncodeBf16(src, dim_, static_cast<uint16_t*>(dst)); break;
-      case CacheType::kInt8: {
-        float* scales = reinterpret_cast<float*>(page + heads_ * page_rows_ * dim_);
-        scales[at] = simd::EncodeInt8(src, dim_, static_cast<int8_t*>(dst));
-        break;
+    float* scales = reinterpret_cast<float*>(page + heads_ * page_rows_ * dim_);  // int8 only
+    if (layout_ == KvLayout::kRows) {
+      void* dst = page + (h * page_rows_ + r) * dim_ * bytes;
+      switch (type_) {
+        case CacheType::kF32: std::memcpy(dst, src, dim_ * sizeof(float)); break;
+        case CacheType::kBF16: simd::EncodeBf16(src, dim_, static_cast<uint16_t*>(dst)); break;
+        case CacheType::kInt8: scales[h * page_rows_ + r] = simd::EncodeInt8(src, dim_, static_cast<int8_t*>(dst)); break;
       }
+      continue;
+    }
+    const size_t at = h * dim_ * page_rows_ + r;  // value d at at + d * page_rows_
+    switch (type_) {
+      case CacheType::kF32:
+        for (size_t d = 0; d < dim_; ++d) reinterpret_cast<float*>(page)[at + d * page_rows_] = src[d];
+        break;
+      case CacheType::kBF16:
+        for (size_t d = 0; d < dim_; ++d) reinterpret_cast<uint16_t*>(page)[at + d * page_rows_] = simd::F32ToBf16(src[d]);
+        break;
+      case CacheType::kInt8:
+        codes.resize(dim_);
+        scales[h * page_rows_ + r] = simd::EncodeInt8(src, dim_, codes.data());
+        for (size_t d = 0; d < dim_; ++d) reinterpret_cast<int8_t*>(page)[at + d * page_rows_] = codes[d];
+        break;
     }
   }
 }
 
-const float* KvPages::Read(size_t a, size_t b, size_t head, float* scratch) const {
+const float* KvPages::Read(size_t a, size_t b, size_t head, float* scratch, size_t* ld) const {
   const uint8_t* page = pages_.page(a / page_rows_);
-  const size_t at = head * page_rows_ + a % page_rows_, n = b - a;
-  switch (type_) {
-    case CacheType::kF32: return reinterpret_cast<const float*>(page) + at * dim_;
-    case CacheType::kBF16:
-      simd::DecodeBf16(reinterpret_cast<const uint16_t*>(page) + at * dim_, n * dim_, scratch);
-      return scratch;
-    case CacheType::kInt8: {
-      const auto* codes = reinterpret_cast<const int8_t*>(page) + at * dim_;
-      const auto* scales = reinterpret_cast<const float*>(page + heads_ * page_rows_ * dim_) + at;
-      for (size_t i = 0; i < n; ++i) simd::DecodeInt8(codes + i * dim_, dim_, scales[i], scratch + i * dim_);
-      return scratch;
+  const size_t r0 = a % page_rows_, n = b - a;
+  const auto* scales = reinterpret_cast<const float*>(page + heads_ * page_rows_ * dim_) + head * page_rows_ + r0;
+  if (layout_ == KvLayout::kRows) {
+    if (ld) *ld = dim_;
+    const size_t at = (head * page_rows_ + r0) * dim_;
+    switch (type_) {
+      case CacheType::kF32: return reinterpret_cast<const float*>(page) + at;
+      case CacheType::kBF16: simd::DecodeBf16(reinterpret_cast<const uint16_t*>(page) + at, n * dim_, scratch); break;
+      case CacheType::kInt8:
+        for (size_t i = 0; i < n; ++i)
+          simd::DecodeInt8(reinterpret_cast<const int8_t*>(page) + at + i * dim_, dim_, scales[i], scratch + i * dim_);
+        break;
     }
+    return scratch;
   }
-  return nullptr;
+  if (ld) *ld = page_rows_;
+  const size_t at = head * dim_ * page_rows_ + r0;
+  switch (type_) {
+    case CacheType::kF32: return reinterpret_cast<const float*>(page) + at;
+    case CacheType::kBF16:
+      for (size_t d = 0; d < dim_; ++d)
+        simd::DecodeBf16(reinterpret_cast<const uint16_t*>(page) + at + d * page_rows_, n, scratch + d * page_rows_);
+      break;
+    case CacheType::kInt8:
+      for (size_t d = 0; d < dim_; ++d) {
+        const int8_t* codes = reinterpret_cast<const int8_t*>(page) + at + d * page_rows_;
+        float* o = scratch + d * page_rows_;
+        for (size_t i = 0; i < n; ++i) o[i] = static_cast<float>(codes[i]) * scales[i];
+      }
+      break;
+  }
+  return scratch;
+}
+
+float KvPages::Value(size_t row, size_t head, size_t d) const {
+  std::vector<float> scratch(page_rows_ * dim_);
+  size_t ld = 0;
+  const float* p = Read(row, row + 1, head, scratch.data(), &ld);
+  return layout_ == KvLayout::kRows ? p[d] : p[d * ld];
 }
 
 size_t IndexKeyPages::BytesPerRow(size_t dim, CacheType type) {

@@ -40,18 +40,27 @@ class PageList {
   size_t spare_ = 0;  // pages left in the last arena, after pages_.back()
 };
 
-// K or V of one layer: per position `heads` vectors of `dim` values. A page stores each head's
-// rows together ([head][row][dim], then int8 scales [head][row]), so the rows one KV head reads
-// from one block are contiguous.
+// How a page orders one head's values: V is read a row per key (P.V), K a dimension at a time
+// across keys (Q.K^T as vector FMAs over keys, simd::KeyScores).
+enum class KvLayout : uint8_t {
+  kRows,        // [head][row][dim]
+  kTransposed,  // [head][dim][row]
+};
+
+// K or V of one layer: per position `heads` vectors of `dim` values, each head's part of a page
+// contiguous (then int8 scales [head][row]), so what one KV head reads from one block is one range.
 class KvPages {
  public:
   KvPages() = default;
-  KvPages(size_t heads, size_t dim, size_t page_rows, CacheType type);
+  KvPages(size_t heads, size_t dim, size_t page_rows, CacheType type, KvLayout layout = KvLayout::kRows);
   void EnsureRows(size_t n) { pages_.EnsurePages((n + page_rows_ - 1) / page_rows_); }
   void Write(size_t row, const float* x);  // x: heads * dim values
-  // Rows [a, b) of one head (within one page) as fp32 rows of `dim`: a pointer into the page for
-  // f32, otherwise decoded into `scratch` (page_rows * dim floats).
-  const float* Read(size_t a, size_t b, size_t head, float* scratch) const;
+  // Rows [a, b) of one head (within one page) as fp32: kRows gives rows of `dim` (stride dim),
+  // kTransposed gives `dim` rows of keys (stride *ld = page_rows, key a first). A pointer into the
+  // page for f32, otherwise decoded into `scratch` (page_rows * dim floats).
+  const float* Read(size_t a, size_t b, size_t head, float* scratch, size_t* ld = nullptr) const;
+  float Value(size_t row, size_t head, size_t d) const;  // decoded (tests, references)
+  KvLayout layout() const { return layout_; }
   size_t heads() const { return heads_; }
   size_t dim() const { return dim_; }
   size_t page_rows() const { return page_rows_; }
@@ -63,6 +72,7 @@ class KvPages {
  private:
   size_t heads_ = 0, dim_ = 0, page_rows_ = 1;
   CacheType type_ = CacheType::kF32;
+  KvLayout layout_ = KvLayout::kRows;
   PageList pages_;
 };
 
