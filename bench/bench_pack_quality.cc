@@ -9,9 +9,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <regex>
-#include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -20,6 +17,7 @@
 
 #include "model/packer.h"
 #include "pack_quality.h"
+#include "quality.h"
 
 namespace {
 
@@ -38,20 +36,6 @@ Bar BarFor(m3::PackType t) {
     case m3::PackType::kQ4: return {1.2, 0.25};
   }
   return {0, 0};
-}
-
-// case.json from Python may hold Infinity/NaN; only prompt_ids and decode_steps are needed.
-bool ReadCase(const std::string& dir, std::vector<int32_t>* prompt, int* steps) {
-  std::ifstream in(dir + "/case.json");
-  if (!in) return false;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  static const std::regex non_finite(R"(-?\bInfinity\b|\bNaN\b)");
-  const auto j = nlohmann::json::parse(std::regex_replace(ss.str(), non_finite, "null"), nullptr, false);
-  if (j.is_discarded() || !j.contains("prompt_ids")) return false;
-  *prompt = j["prompt_ids"].get<std::vector<int32_t>>();
-  *steps = j.value("decode_steps", 4);
-  return true;
 }
 
 }  // namespace
@@ -74,15 +58,12 @@ int main(int argc, char** argv) {
     std::printf("%-40s %-9s %6s %10s %10s %6s %11s %11s %11s\n", "case", "type", "rows", "KL mean", "KL max", "top1",
                 "q8 relMSE", "q4 relMSE", "Q4_0 relMSE");
   for (const auto& dir : cases) {
-    std::vector<int32_t> prompt;
-    int steps = 0;
-    if (!ReadCase(dir, &prompt, &steps)) {
-      std::fprintf(stderr, "%s: cannot read case.json prompt_ids\n", dir.c_str());
+    const auto golden = m3::ReadGoldenCase(dir);
+    if (!golden.ok()) {
+      std::fprintf(stderr, "%s\n", golden.status().ToString().c_str());
       return 1;
     }
-    std::string trimmed = dir;
-    while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
-    const std::string name = std::filesystem::path(trimmed).filename().string();
+    const std::string& name = golden->name;
     for (m3::PackType type : {m3::PackType::kQ8, m3::PackType::kQ4Mixed, m3::PackType::kQ4}) {
       m3::PackOptions opt;
       opt.source_dir = dir;
@@ -91,7 +72,7 @@ int main(int argc, char** argv) {
       opt.force = true;
       opt.threads = 2;
       auto packed = m3::PackModel(opt);
-      auto q = packed.ok() ? m3::MeasurePackQuality(dir, opt.output_dir, prompt, steps, 2)
+      auto q = packed.ok() ? m3::MeasurePackQuality(dir, opt.output_dir, golden->prompt, golden->decode_steps, 2)
                            : m3::StatusOr<m3::PackQuality>(packed.status());
       if (!q.ok()) {
         std::fprintf(stderr, "%s %s: %s\n", name.c_str(), m3::PackTypeName(type), q.status().ToString().c_str());

@@ -5,6 +5,7 @@
 
 #include "kernels.h"
 #include "model/weights.h"
+#include "quality.h"
 #include "runtime/engine.h"
 #include "weight_pack.h"
 
@@ -44,22 +45,6 @@ void AddWeightErrors(const simd::WeightRef& src, const simd::WeightRef& packed, 
   }
 }
 
-// KL(p || q) of softmax(a) and softmax(b), in double.
-double KlDivergence(const float* a, const float* b, size_t n) {
-  const double ma = *std::max_element(a, a + n), mb = *std::max_element(b, b + n);
-  double za = 0, zb = 0;
-  for (size_t i = 0; i < n; ++i) za += std::exp(a[i] - ma), zb += std::exp(b[i] - mb);
-  const double la = std::log(za), lb = std::log(zb);
-  double kl = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double lpa = a[i] - ma - la, lpb = b[i] - mb - lb;
-    kl += std::exp(lpa) * (lpa - lpb);
-  }
-  return std::max(0.0, kl);
-}
-
-size_t Argmax(const float* x, size_t n) { return static_cast<size_t>(std::max_element(x, x + n) - x); }
-
 }  // namespace
 
 StatusOr<PackQuality> MeasurePackQuality(const std::string& source_dir, const std::string& packed_dir,
@@ -93,16 +78,11 @@ StatusOr<PackQuality> MeasurePackQuality(const std::string& source_dir, const st
     lb.insert(lb.end(), step_b.begin(), step_b.end());
     next = static_cast<int32_t>(Argmax(step_a.data(), vocab));
   }
-  q.rows = la.size() / vocab;
-  size_t agree = 0;
-  for (size_t r = 0; r < q.rows; ++r) {
-    const double kl = KlDivergence(&la[r * vocab], &lb[r * vocab], vocab);
-    q.kl_mean += kl;
-    q.kl_max = std::max(q.kl_max, kl);
-    agree += Argmax(&la[r * vocab], vocab) == Argmax(&lb[r * vocab], vocab);
-  }
-  q.kl_mean /= static_cast<double>(q.rows);
-  q.top1 = static_cast<double>(agree) / static_cast<double>(q.rows);
+  const LogitAgreement agreement = CompareLogits(la, lb, vocab);
+  q.rows = agreement.rows;
+  q.kl_mean = agreement.kl_mean;
+  q.kl_max = agreement.kl_max;
+  q.top1 = agreement.top1;
   return q;
 }
 
