@@ -25,6 +25,7 @@
 #include "bench/synthetic_model.h"
 #include "kernels.h"
 #include "ops/matmul.h"
+#include "platform/memory.h"
 #include "platform/parallel.h"
 #include "quant_kernels.h"
 #include "runtime/engine.h"
@@ -168,15 +169,8 @@ std::string Bytes(double b) {
 // ---------------------------------------------------------------------------------------------
 // The process and the machine.
 
-uint64_t MemAvailable() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
-}
+// What this process can still get, cgroup limits included (lib/platform/memory.h); 0 if unknown.
+uint64_t MemAvailable() { return AvailableMemoryBytes().value_or(0); }
 
 // Bytes this process caused to be read from storage (/proc/self/io); -1 when unavailable.
 int64_t StorageReadBytes() {

@@ -1,5 +1,6 @@
-// m3 logits -m DIR --ids LIST [-n N] -o OUT [--dump-blocks] [-t THREADS]
-// One prefill of the prompt, then N greedy steps through the cache. Writes the files of
+// m3 logits -m DIR --ids LIST [-n N] -o OUT [--dump-blocks] [engine options]
+// One prefill of the prompt (one Session::Eval: forward passes of --prefill-chunk tokens), then N
+// greedy steps through the cache. Writes the files of
 // ../shared/golden: prefill_logits.npy [T, vocab], decode_logits.npy [N, vocab], greedy_ids.json
 // and, with --dump-blocks, selected_blocks.json.
 #include <algorithm>
@@ -95,6 +96,8 @@ int RunLogits(const LogitsArgs& a) {
   if (a.steps < 0) return Fail(InvalidArgument("-n must be >= 0"));
   auto engine_options = a.engine_args.Options();
   if (!engine_options.ok()) return Fail(engine_options.status());
+  SessionOptions session_options;
+  if (Status s = a.engine_args.Configure(&session_options); !s.ok()) return Fail(s);
   auto engine = Engine::Open(a.model, engine_options.value());
   if (!engine.ok()) return Fail(engine.status());
   std::error_code ec;
@@ -103,7 +106,7 @@ int RunLogits(const LogitsArgs& a) {
 
   const ModelConfig& c = (*engine)->model().config();
   const size_t vocab = static_cast<size_t>(c.vocab_size);
-  Session session(**engine);
+  Session session(**engine, session_options);
   BlockRecorder recorder;
   ForwardObserver* obs = a.dump_blocks ? &recorder : nullptr;
 

@@ -46,6 +46,10 @@ struct Runner {
     M3_RETURN_IF_ERROR(ValidateSamplingParams(args.sampling));
     if (args.think != "enabled" && args.think != "disabled" && args.think != "adaptive")
       return InvalidArgument("--think must be enabled, disabled or adaptive, got '", args.think, "'");
+    M3_ASSIGN_OR_RETURN(const EngineOptions engine_options, args.engine_args.Options());
+    SessionOptions session_options;
+    session_options.max_context = args.context;
+    M3_RETURN_IF_ERROR(args.engine_args.Configure(&session_options));
     const std::string tok_dir = args.tokenizer.empty() ? args.model : args.tokenizer;
     M3_ASSIGN_OR_RETURN(tokenizer, Tokenizer::Load(tok_dir));
     if (!args.raw) {
@@ -53,9 +57,8 @@ struct Runner {
       if (!t.ok()) return Status(t.status().code(), t.status().message() + " (use --raw for plain completion)");
       chat_template = std::move(t).value();
     }
-    M3_ASSIGN_OR_RETURN(const EngineOptions engine_options, args.engine_args.Options());
     M3_ASSIGN_OR_RETURN(engine, Engine::Open(args.model, engine_options));
-    session = std::make_unique<Session>(*engine, SessionOptions{args.context});
+    session = std::make_unique<Session>(*engine, session_options);
     sampler = std::make_unique<Sampler>(args.sampling);
     for (const char* s : {"[e~[", "]~b]", "]~!b["}) {  // end of turn, plus defensive stops (§5)
       const int32_t id = tokenizer->TokenId(s);

@@ -9,12 +9,17 @@
 
 namespace m3::cli {
 
-// The engine options of every command that runs a model: -t, --numa, --mlock-dense.
+// The engine and session options of every command that runs a model: -t, --numa, --mlock-dense,
+// --kv-cache, --index-cache, --prefill-chunk.
 struct EngineArgs {
   int threads = 0;
   std::string numa = "off";
   bool mlock_dense = false;
+  std::string kv_cache = "f32", index_cache = "f32";
+  size_t prefill_chunk = 0;
   StatusOr<EngineOptions> Options() const;
+  // Sets the cache types and the prefill chunk of `session` (InvalidArgument for a bad name).
+  Status Configure(SessionOptions* session) const;
 };
 void AddEngineOptions(CLI::App* cmd, EngineArgs* args);
 

@@ -11,6 +11,21 @@ StatusOr<EngineOptions> EngineArgs::Options() const {
   return o;
 }
 
+namespace {
+StatusOr<CacheType> ParseCacheTypeArg(const char* option, const std::string& name) {
+  CacheType t;
+  if (!simd::ParseCacheType(name.c_str(), &t)) return InvalidArgument(option, " must be f32, bf16 or int8, got '", name, "'");
+  return t;
+}
+}  // namespace
+
+Status EngineArgs::Configure(SessionOptions* session) const {
+  M3_ASSIGN_OR_RETURN(session->cache.kv, ParseCacheTypeArg("--kv-cache", kv_cache));
+  M3_ASSIGN_OR_RETURN(session->cache.index_keys, ParseCacheTypeArg("--index-cache", index_cache));
+  session->prefill_chunk = prefill_chunk;
+  return Status::Ok();
+}
+
 void AddEngineOptions(CLI::App* cmd, EngineArgs* args) {
   cmd->add_option("-t,--threads", args->threads, "threads (0 = all cores)")->default_val(0);
   cmd->add_option("--numa", args->numa,
@@ -21,6 +36,16 @@ void AddEngineOptions(CLI::App* cmd, EngineArgs* args) {
   cmd->add_flag("--mlock-dense", args->mlock_dense,
                 "lock attention, shared-expert, dense and lm_head weights in memory so that streaming routed "
                 "experts from disk cannot evict them");
+  cmd->add_option("--kv-cache", args->kv_cache,
+                  "storage of the attention K/V cache: f32 (exact), bf16 (half the memory) or int8 (a quarter, "
+                  "one scale per head and position)")
+      ->default_val("f32");
+  cmd->add_option("--index-cache", args->index_cache,
+                  "storage of the sparse-attention indexer keys: f32 (exact), bf16 or int8")
+      ->default_val("f32");
+  cmd->add_option("--prefill-chunk", args->prefill_chunk,
+                  "most prompt tokens per forward pass (0 = 512): bounds the activation memory of long prompts")
+      ->default_val(0);
 }
 
 }  // namespace m3::cli

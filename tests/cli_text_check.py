@@ -77,6 +77,13 @@ try:
     check(out1 == out2, "same seed, same text (any thread count)")
     rc, out, err = run(["run", "-m", model, "-p", "x", "--raw", "--temp", "0", "-n", "4", "--think", "sideways"])
     check(rc != 0 and "--think" in err, "bad --think is refused")
+    rc, out, err = run(["run", "-m", model, "-p", "Hello! Who are you?", "--raw", "--temp", "0", "-n", "4", "-t", "2",
+                        "--kv-cache", "bf16", "--index-cache", "int8", "--prefill-chunk", "3"])
+    check(rc == 0 and re.search(r"generated \d+ tokens", err) is not None,
+          f"run with --kv-cache bf16 --index-cache int8 --prefill-chunk 3 (exit {rc}): {err}")
+    for flag in ("--kv-cache", "--index-cache"):
+        rc, out, err = run(["run", "-m", model, "-p", "x", "--raw", "-n", "1", flag, "fp8"])
+        check(rc != 0 and f"{flag} must be f32, bf16 or int8, got 'fp8'" in err, f"bad {flag} is refused: {err}")
     rc, out, err = run(["chat", "-m", model, "-n", "6", "--seed", "2"], "Hi there\nAnd a second question?\n")
     stats = re.findall(r"prompt (\d+) tokens \((\d+) reused from cache, (\d+) prefilled\)", err)
     check(rc == 0 and len(stats) == 2, f"chat ran two turns: {err}")

@@ -1,5 +1,6 @@
 /* The C API from plain C: open a golden model, evaluate, check errors. Exits non-zero on failure. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,22 @@ int main(int argc, char** argv) {
   m3_engine_options opts;
   m3_engine_options_init(&opts);
   EXPECT(opts.numa_mode == M3_NUMA_OFF && opts.mlock_dense == 0);
+  EXPECT(opts.kv_cache == M3_CACHE_F32 && opts.index_cache == M3_CACHE_F32);
+  opts.kv_cache = 3;
+  EXPECT(m3_engine_open(argv[1], &opts, &engine) == M3_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(m3_last_error(), "kv_cache") != NULL);
+  opts.kv_cache = M3_CACHE_BF16;
+  opts.index_cache = -1;
+  EXPECT(m3_engine_open(argv[1], &opts, &engine) == M3_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(m3_last_error(), "index_cache") != NULL);
+  /* A caller built against the layout before the cache fields: they (and the padding where
+   * kv_cache now lies) are not read. */
+  opts.struct_size = offsetof(m3_engine_options, mlock_dense) + sizeof(int32_t) + 4;
+  EXPECT(opts.struct_size <= offsetof(m3_engine_options, index_cache));
+  EXPECT(m3_engine_open(argv[1], &opts, &engine) == M3_OK);
+  m3_engine_free(engine);
+  engine = NULL;
+  m3_engine_options_init(&opts);
   opts.numa_mode = 7;
   EXPECT(m3_engine_open(argv[1], &opts, &engine) == M3_ERR_INVALID_ARGUMENT);
   EXPECT(strstr(m3_last_error(), "numa_mode") != NULL);
@@ -50,6 +67,27 @@ int main(int argc, char** argv) {
   EXPECT(m3_session_rewind(session, 2) == M3_OK);
   EXPECT(m3_session_position(session) == 2);
   EXPECT(m3_session_rewind(session, 9) == M3_ERR_INVALID_ARGUMENT);
+
+  /* Sessions of an engine with bf16 K/V and int8 index keys: close to the f32 logits. */
+  m3_engine* small = NULL;
+  m3_session* small_session = NULL;
+  opts.kv_cache = M3_CACHE_BF16;
+  opts.index_cache = M3_CACHE_INT8;
+  EXPECT(m3_engine_open(argv[1], &opts, &small) == M3_OK);
+  EXPECT(m3_session_new(small, &small_session) == M3_OK);
+  float* small_logits = malloc(sizeof(float) * (size_t)vocab);
+  EXPECT(m3_session_eval(session, prompt + 2, 2, logits) == M3_OK);
+  EXPECT(m3_session_eval(small_session, prompt, 4, small_logits) == M3_OK);
+  float worst = 0, largest = 0;
+  for (int32_t i = 0; i < vocab; ++i) {
+    worst = fmaxf(worst, fabsf(small_logits[i] - logits[i]));
+    largest = fmaxf(largest, fabsf(logits[i]));
+  }
+  printf("capi: bf16 K/V + int8 index keys: worst |logit diff| %g (largest |logit| %g)\n", worst, largest);
+  EXPECT(worst > 0 && worst < 0.02f * (1 + largest));
+  free(small_logits);
+  m3_session_free(small_session);
+  m3_engine_free(small);
 
   free(logits);
   m3_session_free(session);

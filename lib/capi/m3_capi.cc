@@ -10,6 +10,7 @@
 
 struct m3_engine {
   std::unique_ptr<m3::Engine> engine;
+  m3::SessionOptions session_options;  // of the sessions made by m3_session_new
 };
 struct m3_session {
   std::unique_ptr<m3::Session> session;
@@ -27,6 +28,14 @@ m3_status Fail(m3_status code, const char* msg) {
   g_last_error = msg;
   return code;
 }
+bool ToCacheType(int32_t value, m3::CacheType* out) {
+  switch (value) {
+    case M3_CACHE_F32: *out = m3::CacheType::kF32; return true;
+    case M3_CACHE_BF16: *out = m3::CacheType::kBF16; return true;
+    case M3_CACHE_INT8: *out = m3::CacheType::kInt8; return true;
+    default: return false;
+  }
+}
 }  // namespace
 
 extern "C" {
@@ -37,6 +46,8 @@ void m3_engine_options_init(m3_engine_options* o) {
   o->threads = 0;
   o->numa_mode = M3_NUMA_OFF;
   o->mlock_dense = 0;
+  o->kv_cache = M3_CACHE_F32;
+  o->index_cache = M3_CACHE_F32;
 }
 
 const char* m3_last_error(void) { return g_last_error.c_str(); }
@@ -45,6 +56,7 @@ m3_status m3_engine_open(const char* model_dir, const m3_engine_options* options
   if (!model_dir || !out) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_engine_open: model_dir and out_engine are required");
   *out = nullptr;
   m3::EngineOptions eo;
+  m3::SessionOptions so;
   if (options) {
     if (options->struct_size < sizeof(size_t) + sizeof(int32_t))
       return Fail(M3_ERR_INVALID_ARGUMENT, "m3_engine_open: options.struct_size too small (call m3_engine_options_init)");
@@ -60,11 +72,19 @@ m3_status m3_engine_open(const char* model_dir, const m3_engine_options* options
       }
       eo.mlock_dense = options->mlock_dense != 0;
     }
+    if (options->struct_size >= offsetof(m3_engine_options, index_cache) + sizeof(int32_t)) {
+      if (!ToCacheType(options->kv_cache, &so.cache.kv))
+        return Fail(M3_ERR_INVALID_ARGUMENT, "m3_engine_open: options.kv_cache must be M3_CACHE_F32, M3_CACHE_BF16 "
+                                             "or M3_CACHE_INT8");
+      if (!ToCacheType(options->index_cache, &so.cache.index_keys))
+        return Fail(M3_ERR_INVALID_ARGUMENT, "m3_engine_open: options.index_cache must be M3_CACHE_F32, "
+                                             "M3_CACHE_BF16 or M3_CACHE_INT8");
+    }
   }
   try {
     auto e = m3::Engine::Open(model_dir, eo);
     if (!e.ok()) return Report(e.status());
-    *out = new m3_engine{std::move(e).value()};
+    *out = new m3_engine{std::move(e).value(), so};
     return Report(m3::Status::Ok());
   } catch (const std::bad_alloc&) {
     return Fail(M3_ERR_OUT_OF_MEMORY, "out of memory loading the model");
@@ -86,7 +106,11 @@ const char* m3_simd_target(void) {
 
 m3_status m3_session_new(m3_engine* engine, m3_session** out) {
   if (!engine || !out) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_new: engine and out_session are required");
-  *out = new m3_session{std::make_unique<m3::Session>(*engine->engine)};
+  try {
+    *out = new m3_session{std::make_unique<m3::Session>(*engine->engine, engine->session_options)};
+  } catch (const std::bad_alloc&) {
+    return Fail(M3_ERR_OUT_OF_MEMORY, "out of memory making a session");
+  }
   return Report(m3::Status::Ok());
 }
 

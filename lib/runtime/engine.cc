@@ -1,9 +1,12 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <new>
+#include <optional>
 
 #include "kernels.h"
+#include "platform/memory.h"
 
 namespace m3 {
 
@@ -35,7 +38,52 @@ Session::Session(const Engine& engine, const SessionOptions& options)
     : engine_(engine),
       cache_(engine.model().config(), options.cache),
       max_context_(options.max_context ? options.max_context
-                                       : static_cast<size_t>(engine.model().config().max_position_embeddings)) {}
+                                       : static_cast<size_t>(engine.model().config().max_position_embeddings)),
+      prefill_chunk_(options.prefill_chunk ? options.prefill_chunk : kDefaultPrefillChunk),
+      memory_budget_(options.memory_budget_bytes) {}
+
+namespace {
+
+std::string FormatBytes(uint64_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+// The smaller storage types than `t`, as a hint: "bf16 or int8".
+std::string SmallerTypes(CacheType t) {
+  return t == CacheType::kF32 ? "bf16 or int8" : t == CacheType::kBF16 ? "int8" : "";
+}
+
+}  // namespace
+
+Status Session::CheckContextFits(size_t tokens) const {
+  const uint64_t need = cache_.BytesFor(tokens), held = cache_.bytes();
+  if (need <= held) return Status::Ok();  // no new page
+  uint64_t can_have = memory_budget_;
+  if (!memory_budget_) {
+    const std::optional<uint64_t> available = AvailableMemoryBytes();
+    if (!available) return Status::Ok();  // unknown (not Linux): the allocation will tell
+    can_have = *available + held;
+  }
+  if (need <= can_have) return Status::Ok();
+  const CacheOptions& o = cache_.options();
+  const bool index_keys = engine_.model().config().any_sparse();
+  std::string types = Str(CacheTypeName(o.kv), " K/V");
+  if (index_keys) types += Str(", ", CacheTypeName(o.index_keys), " index keys");
+  std::string hint;
+  if (o.kv != CacheType::kInt8) hint = "--kv-cache " + SmallerTypes(o.kv);
+  if (index_keys && o.index_keys != CacheType::kInt8)
+    hint += (hint.empty() ? "" : " and ") + std::string("--index-cache ") + SmallerTypes(o.index_keys);
+  return Status(StatusCode::kOutOfMemory,
+                Str("a context of ", tokens, " tokens needs ", FormatBytes(need), " of KV cache (", types, "); ",
+                    FormatBytes(can_have), memory_budget_ ? " is the memory budget" : " is available",
+                    ": use ", hint.empty() ? "" : hint + ", or ", "a shorter context"));
+}
 
 Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<float>* logits,
                      ForwardObserver* observer) {
@@ -47,16 +95,31 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
   if (position() + ids.size() > max_context_)
     return OutOfRange(position(), " cached + ", ids.size(), " new tokens exceed the context limit of ", max_context_,
                       " tokens");
+  M3_RETURN_IF_ERROR(CheckContextFits(position() + ids.size()));
+  if (!logits) mode = LogitsMode::kNone;
+  const size_t vocab = static_cast<size_t>(c.vocab_size);
   const size_t rows = mode == LogitsMode::kAllRows ? ids.size() : (mode == LogitsMode::kLastRow ? 1 : 0);
   const size_t before = position();
   try {
-    if (logits) logits->resize(rows * static_cast<size_t>(c.vocab_size));
-    engine_.model().Forward(engine_.threads(), ids.data(), ids.size(), &cache_, mode, logits ? logits->data() : nullptr,
-                            observer);
+    if (logits) logits->resize(rows * vocab);
+    cache_.Reserve(before + ids.size());  // the whole context before any work
+    // Chunks of the prompt in order: each appends its positions to the cache, which the next
+    // attends to, so the result is the one of a single pass up to float rounding.
+    for (size_t i = 0; i < ids.size(); i += prefill_chunk_) {
+      const size_t n = std::min(prefill_chunk_, ids.size() - i);
+      const bool last = i + n == ids.size();
+      const LogitsMode chunk_mode = mode == LogitsMode::kAllRows || last ? mode : LogitsMode::kNone;
+      float* out = mode == LogitsMode::kAllRows ? logits->data() + i * vocab : logits ? logits->data() : nullptr;
+      engine_.model().Forward(engine_.threads(), ids.data() + i, n, &cache_, chunk_mode, out, observer);
+    }
   } catch (const std::bad_alloc&) {
     cache_.Truncate(before);
     tokens_.resize(before);
     return Status(StatusCode::kOutOfMemory, Str("out of memory evaluating ", ids.size(), " tokens at position ", before));
+  } catch (...) {
+    cache_.Truncate(before);
+    tokens_.resize(before);
+    throw;
   }
   tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   return Status::Ok();

@@ -39,16 +39,30 @@ class Engine {
 struct SessionOptions {
   size_t max_context = 0;  // 0: max_position_embeddings of the model
   CacheOptions cache;      // storage types of the KV and index-key caches
+  // Most tokens per forward pass of a prompt (0: kDefaultPrefillChunk). The activations of a pass
+  // grow with its tokens (hidden states, q/k/v, MoE buffers), the cache with the whole context.
+  size_t prefill_chunk = 0;
+  // Most bytes the caches may hold (0: what this process can still get, see CheckContextFits).
+  uint64_t memory_budget_bytes = 0;
 };
+
+inline constexpr size_t kDefaultPrefillChunk = 512;
 
 class Session {
  public:
   Session(const Engine& engine, const SessionOptions& options = {});
 
-  // Runs `ids` after the tokens already in the session. Logits are [n, vocab] (kAllRows) or
-  // [vocab] (kLastRow). On error nothing is appended.
+  // Runs `ids` after the tokens already in the session, in forward passes of at most
+  // prefill_chunk tokens. Logits are [n, vocab] (kAllRows) or [vocab] (kLastRow); none when
+  // `logits` is null. On error (a bad id, the context limit, memory) nothing is appended and the
+  // session is as it was.
   Status Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<float>* logits,
               ForwardObserver* observer = nullptr);
+  // Whether the caches of a context of `tokens` positions fit in memory: OutOfMemory, with what
+  // they need, what can be had and what to change, when they need more than the memory budget
+  // or, without one, than the memory this process can still get (lib/platform/memory.h) plus
+  // what the caches already hold. Cheap when the caches need no new page.
+  Status CheckContextFits(size_t tokens) const;
   size_t position() const { return cache_.length(); }
   size_t max_context() const { return max_context_; }
   // Forgets positions >= n (n <= position()).
@@ -65,6 +79,8 @@ class Session {
   KvCache cache_;
   std::vector<int32_t> tokens_;
   size_t max_context_;
+  size_t prefill_chunk_;
+  uint64_t memory_budget_;
 };
 
 }  // namespace m3

@@ -25,13 +25,18 @@ inline void Check(m3_status s) {
 
 class Engine {
  public:
-  explicit Engine(const std::string& model_dir, int threads = 0) {
+  explicit Engine(const std::string& model_dir, int threads = 0) : Engine(model_dir, DefaultOptions(threads)) {}
+  // options: from DefaultOptions(), then changed (numa_mode, kv_cache, ...).
+  Engine(const std::string& model_dir, const m3_engine_options& options) {
+    m3_engine* e = nullptr;
+    Check(m3_engine_open(model_dir.c_str(), &options, &e));
+    engine_.reset(e);
+  }
+  static m3_engine_options DefaultOptions(int threads = 0) {
     m3_engine_options o;
     m3_engine_options_init(&o);
     o.threads = threads;
-    m3_engine* e = nullptr;
-    Check(m3_engine_open(model_dir.c_str(), &o, &e));
-    engine_.reset(e);
+    return o;
   }
   m3_engine* get() const { return engine_.get(); }
   int vocab_size() const { return m3_engine_vocab_size(engine_.get()); }
