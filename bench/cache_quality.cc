@@ -9,21 +9,6 @@
 namespace m3 {
 namespace {
 
-// selections[layer][position][index head] = ascending block ids.
-struct SelectionRecorder : ForwardObserver {
-  std::map<int, std::vector<std::vector<std::vector<int32_t>>>> layers;
-  void OnBlockSelection(int layer, int64_t pos0, const BlockSelection& sel) override {
-    auto& rows = layers[layer];
-    const size_t n = sel.counts.size() / sel.num_index_heads;
-    rows.resize(pos0 + n);
-    for (size_t t = 0; t < n; ++t) {
-      rows[pos0 + t].clear();
-      for (int h = 0; h < sel.num_index_heads; ++h)
-        rows[pos0 + t].emplace_back(sel.Blocks(t, h), sel.Blocks(t, h) + sel.Count(t, h));
-    }
-  }
-};
-
 struct Run {
   std::vector<float> logits;  // [tokens, vocab]
   SelectionRecorder selections;

@@ -20,25 +20,10 @@
 namespace m3 {
 namespace {
 
-struct Recorder : ForwardObserver {
-  // layers[layer][position][head] -> ascending blocks
-  std::map<int, std::vector<std::vector<std::vector<int32_t>>>> layers;
-  void OnBlockSelection(int layer, int64_t pos0, const BlockSelection& sel) override {
-    auto& rows = layers[layer];
-    const size_t n = sel.counts.size() / sel.num_index_heads;
-    rows.resize(pos0 + n);
-    for (size_t t = 0; t < n; ++t) {
-      rows[pos0 + t].clear();
-      for (int h = 0; h < sel.num_index_heads; ++h)
-        rows[pos0 + t].emplace_back(sel.Blocks(t, h), sel.Blocks(t, h) + sel.Count(t, h));
-    }
-  }
-};
-
 struct RunResult {
   std::vector<float> prefill, decode;
   std::vector<int32_t> greedy;
-  Recorder blocks;
+  SelectionRecorder blocks;
 };
 
 int32_t Argmax(const float* x, size_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
@@ -206,7 +191,7 @@ TEST_CASE("chunked prefill equals one prefill", "[golden]") {
   one_pass.prefill_chunk = 1 << 20;
   small.prefill_chunk = 7;
   Session whole(**engine, one_pass), chunked(**engine, one_pass), inner(**engine, small);
-  Recorder whole_blocks, inner_blocks;
+  SelectionRecorder whole_blocks, inner_blocks;
   std::vector<float> a, b, c, part;
   REQUIRE(whole.Eval(prompt, LogitsMode::kAllRows, &a, &whole_blocks).ok());
   // The caller's chunks of 37, one Eval each.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -28,6 +29,22 @@ class ForwardObserver {
   virtual void OnBlockSelection(int layer, int64_t pos0, const BlockSelection& selection) {}
   // Experts chosen: ids [n, top_k].
   virtual void OnRouting(int layer, int64_t pos0, size_t n, int top_k, const int32_t* ids) {}
+};
+
+// Keeps every block selection: layers[layer][position][index head] = ascending block ids.
+struct SelectionRecorder : ForwardObserver {
+  std::map<int, std::vector<std::vector<std::vector<int32_t>>>> layers;
+  void OnBlockSelection(int layer, int64_t pos0, const BlockSelection& sel) override {
+    auto& rows = layers[layer];
+    const size_t n = sel.counts.size() / static_cast<size_t>(sel.num_index_heads);
+    rows.resize(static_cast<size_t>(pos0) + n);
+    for (size_t t = 0; t < n; ++t) {
+      auto& row = rows[static_cast<size_t>(pos0) + t];
+      row.clear();
+      for (int h = 0; h < sel.num_index_heads; ++h)
+        row.emplace_back(sel.Blocks(t, h), sel.Blocks(t, h) + sel.Count(t, h));
+    }
+  }
 };
 
 class Model {
