@@ -48,6 +48,29 @@ size_t L3Bytes() {
   return size_t{32} << 20;  // unknown: assume a large server L3
 }
 
+uint64_t MemAvailable() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+size_t SharedL3Bytes() {
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level_in(dir + "level"), size_in(dir + "size");
+    int level = 0;
+    size_t v = 0;
+    char unit = 0;
+    if (!(level_in >> level) || level != 3) continue;
+    if (size_in >> v >> unit) return v * (unit == 'M' ? (1u << 20) : unit == 'K' ? 1024u : 1u);
+  }
+  return L3Bytes();
+}
+
 size_t ReadProbeBytes(size_t l3) { return std::max(size_t{1} << 30, RoundUp(8 * l3, size_t{1} << 21)); }
 
 BigBuffer::BigBuffer(size_t bytes) : bytes_(std::max<size_t>(bytes, 1)) {

@@ -168,16 +168,6 @@ std::string Bytes(double b) {
 // ---------------------------------------------------------------------------------------------
 // The process and the machine.
 
-uint64_t MemAvailable() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 0;
-}
-
 // Bytes this process caused to be read from storage (/proc/self/io); -1 when unavailable.
 int64_t StorageReadBytes() {
   std::ifstream in("/proc/self/io");
