@@ -1,6 +1,8 @@
 // Machine-limit probes (limits.h).
 #include "limits.h"
 
+#include "platform/memory.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -46,6 +48,21 @@ size_t L3Bytes() {
   char unit = 0;
   if (in >> v >> unit) return v * (unit == 'M' ? (1u << 20) : unit == 'K' ? 1024u : 1u);
   return size_t{32} << 20;  // unknown: assume a large server L3
+}
+
+uint64_t MemAvailable() { return AvailableMemoryBytes().value_or(0); }
+
+size_t SharedL3Bytes() {
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level_in(dir + "level"), size_in(dir + "size");
+    int level = 0;
+    size_t v = 0;
+    char unit = 0;
+    if (!(level_in >> level) || level != 3) continue;
+    if (size_in >> v >> unit) return v * (unit == 'M' ? (1u << 20) : unit == 'K' ? 1024u : 1u);
+  }
+  return L3Bytes();
 }
 
 size_t ReadProbeBytes(size_t l3) { return std::max(size_t{1} << 30, RoundUp(8 * l3, size_t{1} << 21)); }

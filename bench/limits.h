@@ -28,6 +28,11 @@ double Median(std::vector<double> v);  // 0 for none
 
 std::string CpuModel();  // "model name" of /proc/cpuinfo
 size_t L3Bytes();
+// The L3 that cpu0 shares with its neighbours (sysfs cache index of level 3; L3Bytes() when
+// absent). sysconf's figure can be the whole host's: on the 2-core Zen 4 VM it says 320 MiB
+// where cpu0 sees one 32 MiB L3. For sizing reads that must evict the cache.
+size_t SharedL3Bytes();
+uint64_t MemAvailable();  // bytes this process can still get, cgroup limits included (AvailableMemoryBytes); 0 when unknown
 // Bytes of the read-bandwidth probe buffer: >= 8x L3 so no sample is served from cache; 1 GiB at least.
 size_t ReadProbeBytes(size_t l3);
 

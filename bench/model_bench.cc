@@ -169,9 +169,6 @@ std::string Bytes(double b) {
 // ---------------------------------------------------------------------------------------------
 // The process and the machine.
 
-// What this process can still get, cgroup limits included (lib/platform/memory.h); 0 if unknown.
-uint64_t MemAvailable() { return AvailableMemoryBytes().value_or(0); }
-
 // Bytes this process caused to be read from storage (/proc/self/io); -1 when unavailable.
 int64_t StorageReadBytes() {
   std::ifstream in("/proc/self/io");

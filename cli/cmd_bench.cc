@@ -4,8 +4,11 @@
 //               int8 peak measured in the same run (bench/model_bench.h)
 //   --kernels   packed-format kernels (q4/q8/bf16 GEMV and GEMM) at the real M3 shapes, each against
 //               a limit measured in the same run (read bandwidth, int8 peak, oneDNN)
+//   --attention one sparse-attention layer at the real M3 shapes over contexts 1K..128K: indexer,
+//               selected-block and dense attention, decode and prefill (bench/attention_bench.h)
 // A new mode is one flag in BenchArgs and one entry in kModes.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +16,7 @@
 
 #include "cli/commands.h"
 #if M3_HAVE_BENCH
+#include "bench/attention_bench.h"
 #include "bench/kernel_bench.h"
 #include "bench/model_bench.h"
 #endif
@@ -22,6 +26,7 @@ namespace {
 
 struct BenchArgs {
   bool kernels = false;
+  bool attention = false;
   bool json = false;
   bool quick = false;
   std::vector<int> threads;  // empty: each mode's default
@@ -32,6 +37,13 @@ struct BenchArgs {
   bool tiny = false;
   EngineArgs engine;  // --numa, --mlock-dense (threads come from -t above)
   std::vector<std::string> end_to_end_flags;  // the end-to-end-only options given (to refuse them in other modes)
+  // --attention only.
+  std::vector<std::string> contexts;  // "1024" or "1K"
+  size_t chunk = 0;
+  std::vector<std::string> index_cache;
+  std::string kv_cache = "f32";
+  std::optional<std::string> plot;
+  std::vector<std::string> attention_flags;  // the --attention-only options given
 };
 
 #if !M3_HAVE_BENCH
@@ -54,10 +66,58 @@ int RunKernels(const BenchArgs& args) {
 #endif
 }
 
+// "4096", "4K" or "4k" (x 1024); 0 for anything else.
+size_t ParseContext(const std::string& s) {
+  if (s.empty() || s[0] < '0' || s[0] > '9') return 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (*end == 'k' || *end == 'K') return end[1] == 0 ? static_cast<size_t>(v) * 1024 : 0;
+  return *end == 0 ? static_cast<size_t>(v) : 0;
+}
+
+int RunAttention(const BenchArgs& args) {
+#if M3_HAVE_BENCH
+  bench::AttentionBenchOptions opts;
+  for (const std::string& c : args.contexts) {
+    const size_t v = ParseContext(c);
+    if (v == 0) {
+      std::fprintf(stderr, "m3 bench: --contexts: '%s' is not a positive token count (e.g. 4096 or 4K)\n", c.c_str());
+      return 2;
+    }
+    opts.contexts.push_back(v);
+  }
+  for (const std::string& t : args.index_cache) {
+    simd::CacheType type;
+    if (!simd::ParseCacheType(t.c_str(), &type)) {
+      std::fprintf(stderr, "m3 bench: --index-cache: unknown type '%s' (f32, bf16 or int8)\n", t.c_str());
+      return 2;
+    }
+    opts.index_types.push_back(type);
+  }
+  if (!simd::ParseCacheType(args.kv_cache.c_str(), &opts.kv_type)) {
+    std::fprintf(stderr, "m3 bench: --kv-cache: unknown type '%s' (f32, bf16 or int8)\n", args.kv_cache.c_str());
+    return 2;
+  }
+  if (args.threads.size() > 1)
+    std::fprintf(stderr, "m3 bench: --attention uses one thread count: -t %d\n", args.threads[0]);
+  opts.threads = args.threads.empty() ? 0 : args.threads[0];
+  opts.chunk = args.chunk;
+  opts.json = args.json;
+  opts.quick = args.quick;
+  // The plot goes next to the table by default; a JSON run writes one only when asked.
+  opts.plot = args.plot ? *args.plot : args.json ? "" : "m3-attention.png";
+  return bench::RunAttentionBench(opts, stdout, stderr);
+#else
+  (void)args;
+  return NoBench();
+#endif
+}
+
 int RunEndToEnd(const BenchArgs& args) {
 #if M3_HAVE_BENCH
   if (args.quick) {
-    std::fprintf(stderr, "m3 bench: --quick applies to --kernels only (use --tiny for a small end-to-end run)\n");
+    std::fprintf(stderr,
+                 "m3 bench: --quick applies to --kernels and --attention only (use --tiny for a small end-to-end run)\n");
     return 2;
   }
   if (args.threads.size() > 1)
@@ -96,6 +156,10 @@ constexpr BenchMode kModes[] = {
     {"--kernels", &BenchArgs::kernels,
      "q4/q8/bf16 GEMV and GEMM at the MiniMax-M3 expert shapes vs measured read bandwidth, int8 peak and oneDNN",
      RunKernels},
+    {"--attention", &BenchArgs::attention,
+     "one sparse-attention layer at the MiniMax-M3 shapes, contexts 1K..128K: indexer, selected-block and dense "
+     "attention (decode and prefill) vs measured read bandwidth; table, JSON lines and a PNG plot",
+     RunAttention},
 };
 
 int RunBench(const BenchArgs& args) {
@@ -107,6 +171,10 @@ int RunBench(const BenchArgs& args) {
       return 2;
     }
     chosen = &m;
+  }
+  if (!args.attention_flags.empty() && (!chosen || chosen->run != RunAttention)) {
+    std::fprintf(stderr, "m3 bench: %s is an option of m3 bench --attention\n", args.attention_flags[0].c_str());
+    return 2;
   }
   if (!chosen) return RunEndToEnd(args);
   if (!args.end_to_end_flags.empty()) {
@@ -124,12 +192,13 @@ void AddBenchCommand(CLI::App& app, int* rc) {
       "bench",
       "Benchmarks. Without a mode: prefill + decode end to end on -m DIR, or on a model with the real "
       "MiniMax-M3 layer shapes and random weights generated once (cached); --kernels: kernels vs measured "
-      "machine limits");
+      "machine limits; --attention: one sparse-attention layer over long contexts");
   auto args = std::make_shared<BenchArgs>();
   cmd->add_flag("--kernels", args->kernels, kModes[0].description);
-  cmd->add_flag("--json", args->json, "Machine output: one JSON object (end to end) or JSON lines (--kernels)");
+  cmd->add_flag("--attention", args->attention, kModes[1].description);
+  cmd->add_flag("--json", args->json, "Machine output: one JSON object (end to end) or JSON lines (--kernels, --attention)");
   cmd->add_flag("--quick", args->quick,
-                "--kernels: tiny sizes and few repetitions (a smoke test; figures are not meaningful)");
+                "--kernels, --attention: tiny sizes and few repetitions (a smoke test; figures are not meaningful)");
   cmd->add_option("-t,--threads", args->threads,
                   "Threads (default: all cores); --kernels takes a list, e.g. -t 1,8 (default: 1 and all cores)")
       ->delimiter(',')
@@ -149,9 +218,24 @@ void AddBenchCommand(CLI::App& app, int* rc) {
                     "Lock all weights but the routed experts in memory (as for m3 run)"),
       cmd->add_flag("--tiny", args->tiny, "Generated model at tiny shapes (smoke tests)")->group(""),
   };
-  cmd->callback([args, rc, end_to_end] {
+  // --attention options.
+  std::vector<CLI::Option*> attention = {
+      cmd->add_option("--contexts", args->contexts,
+                      "--attention: context lengths, e.g. 1K,4K,16K,64K,128K (the default) or 1024,262144")
+          ->delimiter(','),
+      cmd->add_option("--chunk", args->chunk, "--attention: prefill chunk, queries at the end of the context (default 256)"),
+      cmd->add_option("--index-cache", args->index_cache,
+                      "--attention: index-key storage types, one row each, e.g. f32,bf16,int8 (default f32)")
+          ->delimiter(','),
+      cmd->add_option("--kv-cache", args->kv_cache, "--attention: K/V storage type: f32 (default), bf16 or int8"),
+      cmd->add_option("--plot", args->plot,
+                      "--attention: PNG plot of time vs context (gnuplot; default m3-attention.png, none with --json)"),
+  };
+  cmd->callback([args, rc, end_to_end, attention] {
     for (CLI::Option* o : end_to_end)
       if (o->count() > 0) args->end_to_end_flags.push_back(o->get_name());
+    for (CLI::Option* o : attention)
+      if (o->count() > 0) args->attention_flags.push_back(o->get_name());
     *rc = RunBench(*args);
   });
 }
