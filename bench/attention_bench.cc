@@ -690,6 +690,7 @@ int RunAttentionBench(const AttentionBenchOptions& options, FILE* out, FILE* log
     for (const std::string& n : notes) std::fprintf(out, "note: %s\n", n.c_str());
     if (!plot_note.empty()) std::fprintf(out, "%s\n", plot_note.c_str());
   }
+  std::fflush(out);  // before the note, so that the two streams do not interleave in one file
   if (!plot_note.empty() && options.json) std::fprintf(log, "m3 bench --attention: %s\n", plot_note.c_str());
   return status;
 }
