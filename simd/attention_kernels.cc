@@ -34,38 +34,38 @@ HWY_INLINE hn::Vec<DF> LoadKeys(const void* data, size_t i) {
   }
 }
 
-// Up to 2 query rows against kCols vectors of keys per step. With 8 vectors a step reads whole
-// 512-byte rows of a 128-key fp32 page front to back (narrower steps stride through the page and
-// ran 5x slower, waiting on memory); 2 x 8 independent accumulators keep both FMA pipes busy, and
-// each key vector loaded feeds both rows. GCC keeps the arrays in registers only when the loops
-// are unrolled.
+// Up to 4 query rows against kCols key vectors of one panel per step, all dimensions. A 64-key
+// panel row is 4 vectors (AVX-512): a step reads the panel front to back in one pass for all 4
+// index heads of a decode token (4 x 4 accumulators keep both FMA pipes busy). Steps that skip
+// parts of each stored row, or a second pass for more heads, left memory idle. GCC keeps the
+// arrays in registers only when the loops are unrolled.
 template <CacheType kType, int kRows, int kCols>
-HWY_INLINE size_t ScoreRows(const float* HWY_RESTRICT q, size_t ldq, const IndexKeyPage& page, size_t u0,
+HWY_INLINE size_t ScoreRows(const float* HWY_RESTRICT q, size_t ldq, const IndexKeyPage& panel, size_t u0,
                             size_t u_end, hn::Vec<DF>* mx) {
   const DF df;
   const size_t N = hn::Lanes(df);
   for (; u0 + kCols * N <= u_end; u0 += kCols * N) {
     hn::Vec<DF> acc[kRows][kCols];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < kRows; ++i)
-#pragma GCC unroll 8
+#pragma GCC unroll 4
       for (int c = 0; c < kCols; ++c) acc[i][c] = hn::Zero(df);
-    for (size_t d = 0; d < page.dim; ++d) {
+    for (size_t d = 0; d < panel.dim; ++d) {
       hn::Vec<DF> k[kCols];
-#pragma GCC unroll 8
-      for (int c = 0; c < kCols; ++c) k[c] = LoadKeys<kType>(page.data, d * page.ld + u0 + c * N);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
+      for (int c = 0; c < kCols; ++c) k[c] = LoadKeys<kType>(panel.data, d * panel.ld + u0 + c * N);
+#pragma GCC unroll 4
       for (int i = 0; i < kRows; ++i) {
         const auto qv = hn::Set(df, q[i * ldq + d]);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int c = 0; c < kCols; ++c) acc[i][c] = hn::MulAdd(qv, k[c], acc[i][c]);
       }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < kRows; ++i)
-#pragma GCC unroll 8
+#pragma GCC unroll 4
       for (int c = 0; c < kCols; ++c) {
-        if constexpr (kType == CacheType::kInt8) acc[i][c] = hn::Mul(acc[i][c], hn::LoadU(df, page.scales + u0 + c * N));
+        if constexpr (kType == CacheType::kInt8) acc[i][c] = hn::Mul(acc[i][c], hn::LoadU(df, panel.scales + u0 + c * N));
         mx[i] = hn::Max(mx[i], acc[i][c]);
       }
   }
@@ -73,36 +73,43 @@ HWY_INLINE size_t ScoreRows(const float* HWY_RESTRICT q, size_t ldq, const Index
 }
 
 template <CacheType kType, int kRows>
-HWY_INLINE void ScoreRowsAll(const float* HWY_RESTRICT q, size_t ldq, const IndexKeyPage& page, size_t u_end,
-                             hn::Vec<DF>* mx) {
-  const size_t u = ScoreRows<kType, kRows, 8>(q, ldq, page, 0, u_end, mx);
-  ScoreRows<kType, kRows, 1>(q, ldq, page, u, u_end, mx);
+HWY_INLINE void ScorePanel(const float* HWY_RESTRICT q, size_t ldq, const IndexKeyPage& panel, float* out) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const size_t u_vec = panel.n_keys / N * N;
+  hn::Vec<DF> mx[kRows];
+  for (int i = 0; i < kRows; ++i) mx[i] = hn::Set(df, -std::numeric_limits<float>::infinity());
+  const size_t u = ScoreRows<kType, kRows, 4>(q, ldq, panel, 0, u_vec, mx);
+  ScoreRows<kType, kRows, 1>(q, ldq, panel, u, u_vec, mx);
+  for (int i = 0; i < kRows; ++i) {
+    float m = hn::GetLane(hn::MaxOfLanes(df, mx[i]));
+    // Tail keys one at a time, with the reference's operations.
+    for (size_t k = u_vec; k < panel.n_keys; ++k) {
+      float s = 0.0f;
+      for (size_t d = 0; d < panel.dim; ++d) s = std::fma(q[i * ldq + d], ref::IndexKeyValue(panel, d, k), s);
+      if constexpr (kType == CacheType::kInt8) s *= panel.scales[k];
+      m = std::max(m, s);
+    }
+    out[i] = std::max(out[i], m);
+  }
 }
 
 template <CacheType kType>
 void IndexScoreMaxT(const float* HWY_RESTRICT q, size_t ldq, size_t n_q, const IndexKeyPage& page, float* out) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  const size_t u_vec = page.n_keys / N * N;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  for (size_t i0 = 0; i0 < n_q; i0 += 2) {
-    const int rows = static_cast<int>(std::min<size_t>(2, n_q - i0));
-    hn::Vec<DF> mx[2] = {hn::Set(df, neg_inf), hn::Set(df, neg_inf)};
-    const float* qi = q + i0 * ldq;
-    if (rows == 2)
-      ScoreRowsAll<kType, 2>(qi, ldq, page, u_vec, mx);
-    else
-      ScoreRowsAll<kType, 1>(qi, ldq, page, u_vec, mx);
-    for (int i = 0; i < rows; ++i) {
-      float m = hn::GetLane(hn::MaxOfLanes(df, mx[i]));
-      // Tail keys one at a time, with the reference's operations.
-      for (size_t u = u_vec; u < page.n_keys; ++u) {
-        float s = 0.0f;
-        for (size_t d = 0; d < page.dim; ++d) s = std::fma(qi[i * ldq + d], ref::IndexKeyValue(page, d, u), s);
-        if constexpr (kType == CacheType::kInt8) s *= page.scales[u];
-        m = std::max(m, s);
-      }
-      out[i0 + static_cast<size_t>(i)] = m;
+  std::fill_n(out, n_q, -std::numeric_limits<float>::infinity());
+  constexpr size_t kBytes = kType == CacheType::kF32 ? 4 : kType == CacheType::kBF16 ? 2 : 1;
+  for (size_t u0 = 0; u0 < page.n_keys; u0 += page.ld) {  // panel by panel
+    IndexKeyPage panel = page;
+    panel.data = static_cast<const uint8_t*>(page.data) + (u0 / page.ld) * page.dim * page.ld * kBytes;
+    if (page.scales) panel.scales = page.scales + u0;
+    panel.n_keys = std::min(page.ld, page.n_keys - u0);
+    size_t i = 0;
+    for (; i + 4 <= n_q; i += 4) ScorePanel<kType, 4>(q + i * ldq, ldq, panel, out + i);
+    switch (n_q - i) {
+      case 3: ScorePanel<kType, 3>(q + i * ldq, ldq, panel, out + i); break;
+      case 2: ScorePanel<kType, 2>(q + i * ldq, ldq, panel, out + i); break;
+      case 1: ScorePanel<kType, 1>(q + i * ldq, ldq, panel, out + i); break;
+      default: break;
     }
   }
 }

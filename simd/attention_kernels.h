@@ -15,13 +15,14 @@ const char* CacheTypeName(CacheType t);                  // "f32", "bf16", "int8
 bool ParseCacheType(const char* name, CacheType* out);   // false for an unknown name
 size_t CacheTypeBytes(CacheType t);                      // bytes per stored value
 
-// One page of index keys stored transposed: value d of key u at d * ld + u (u < n_keys), so one
-// vector load takes the same dimension of consecutive keys. int8 keys have one scale per key.
+// One page of index keys stored transposed in panels of `ld` keys: value d of key u at
+// (u / ld) * dim * ld + d * ld + u % ld, so one vector load takes the same dimension of
+// consecutive keys and a panel is read front to back. int8 keys have one scale per key.
 struct IndexKeyPage {
   CacheType type = CacheType::kF32;
   const void* data = nullptr;
   const float* scales = nullptr;  // int8 only: [n_keys]
-  size_t ld = 0;                  // keys per stored dimension row
+  size_t ld = 0;                  // keys per panel (per stored dimension row of a panel)
   size_t dim = 0;
   size_t n_keys = 0;
 };

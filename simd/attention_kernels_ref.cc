@@ -29,7 +29,7 @@ size_t CacheTypeBytes(CacheType t) { return t == CacheType::kF32 ? 4 : t == Cach
 namespace ref {
 
 float IndexKeyValue(const IndexKeyPage& page, size_t d, size_t u) {
-  const size_t i = d * page.ld + u;
+  const size_t i = (u / page.ld) * page.dim * page.ld + d * page.ld + u % page.ld;
   switch (page.type) {
     case CacheType::kF32: return static_cast<const float*>(page.data)[i];
     case CacheType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(page.data)[i]);

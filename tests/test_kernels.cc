@@ -173,10 +173,11 @@ TEST_CASE("IndexScoreMax matches the reference for every storage type, key count
   std::mt19937 rng(5);
   for (CacheType type : {CacheType::kF32, CacheType::kBF16, CacheType::kInt8}) {
     for (size_t dim : {1, 12, 128}) {
-      const size_t ld = 133;  // keys per stored dimension row, not a multiple of any vector width
-      std::vector<float> f(dim * ld), scales(ld);
-      std::vector<uint16_t> b(dim * ld);
-      std::vector<int8_t> q8(dim * ld);
+     for (size_t ld : {133, 16, 64, 20}) {  // keys per panel: one panel (133), or several
+      const size_t stored = (133 + ld - 1) / ld * ld;  // keys incl. the last panel's padding
+      std::vector<float> f(dim * stored), scales(stored);
+      std::vector<uint16_t> b(dim * stored);
+      std::vector<int8_t> q8(dim * stored);
       for (size_t i = 0; i < f.size(); ++i) {
         f[i] = std::uniform_real_distribution<float>(-1, 1)(rng);
         b[i] = F32ToBf16(f[i]);
@@ -214,6 +215,7 @@ TEST_CASE("IndexScoreMax matches the reference for every storage type, key count
           });
         }
       }
+     }
     }
   }
 }

@@ -124,22 +124,23 @@ size_t IndexKeyPages::BytesPerRow(size_t dim, CacheType type) {
 }
 
 IndexKeyPages::IndexKeyPages(size_t dim, size_t page_rows, CacheType type)
-    : dim_(dim), page_rows_(page_rows), type_(type), pages_(page_rows * BytesPerRow(dim, type)) {}
+    : dim_(dim), page_rows_(page_rows), panel_(std::min<size_t>(page_rows, 64)), type_(type),
+      pages_((page_rows + panel_ - 1) / panel_ * panel_ * BytesPerRow(dim, type)) {}
 
 void IndexKeyPages::Write(size_t row, const float* x) {
   uint8_t* page = pages_.page(row / page_rows_);
   const size_t r = row % page_rows_;
   switch (type_) {
     case CacheType::kF32:
-      for (size_t d = 0; d < dim_; ++d) reinterpret_cast<float*>(page)[d * page_rows_ + r] = x[d];
+      for (size_t d = 0; d < dim_; ++d) reinterpret_cast<float*>(page)[At(r, d)] = x[d];
       break;
     case CacheType::kBF16:
-      for (size_t d = 0; d < dim_; ++d) reinterpret_cast<uint16_t*>(page)[d * page_rows_ + r] = simd::F32ToBf16(x[d]);
+      for (size_t d = 0; d < dim_; ++d) reinterpret_cast<uint16_t*>(page)[At(r, d)] = simd::F32ToBf16(x[d]);
       break;
     case CacheType::kInt8: {
       std::vector<int8_t> codes(dim_);
-      reinterpret_cast<float*>(page + dim_ * page_rows_)[r] = simd::EncodeInt8(x, dim_, codes.data());
-      for (size_t d = 0; d < dim_; ++d) reinterpret_cast<int8_t*>(page)[d * page_rows_ + r] = codes[d];
+      reinterpret_cast<float*>(page + dim_ * panels_rows())[r] = simd::EncodeInt8(x, dim_, codes.data());
+      for (size_t d = 0; d < dim_; ++d) reinterpret_cast<int8_t*>(page)[At(r, d)] = codes[d];
       break;
     }
   }
@@ -147,8 +148,8 @@ void IndexKeyPages::Write(size_t row, const float* x) {
 
 simd::IndexKeyPage IndexKeyPages::Page(size_t page, size_t n_keys) const {
   const uint8_t* p = pages_.page(page);
-  return {type_, p, type_ == CacheType::kInt8 ? reinterpret_cast<const float*>(p + dim_ * page_rows_) : nullptr,
-          page_rows_, dim_, n_keys};
+  return {type_, p, type_ == CacheType::kInt8 ? reinterpret_cast<const float*>(p + dim_ * panels_rows()) : nullptr,
+          panel_, dim_, n_keys};
 }
 
 float IndexKeyPages::Value(size_t row, size_t d) const {

@@ -77,7 +77,8 @@ class KvPages {
 };
 
 // Index keys of one sparse layer, one vector of `dim` per position. A page stores its keys
-// transposed ([dim][page_rows], then int8 scales [page_rows]) for the indexer scan.
+// transposed in panels of up to 64 keys ([panel][dim][64], then int8 scales [page_rows]): the
+// indexer scan reads a panel front to back for all 4 index heads of a token in one pass.
 class IndexKeyPages {
  public:
   IndexKeyPages() = default;
@@ -95,7 +96,9 @@ class IndexKeyPages {
   static size_t BytesPerRow(size_t dim, CacheType type);
 
  private:
-  size_t dim_ = 0, page_rows_ = 1;
+  size_t panels_rows() const { return (page_rows_ + panel_ - 1) / panel_ * panel_; }  // rows incl. panel padding
+  size_t At(size_t r, size_t d) const { return (r / panel_) * dim_ * panel_ + d * panel_ + r % panel_; }
+  size_t dim_ = 0, page_rows_ = 1, panel_ = 1;
   CacheType type_ = CacheType::kF32;
   PageList pages_;
 };
