@@ -50,6 +50,7 @@ void SelectBlocks(const ThreadConfig& tc, const SparseParams& p, const float* iq
                   int64_t pos0, size_t n, BlockSelection* out) {
   const size_t heads = static_cast<size_t>(p.num_index_heads), dim = static_cast<size_t>(p.index_dim);
   const size_t B = static_cast<size_t>(p.block_size);
+  if (index_keys.page_rows() != B) throw std::invalid_argument("SelectBlocks: index-key pages must hold one block");
   out->Reset(n, p.num_index_heads, p.topk_blocks);
   // Queries in parts of bounded size: block scores are [part][heads][blocks].
   const size_t part = std::max<size_t>(kQueryTile, 256);
@@ -82,7 +83,7 @@ void SelectBlocks(const ThreadConfig& tc, const SparseParams& p, const float* iq
             if (pos / B + 1 <= static_cast<size_t>(p.topk_blocks)) continue;  // everything is selected
             simd::IndexScoreMax(iq + (t0 + t) * heads * dim, dim, heads, index_keys.Page(b, pos + 1 - b * B),
                                 row_max.data());
-            for (size_t h = 0; h < heads; ++h) block_scores[((t) * heads + h) * max_blocks + b] = row_max[h];
+            for (size_t h = 0; h < heads; ++h) block_scores[(t * heads + h) * max_blocks + b] = row_max[h];
           }
           if (full_from < e) {
             simd::IndexScoreMax(iq + (t0 + full_from) * heads * dim, dim, (e - full_from) * heads,
@@ -110,6 +111,8 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
                int64_t pos0, size_t n, const BlockSelection* sel, float* out) {
   if (k.layout() != KvLayout::kTransposed || v.layout() != KvLayout::kRows)
     throw std::invalid_argument("Attention: K pages must be transposed and V pages rows (KvLayout)");
+  if (sel && (k.page_rows() != static_cast<size_t>(p.block_size) || v.page_rows() != k.page_rows()))
+    throw std::invalid_argument("Attention: with a block selection, K/V pages must hold one block");
   const size_t H = p.num_heads, D = p.head_dim;
   const size_t per_kv = H / p.num_kv_heads;
   const size_t per_idx = sel ? H / p.num_index_heads : H;
