@@ -4,6 +4,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <vector>
 
 #include "ops/attention.h"
@@ -295,6 +296,25 @@ TEST_CASE("sparse attention with top-k >= visible blocks equals dense causal att
       for (int i = 0; i < H * D; ++i) CHECK(std::fabs(dense[p * H * D + i] - want[i]) < 1e-4);
     }
   }
+}
+
+TEST_CASE("attention refuses caches laid out for other blocks or layouts", "[ops][sparse]") {
+  const int len = 20, H = 2, Hkv = 1, D = 8, Di = 4;
+  auto Q = RandomVec(len * H * D, 1), IQ = RandomVec(len * Di, 2), X = RandomVec(len * Hkv * D, 3);
+  KvPages k(Hkv, D, 8, CacheType::kF32, KvLayout::kTransposed), v(Hkv, D, 8, CacheType::kF32);
+  KvPages k_rows(Hkv, D, 8, CacheType::kF32);
+  IndexKeyPages ik(Di, 8, CacheType::kF32);
+  k.EnsureRows(len), v.EnsureRows(len), k_rows.EnsureRows(len), ik.EnsureRows(len);
+  for (int u = 0; u < len; ++u) k.Write(u, &X[u * D]), v.Write(u, &X[u * D]), k_rows.Write(u, &X[u * D]), ik.Write(u, &X[u * D]);
+  std::vector<float> out(len * H * D);
+  BlockSelection sel;
+  CHECK_THROWS_AS(SelectBlocks(kOne, SparseParams{1, Di, 16, 2, 0, 1}, IQ.data(), ik, 0, len, &sel), std::invalid_argument);
+  SelectBlocks(kOne, SparseParams{1, Di, 8, 2, 0, 1}, IQ.data(), ik, 0, len, &sel);
+  CHECK_THROWS_AS(Attention(kOne, AttentionParams{H, Hkv, D, 1, 16}, Q.data(), k, v, 0, len, &sel, out.data()),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(Attention(kOne, AttentionParams{H, Hkv, D, 1, 8}, Q.data(), k_rows, v, 0, len, &sel, out.data()),
+                  std::invalid_argument);
+  CHECK_NOTHROW(Attention(kOne, AttentionParams{H, Hkv, D, 1, 8}, Q.data(), k, v, 0, len, &sel, out.data()));
 }
 
 TEST_CASE("KV and index-key pages store each type within its rounding", "[ops][cache]") {
