@@ -97,7 +97,7 @@ HWY_INLINE void ScorePanel(const float* HWY_RESTRICT q, size_t ldq, const IndexK
 template <CacheType kType>
 void IndexScoreMaxT(const float* HWY_RESTRICT q, size_t ldq, size_t n_q, const IndexKeyPage& page, float* out) {
   std::fill_n(out, n_q, -std::numeric_limits<float>::infinity());
-  constexpr size_t kBytes = kType == CacheType::kF32 ? 4 : kType == CacheType::kBF16 ? 2 : 1;
+  constexpr size_t kBytes = CacheTypeBytes(kType);
   for (size_t u0 = 0; u0 < page.n_keys; u0 += page.ld) {  // panel by panel
     IndexKeyPage panel = page;
     panel.data = static_cast<const uint8_t*>(page.data) + (u0 / page.ld) * page.dim * page.ld * kBytes;

@@ -13,7 +13,9 @@ namespace m3::simd {
 enum class CacheType : uint8_t { kF32 = 0, kBF16 = 1, kInt8 = 2 };
 const char* CacheTypeName(CacheType t);                  // "f32", "bf16", "int8"
 bool ParseCacheType(const char* name, CacheType* out);   // false for an unknown name
-size_t CacheTypeBytes(CacheType t);                      // bytes per stored value
+constexpr size_t CacheTypeBytes(CacheType t) {  // bytes per stored value
+  return t == CacheType::kF32 ? 4 : t == CacheType::kBF16 ? 2 : 1;
+}
 
 // One page of index keys stored transposed in panels of `ld` keys: value d of key u at
 // (u / ld) * dim * ld + d * ld + u % ld, so one vector load takes the same dimension of

@@ -24,8 +24,6 @@ bool ParseCacheType(const char* name, CacheType* out) {
   return false;
 }
 
-size_t CacheTypeBytes(CacheType t) { return t == CacheType::kF32 ? 4 : t == CacheType::kBF16 ? 2 : 1; }
-
 namespace ref {
 
 float IndexKeyValue(const IndexKeyPage& page, size_t d, size_t u) {

@@ -30,9 +30,8 @@ size_t KvCache::bytes() const {
 size_t KvCache::BytesFor(size_t n_tokens) const {
   size_t b = 0;
   for (size_t l = 0; l < k_.size(); ++l) {
-    const size_t rows = (n_tokens + k_[l].page_rows() - 1) / k_[l].page_rows() * k_[l].page_rows();
-    b += 2 * rows * KvPages::BytesPerRow(k_[l].heads(), k_[l].dim(), k_[l].type());
-    if (ik_[l].dim()) b += rows * IndexKeyPages::BytesPerRow(ik_[l].dim(), ik_[l].type());
+    b += k_[l].BytesFor(n_tokens) + v_[l].BytesFor(n_tokens);
+    if (ik_[l].dim()) b += ik_[l].BytesFor(n_tokens);
   }
   return b;
 }

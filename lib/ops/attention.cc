@@ -53,7 +53,7 @@ void SelectBlocks(const ThreadConfig& tc, const SparseParams& p, const float* iq
   if (index_keys.page_rows() != B) throw std::invalid_argument("SelectBlocks: index-key pages must hold one block");
   out->Reset(n, p.num_index_heads, p.topk_blocks);
   // Queries in parts of bounded size: block scores are [part][heads][blocks].
-  const size_t part = std::max<size_t>(kQueryTile, 256);
+  constexpr size_t part = 256;
   const size_t last_pos = static_cast<size_t>(pos0) + n - 1, max_blocks = last_pos / B + 1;
   std::vector<float> block_scores;
   for (size_t t0 = 0; t0 < n; t0 += part) {

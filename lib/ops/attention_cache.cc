@@ -125,7 +125,7 @@ size_t IndexKeyPages::BytesPerRow(size_t dim, CacheType type) {
 
 IndexKeyPages::IndexKeyPages(size_t dim, size_t page_rows, CacheType type)
     : dim_(dim), page_rows_(page_rows), panel_(std::min<size_t>(page_rows, 64)), type_(type),
-      pages_((page_rows + panel_ - 1) / panel_ * panel_ * BytesPerRow(dim, type)) {}
+      pages_(panels_rows() * BytesPerRow(dim, type)) {}  // page_rows_ and panel_ are set first
 
 void IndexKeyPages::Write(size_t row, const float* x) {
   uint8_t* page = pages_.page(row / page_rows_);
@@ -138,7 +138,8 @@ void IndexKeyPages::Write(size_t row, const float* x) {
       for (size_t d = 0; d < dim_; ++d) reinterpret_cast<uint16_t*>(page)[At(r, d)] = simd::F32ToBf16(x[d]);
       break;
     case CacheType::kInt8: {
-      std::vector<int8_t> codes(dim_);
+      thread_local std::vector<int8_t> codes;
+      codes.resize(dim_);
       reinterpret_cast<float*>(page + dim_ * panels_rows())[r] = simd::EncodeInt8(x, dim_, codes.data());
       for (size_t d = 0; d < dim_; ++d) reinterpret_cast<int8_t*>(page)[At(r, d)] = codes[d];
       break;

@@ -28,6 +28,7 @@ class PageList {
   uint8_t* page(size_t i) { return pages_[i]; }
   const uint8_t* page(size_t i) const { return pages_[i]; }
   size_t pages() const { return pages_.size(); }
+  size_t page_bytes() const { return page_bytes_; }
   size_t bytes() const { return pages_.size() * page_bytes_; }
 
  private:
@@ -67,6 +68,7 @@ class KvPages {
   CacheType type() const { return type_; }
   size_t capacity_rows() const { return pages_.pages() * page_rows_; }
   size_t bytes() const { return pages_.bytes(); }
+  size_t BytesFor(size_t rows) const { return (rows + page_rows_ - 1) / page_rows_ * pages_.page_bytes(); }
   static size_t BytesPerRow(size_t heads, size_t dim, CacheType type);  // with scales
 
  private:
@@ -93,6 +95,7 @@ class IndexKeyPages {
   CacheType type() const { return type_; }
   size_t capacity_rows() const { return pages_.pages() * page_rows_; }
   size_t bytes() const { return pages_.bytes(); }
+  size_t BytesFor(size_t rows) const { return (rows + page_rows_ - 1) / page_rows_ * pages_.page_bytes(); }
   static size_t BytesPerRow(size_t dim, CacheType type);
 
  private:
