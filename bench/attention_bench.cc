@@ -10,7 +10,8 @@
 // layers of index keys to exceed L3 at 1K, and 4 layers of K+V (2 GB) to make the selected
 // blocks at 128K unlikely to repeat. Each decode repetition also takes another random query,
 // so its selection differs as a new token's would. The eviction reads double as read-bandwidth
-// samples taken at the same moments as the calls (paired_read_gbps).
+// samples taken at the same moments as the calls: the limit the index-key scan is judged by, each
+// decode scan paired with the read right before it (limits.h PairedSamples).
 //
 // Data: random values in [-1, 1) from a hash of (tensor, row, column), so filling in parallel
 // gives the same caches for any thread count; no cost depends on the values.
@@ -127,21 +128,33 @@ class ColdReads {
   }
   const ProbeResult& best() const { return best_; }
 
-  // Reads the next evict_bytes of the buffer (round robin, patterns alternating); the GB/s of the
-  // read is kept as a paired sample until TakePaired().
+  // Reads the next evict_bytes of the buffer (round robin, patterns alternating); the read is
+  // kept as a paired sample until TakePaired(), and the call that follows can be paired with it
+  // by PairLast().
   void Evict() {
     if (cursor_ + evict_bytes_ > buf_.size()) cursor_ = 0;
-    const simd::ReadPattern pattern = kReadPatterns[count_++ % 2];
-    const double dt = TimedRead(buf_, cursor_, evict_bytes_, threads_, pattern);
+    last_pattern_ = kReadPatterns[count_++ % 2];
+    const double dt = TimedRead(buf_, cursor_, evict_bytes_, threads_, last_pattern_);
     cursor_ += evict_bytes_;
-    paired_[pattern].push_back(static_cast<double>(evict_bytes_) / dt / 1e9);
+    last_gbps_ = static_cast<double>(evict_bytes_) / dt / 1e9;
+    last_paired_ = false;
+    paired_.Add(last_pattern_, last_gbps_);
   }
-  // Median GB/s of the faster pattern among the eviction reads since the last call.
-  double TakePaired() {
-    double best = 0;
-    for (auto& [pattern, v] : paired_) best = std::max(best, Median(v));
-    paired_.clear();
-    return best;
+  // Records the call right after the last eviction as running at work_gbps, paired with it.
+  void PairLast(double work_gbps) {
+    if (last_paired_ || last_gbps_ <= 0) return;
+    work_.Add(last_pattern_, last_gbps_, work_gbps);
+    last_paired_ = true;
+  }
+  // The eviction reads since the last call (the limit: the faster pattern's median) and the
+  // calls paired with them; starts afresh.
+  PairedSamples::Summary TakePaired() {
+    PairedSamples::Summary reads = paired_.Summarize(), pairs = work_.Summarize();
+    paired_.Clear();
+    work_.Clear();
+    pairs.read_gbps = reads.read_gbps;  // every eviction read counts towards the limit
+    pairs.pattern = reads.pattern;
+    return pairs;
   }
 
  private:
@@ -150,7 +163,10 @@ class ColdReads {
   int threads_;
   size_t cursor_ = 0, count_ = 0;
   ProbeResult best_;
-  std::map<simd::ReadPattern, std::vector<double>> paired_;
+  PairedSamples paired_, work_;
+  simd::ReadPattern last_pattern_ = simd::ReadPattern::kSequential;
+  double last_gbps_ = 0;
+  bool last_paired_ = true;
 };
 
 // How many times a figure is measured: at least min_calls (unless cap_s passes first; one call
@@ -218,13 +234,14 @@ struct Row {
   double indexer_min_ms = 0, attention_min_ms = 0, dense_attention_min_ms = 0;  // fastest call
   double prefill_indexer_ms = 0, prefill_attention_ms = 0, prefill_ms = 0, dense_prefill_ms = 0;
   size_t index_scan_bytes = 0;  // 0: every block is selected, SelectBlocks scans nothing
-  double paired_read_gbps = 0;
+  // The eviction reads during the decode calls (the limit) and the decode scans paired with them.
+  PairedSamples::Summary scan_pairs;
   size_t decode_calls = 0, dense_decode_calls = 0, prefill_calls = 0, dense_prefill_calls = 0;
   size_t kv_bytes = 0, index_bytes = 0;
   double loadavg = 0;
   std::string check = "ok";
   // Filled in after all contexts.
-  double read_gbps = 0;
+  double best_read_gbps = 0;  // the run's best read sample
   std::optional<double> ratio_4k;
 };
 
@@ -411,10 +428,16 @@ void PrintJson(const std::vector<Row>& rows, const ColdReads& cold, int threads,
         {"prefill_speedup", r.dense_prefill_ms / r.prefill_ms},
         {"index_scan_bytes", r.index_scan_bytes},
         {"index_scan_gbps", Nullable(scan_gbps, scanned)},
-        {"read_gbps", r.read_gbps},
-        {"read_pattern", cold.best().pattern},
-        {"paired_read_gbps", r.paired_read_gbps},
-        {"index_scan_ratio", Nullable(scan_gbps / r.read_gbps, scanned && r.read_gbps > 0)},
+        {"read_gbps", r.scan_pairs.read_gbps},
+        {"read_stat", "median of the eviction reads paired with the decode calls"},
+        {"read_pattern", r.scan_pairs.pattern},
+        {"index_scan_ratio", Nullable(scan_gbps / r.scan_pairs.read_gbps, scanned && r.scan_pairs.read_gbps > 0)},
+        {"index_scan_pair_ratio_median", Nullable(r.scan_pairs.ratio, scanned && r.scan_pairs.pairs > 0)},
+        {"fast_regime_pairs", r.scan_pairs.fast_pairs},
+        {"fast_regime_ratio", Nullable(r.scan_pairs.fast_ratio, scanned && r.scan_pairs.fast_pairs > 0)},
+        {"read_gbps_best", r.best_read_gbps},
+        {"read_pattern_best", cold.best().pattern},
+        {"index_scan_ratio_best", Nullable(scan_gbps / r.best_read_gbps, scanned && r.best_read_gbps > 0)},
         {"attention_ms_ratio_4k", Nullable(r.ratio_4k.value_or(0), r.ratio_4k.has_value())},
         {"decode_calls", r.decode_calls},
         {"dense_decode_calls", r.dense_decode_calls},
@@ -436,25 +459,30 @@ void PrintJson(const std::vector<Row>& rows, const ColdReads& cold, int threads,
 
 void PrintTable(const std::vector<Row>& rows, const std::string& header, FILE* out) {
   std::fprintf(out, "%s\n", header.c_str());
-  std::fprintf(out, "%7s %-5s %-4s | %9s %9s %9s %7s | %10s %10s %7s | %8s %7s %6s %7s | %7s %5s\n", "context",
-               "index", "kv", "indexer", "attn", "dense", "speedup", "prefill", "dense pf", "speedup", "scan",
-               "read", "ratio", "paired", "attn/4K", "load");
-  std::fprintf(out, "%7s %-5s %-4s | %9s %9s %9s %7s | %10s %10s %7s | %8s %7s %6s %7s | %7s %5s\n", "", "keys",
-               "", "ms", "ms", "ms", "", "ms", "ms", "", "GB/s", "GB/s", "", "GB/s", "", "");
+  std::fprintf(out, "%7s %-5s %-4s | %9s %9s %9s %7s | %10s %10s %7s | %8s %7s %6s %9s | %7s %6s | %7s %5s\n",
+               "context", "index", "kv", "indexer", "attn", "dense", "speedup", "prefill", "dense pf", "speedup", "scan",
+               "read", "ratio", "fast", "best", "/best", "attn/4K", "load");
+  std::fprintf(out, "%7s %-5s %-4s | %9s %9s %9s %7s | %10s %10s %7s | %8s %7s %6s %9s | %7s %6s | %7s %5s\n", "",
+               "keys", "", "ms", "ms", "ms", "", "ms", "ms", "", "GB/s", "GB/s", "", "ratio/n", "GB/s", "", "", "");
   for (const Row& r : rows) {
-    char scan[32] = "-", ratio[32] = "-", r4k[32] = "-";
+    char scan[32] = "-", ratio[32] = "-", fast[32] = "-", best[32] = "-", r4k[32] = "-";
     if (r.index_scan_bytes > 0) {
       const double gbps = static_cast<double>(r.index_scan_bytes) / (r.indexer_ms * 1e-3) / 1e9;
       std::snprintf(scan, sizeof scan, "%.2f", gbps);
-      if (r.read_gbps > 0) std::snprintf(ratio, sizeof ratio, "%.3f", gbps / r.read_gbps);
+      if (r.scan_pairs.read_gbps > 0) std::snprintf(ratio, sizeof ratio, "%.3f", gbps / r.scan_pairs.read_gbps);
+      if (r.scan_pairs.fast_pairs > 0)
+        std::snprintf(fast, sizeof fast, "%.3f/%zu", r.scan_pairs.fast_ratio, r.scan_pairs.fast_pairs);
+      if (r.best_read_gbps > 0) std::snprintf(best, sizeof best, "%.3f", gbps / r.best_read_gbps);
     }
     if (r.ratio_4k) std::snprintf(r4k, sizeof r4k, "%.3f", *r.ratio_4k);
-    std::fprintf(out, "%7s %-5s %-4s | %9.3f %9.3f %9.3f %7.2f | %10.2f %10.2f %7.2f | %8s %7.2f %6s %7.2f | %7s %5.2f%s\n",
+    std::fprintf(out,
+                 "%7s %-5s %-4s | %9.3f %9.3f %9.3f %7.2f | %10.2f %10.2f %7.2f | %8s %7.2f %6s %9s | %7.2f %6s | %7s "
+                 "%5.2f%s\n",
                  ContextName(r.context).c_str(), simd::CacheTypeName(r.index_type), simd::CacheTypeName(r.kv_type),
                  r.indexer_ms, r.attention_ms, r.dense_attention_ms,
                  r.dense_attention_ms / (r.indexer_ms + r.attention_ms), r.prefill_ms, r.dense_prefill_ms,
-                 r.dense_prefill_ms / r.prefill_ms, scan, r.read_gbps, ratio, r.paired_read_gbps, r4k, r.loadavg,
-                 r.check == "ok" ? "" : "  CHECK FAILED");
+                 r.dense_prefill_ms / r.prefill_ms, scan, r.scan_pairs.read_gbps, ratio, fast, r.best_read_gbps, best,
+                 r4k, r.loadavg, r.check == "ok" ? "" : "  CHECK FAILED");
   }
 }
 
@@ -605,6 +633,7 @@ int RunAttentionBench(const AttentionBenchOptions& options, FILE* out, FILE* log
         const auto t0 = Clock::now();
         SelectBlocks(tc, sp, decode_iq.data() + qi * iq_width, *index_keys, pos, 1, &sel);
         const auto t1 = Clock::now();
+        if (row.index_scan_bytes > 0) cold.PairLast(static_cast<double>(row.index_scan_bytes) / Seconds(t0, t1) / 1e9);
         cold.Evict();
         const auto t2 = Clock::now();
         Attention(tc, ap, decode_q.data() + qi * q_width, *k, *v, pos, 1, &sel, attn_out.data());
@@ -612,7 +641,7 @@ int RunAttentionBench(const AttentionBenchOptions& options, FILE* out, FILE* log
         indexer.push_back(Seconds(t0, t1));
         attention.push_back(Seconds(t2, t3));
       });
-      row.paired_read_gbps = cold.TakePaired();
+      row.scan_pairs = cold.TakePaired();
 
       std::vector<double> pf_indexer, pf_attention, pf_total;
       plan.prefill.Run([&](size_t) {
@@ -655,7 +684,7 @@ int RunAttentionBench(const AttentionBenchOptions& options, FILE* out, FILE* log
 
   // The run's best read sample for every row; attention time relative to 4K of the same type.
   for (Row& r : rows) {
-    r.read_gbps = cold.best().best;
+    r.best_read_gbps = cold.best().best;
     for (const Row& base : rows)
       if (base.context == kRatioContext && base.index_type == r.index_type && base.attention_ms > 0)
         r.ratio_4k = r.attention_ms / base.attention_ms;
@@ -667,7 +696,7 @@ int RunAttentionBench(const AttentionBenchOptions& options, FILE* out, FILE* log
   if (options.json) {
     PrintJson(rows, cold, threads, out);
   } else {
-    char header[2048];
+    char header[4096];
     std::snprintf(
         header, sizeof header,
         "m3 bench --attention%s\ncpu %s | simd %s | commit %s | %d threads | L3 %.1f MiB | load at start %.2f\n"
@@ -679,13 +708,16 @@ int RunAttentionBench(const AttentionBenchOptions& options, FILE* out, FILE* log
         "sparse layers of a real decode step do\n"
         "indexer = SelectBlocks | attn = Attention on the selection | dense = Attention over every key | speedup = "
         "dense / (indexer + attn), dense prefill / prefill\n"
-        "scan = index-key bytes of the decode scan / indexer time (- : <= 16 blocks, nothing scanned) | read = best "
-        "read bandwidth of the run (%zu MiB buffer, %zu MiB chunks, as --kernels read_bw) | paired = median of the "
-        "eviction reads during the decode calls\nattn/4K = attn / attn at 4K (same index-key type)\n",
+        "scan = index-key bytes of the decode scan / indexer time (- : <= 16 blocks, nothing scanned) | read = median "
+        "of the eviction reads during the decode calls (the limit; the host's bandwidth switches between regimes, so "
+        "the read at the moment of the work is its yardstick) | ratio = scan / read | fast = median scan / read over "
+        "the calls whose eviction read was >= %.1fx read (the host's fast regime) and their number | best = best read "
+        "sample of the run (%zu MiB buffer, %zu MiB chunks, as --kernels read_bw) | /best = scan / best\n"
+        "attn/4K = attn / attn at 4K (same index-key type)\n",
         options.quick ? " --quick (small contexts, few calls: figures are not meaningful)" : "", CpuModel().c_str(),
         simd::ActiveTargetName().c_str(), M3_COMMIT, threads, static_cast<double>(l3) / (1 << 20), load_start,
         simd::CacheTypeName(options.kv_type), plan.decode.min_calls, plan.chunk, plan.prefill.min_calls,
-        cold.evict_bytes() >> 20, cold.buffer_bytes() >> 20, cold.probe_chunk() >> 20);
+        cold.evict_bytes() >> 20, PairedSamples::kFastRegime, cold.buffer_bytes() >> 20, cold.probe_chunk() >> 20);
     PrintTable(rows, header, out);
     for (const std::string& n : notes) std::fprintf(out, "note: %s\n", n.c_str());
     if (!plot_note.empty()) std::fprintf(out, "%s\n", plot_note.c_str());

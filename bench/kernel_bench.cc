@@ -488,26 +488,22 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
           // alternating, so that the kernel and its limit meet the same noise from the other
           // tenants of the machine; the limit is the faster pattern's median.
           std::vector<double> secs;
-          std::map<simd::ReadPattern, std::vector<double>> probe_secs;
+          PairedSamples pairs;
+          const double gb = static_cast<double>(bytes) / 1e9;
           TimeCalls(policy, [&] {
             const auto t0 = Clock::now();
             runner.Run(tc, set.at(next % count), n_tok);
             secs.push_back(Seconds(t0, Clock::now()));
             const simd::ReadPattern pattern = kReadPatterns[next % 2];
-            probe_secs[pattern].push_back(probes.PairedRead(bytes, t, pattern));
+            const double read_s = probes.PairedRead(bytes, t, pattern);
+            if (secs.size() > static_cast<size_t>(policy.warmup)) pairs.Add(pattern, gb / read_s, gb / secs.back());
             ++next;
           });
           const size_t skip = std::min<size_t>(static_cast<size_t>(policy.warmup), secs.size() - 1);
           secs.erase(secs.begin(), secs.begin() + static_cast<std::ptrdiff_t>(skip));
-          double paired_gbs = 0;
-          const char* paired_pattern = "";
-          for (auto& [pattern, v] : probe_secs) {
-            const double gbs = static_cast<double>(bytes) / Median(v) / 1e9;
-            if (gbs > paired_gbs) paired_gbs = gbs, paired_pattern = PatternName(pattern);
-          }
+          const PairedSamples::Summary paired = pairs.Summarize();
           const double s = Median(secs);
-          report.Add({"gemv", type, shape, n_tok, t, static_cast<double>(bytes) / s / 1e9, "GB/s", paired_gbs,
-                      "read_bw", impl,
+          report.Add({"gemv", type, shape, n_tok, t, gb / s, "GB/s", paired.read_gbps, "read_bw", impl,
                       {{"seconds", s},
                        {"best_seconds", *std::min_element(secs.begin(), secs.end())},
                        {"calls", secs.size()},
@@ -515,7 +511,10 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
                        {"matrices", count},
                        {"working_set", bytes * count},
                        {"limit_stat", "median of paired probe reads"},
-                       {"limit_pattern", paired_pattern},
+                       {"limit_pattern", paired.pattern},
+                       {"pair_ratio_median", paired.ratio},
+                       {"fast_regime_pairs", paired.fast_pairs},
+                       {"fast_regime_ratio", paired.fast_ratio},
                        {"check", check}}});
         }
       }

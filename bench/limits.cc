@@ -124,6 +124,33 @@ double FmaLoop(size_t n) {
   return sink == 0.123f ? ops + 1 : ops;  // sink is observed
 }
 
+void PairedSamples::Add(simd::ReadPattern pattern, double read_gbps, double work_gbps) {
+  pairs_[pattern].emplace_back(read_gbps, work_gbps);
+}
+
+PairedSamples::Summary PairedSamples::Summarize() const {
+  Summary s;
+  const std::vector<std::pair<double, double>>* chosen = nullptr;
+  for (const auto& [pattern, v] : pairs_) {
+    std::vector<double> reads;
+    for (const auto& [read, work] : v) reads.push_back(read);
+    const double median = Median(reads);
+    if (median > s.read_gbps) s.read_gbps = median, s.pattern = PatternName(pattern), chosen = &v;
+  }
+  if (chosen == nullptr) return s;
+  std::vector<double> ratios, fast;
+  for (const auto& [read, work] : *chosen) {
+    if (work < 0 || read <= 0) continue;
+    ratios.push_back(work / read);
+    if (read >= kFastRegime * s.read_gbps) fast.push_back(work / read);
+  }
+  s.pairs = ratios.size();
+  s.ratio = Median(ratios);
+  s.fast_pairs = fast.size();
+  s.fast_ratio = Median(fast);
+  return s;
+}
+
 void ProbeResult::Merge(const ProbeResult& other) {
   if (other.best > best) best = other.best, pattern = other.pattern;
   samples.insert(samples.end(), other.samples.begin(), other.samples.end());

@@ -5,7 +5,9 @@
 //   int8 peak        simd::Int8DotPeakLoop on every thread at once, rates summed
 //   fp32 FMA peak    simd::FmaPeakLoop likewise
 //
-// Other processes only ever lower a probe, so callers report the best sample. Shared by
+// Other processes only ever lower a probe, so a probe's best sample is the machine at its
+// quietest; work is judged against reads paired with it (PairedSamples) where the bench can take
+// them, with the best sample reported beside. Shared by
 // `m3 bench --kernels` (kernel_bench.cc) and the end-to-end `m3 bench` (model_bench.cc).
 #pragma once
 
@@ -117,6 +119,35 @@ struct ProbeResult {
   double median() const { return Median(samples); }
   void Merge(const ProbeResult& other);
 };
+// Work samples (GB/s) each paired with a read-probe sample taken right next to it: as many cold
+// bytes right after the call, or the cache-evicting read right before it. The host of a shared
+// VM switches between bandwidth regimes for seconds to minutes at a time (the 2-core Zen 4 VM:
+// about 33 and about 58 GB/s with 2 threads), so the read taken at the same moment is the limit
+// that matches a call; the run's best sample may come from the other regime. Pairs are kept per
+// read pattern and judged by the faster pattern's, as the limits are.
+class PairedSamples {
+ public:
+  // work_gbps < 0: a read with no work of its own (it counts towards the limit only).
+  void Add(simd::ReadPattern pattern, double read_gbps, double work_gbps = -1);
+  void Clear() { pairs_.clear(); }
+
+  struct Summary {
+    double read_gbps = 0;     // the faster pattern's median read: the limit
+    const char* pattern = "";
+    size_t pairs = 0;         // that pattern's reads paired with work
+    double ratio = 0;         // median of work / read over those pairs
+    // The pairs whose read is >= kFastRegime x the median read: the host's fast regime. They
+    // show whether the work keeps up when the machine gives more (ratio 0: no such pairs).
+    size_t fast_pairs = 0;
+    double fast_ratio = 0;
+  };
+  static constexpr double kFastRegime = 1.3;
+  Summary Summarize() const;
+
+ private:
+  std::map<simd::ReadPattern, std::vector<std::pair<double, double>>> pairs_;  // (read, work)
+};
+
 // Read bandwidth over a fresh ReadProbeBytes(L3Bytes()) buffer (freed on return) in 16 MiB
 // chunks (about one expert matrix), `reps` passes.
 ProbeResult ProbeReadBandwidth(int threads, int reps);

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Smoke test of `m3 bench --attention --quick --json`: every stdout line is a JSON object with the
 report fields, times positive and finite, prefill_speedup > 0, one row per (context, index-key type),
-index_scan_gbps / index_scan_ratio present exactly where the decode scan reads keys (more than 16
+index_scan_gbps / index_scan_ratio(_best) / index_scan_pair_ratio_median present exactly where the decode scan reads keys (more than 16
 blocks visible), attention_ms_ratio_4k == 1 at 4K, every check "ok"; a PNG written with --plot when
 gnuplot is installed (skipped otherwise; never a failure of the bench). Also: an --attention option
 without --attention and a bad --index-cache are refused with a message. No timing assertions.
@@ -35,7 +35,7 @@ check(p.returncode == 0, f"exit code {p.returncode}; stderr: {p.stderr.strip()}"
 
 times = ("indexer_ms", "attention_ms", "dense_attention_ms", "prefill_ms", "prefill_indexer_ms",
          "prefill_attention_ms", "dense_prefill_ms", "prefill_speedup", "decode_speedup", "read_gbps",
-         "paired_read_gbps")
+         "read_gbps_best")
 counts = ("context", "chunk", "threads", "decode_calls", "dense_decode_calls", "prefill_calls",
           "dense_prefill_calls", "kv_bytes", "index_bytes", "evict_bytes")
 strings = ("index_key_type", "kv_type", "cpu", "simd_target", "commit", "check")
@@ -65,7 +65,9 @@ for n, line in enumerate(p.stdout.splitlines(), 1):
               f"line {n}: prefill_speedup != dense_prefill_ms / prefill_ms")
     ctx = row.get("context", 0)
     scans = isinstance(ctx, int) and ctx > 16 * 128
-    for f in ("index_scan_gbps", "index_scan_ratio"):
+    check(isinstance(row.get("fast_regime_pairs"), int) and row["fast_regime_pairs"] >= 0,
+          f"line {n}: fast_regime_pairs {row.get('fast_regime_pairs')!r}")
+    for f in ("index_scan_gbps", "index_scan_ratio", "index_scan_ratio_best", "index_scan_pair_ratio_median"):
         check(f in row, f"line {n}: no {f}")
         if scans:
             check(positive(row.get(f)), f"line {n}: {f} = {row.get(f)!r} at context {ctx}")
@@ -76,6 +78,11 @@ for n, line in enumerate(p.stdout.splitlines(), 1):
     if scans and positive(row.get("index_scan_gbps")) and positive(row.get("read_gbps")):
         check(math.isclose(row["index_scan_ratio"], row["index_scan_gbps"] / row["read_gbps"], rel_tol=1e-9),
               f"line {n}: index_scan_ratio != index_scan_gbps / read_gbps")
+    if scans and positive(row.get("index_scan_gbps")) and positive(row.get("read_gbps_best")):
+        check(math.isclose(row["index_scan_ratio_best"], row["index_scan_gbps"] / row["read_gbps_best"], rel_tol=1e-9),
+              f"line {n}: index_scan_ratio_best != index_scan_gbps / read_gbps_best")
+    check((row.get("fast_regime_ratio") is None) == (not scans or row.get("fast_regime_pairs") == 0),
+          f"line {n}: fast_regime_ratio {row.get('fast_regime_ratio')!r} with {row.get('fast_regime_pairs')!r} pairs")
     check("attention_ms_ratio_4k" in row, f"line {n}: no attention_ms_ratio_4k")
     if ctx == 4096:
         check(row.get("attention_ms_ratio_4k") == 1, f"line {n}: attention_ms_ratio_4k at 4K = {row.get('attention_ms_ratio_4k')!r}")

@@ -29,7 +29,8 @@ POSITIVE = ["prefill_tok_s", "decode_tok_s", "decode_tok_s_mean", "ttft_s", "byt
             "read_gbps", "decode_bw_ratio", "prefill_gops", "int8_peak_gops", "prefill_peak_ratio", "peak_rss_bytes",
             "threads", "layers", "projected_full_model_tok_s", "active_params", "weight_bytes", "t_layer_s"]
 NON_NEGATIVE = ["disk_read_mbps", "disk_read_bytes", "t_rest_s", "load_s", "routed_expert_bytes_per_token",
-                "read_gbps_paired", "decode_bw_ratio_paired"]
+                "read_gbps_paired", "decode_bw_ratio_paired", "read_gbps_best", "decode_bw_ratio_best",
+                "decode_pair_ratio_median", "fast_regime_steps", "fast_regime_ratio"]
 STRINGS = ["simd_target", "model_dir", "cpu", "commit", "projection_note", "quant_kernels"]
 
 
@@ -56,10 +57,14 @@ def check_report(p, label):
     check(r.get("logits_finite") is True, f"{label}: logits not finite")
     for ratio, value, limit in (("decode_bw_ratio", "decode_gbps", "read_gbps"),
                                 ("decode_bw_ratio_paired", "decode_gbps", "read_gbps_paired"),
+                                ("decode_bw_ratio_best", "decode_gbps", "read_gbps_best"),
                                 ("prefill_peak_ratio", "prefill_gops", "int8_peak_gops")):
         if all(isinstance(r.get(k), (int, float)) and r.get(k) > 0 for k in (ratio, value, limit)):
             check(math.isclose(r[ratio], r[value] / r[limit], rel_tol=1e-9),
                   f"{label}: {ratio} {r[ratio]} != {value} / {limit} = {r[value] / r[limit]}")
+    if all(isinstance(r.get(k), (int, float)) for k in ("read_gbps", "read_gbps_paired", "read_gbps_best")):
+        limit = r["read_gbps_paired"] if r["read_gbps_paired"] > 0 else r["read_gbps_best"]
+        check(r["read_gbps"] == limit, f"{label}: read_gbps {r['read_gbps']} is neither the paired reads nor the best sample")
     if all(isinstance(r.get(k), (int, float)) for k in ("decode_gbps", "bytes_per_token", "decode_tok_s")):
         check(math.isclose(r["decode_gbps"], r["bytes_per_token"] * r["decode_tok_s"] / 1e9, rel_tol=1e-9),
               f"{label}: decode_gbps != bytes_per_token x decode_tok_s")

@@ -1,0 +1,33 @@
+// PairedSamples (bench/limits.h): the limit and ratios the benchmarks judge memory-bound work by.
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "bench/limits.h"
+
+using m3::bench::PairedSamples;
+using m3::simd::ReadPattern;
+
+TEST_CASE("PairedSamples judges work by the faster pattern's median read, pair by pair", "[bench]") {
+  PairedSamples p;
+  // Sequential reads at 30 (slow regime) and 60 GB/s (fast regime); work at 0.9 and 0.7 of them.
+  for (int i = 0; i < 5; ++i) p.Add(ReadPattern::kSequential, 30, 27);
+  for (int i = 0; i < 2; ++i) p.Add(ReadPattern::kSequential, 60, 42);
+  p.Add(ReadPattern::kSequential, 31);  // a read with no work: counts towards the limit only
+  // The other pattern is slower: its pairs are not used.
+  for (int i = 0; i < 9; ++i) p.Add(ReadPattern::kQuartersPrefetched, 20, 19);
+  const PairedSamples::Summary s = p.Summarize();
+  CHECK(s.read_gbps == 30);  // median of 30 x5, 31, 60 x2
+  CHECK(std::string(s.pattern) == "sequential");
+  CHECK(s.pairs == 7);
+  CHECK(s.ratio == Approx(0.9));
+  CHECK(s.fast_pairs == 2);  // 60 >= 1.3 x 30
+  CHECK(s.fast_ratio == Approx(0.7));
+
+  p.Clear();
+  const PairedSamples::Summary none = p.Summarize();
+  CHECK(none.read_gbps == 0);
+  CHECK(none.pairs == 0);
+  CHECK(none.fast_pairs == 0);
+  CHECK(none.fast_ratio == 0);
+}
