@@ -10,8 +10,8 @@
 // layers of index keys to exceed L3 at 1K, and 4 layers of K+V (2 GB) to make the selected
 // blocks at 128K unlikely to repeat. Each decode repetition also takes another random query,
 // so its selection differs as a new token's would. The eviction reads double as read-bandwidth
-// samples taken at the same moments as the calls: the limit the index-key scan is judged by, each
-// decode scan paired with the read right before it (limits.h PairedSamples).
+// samples. The index-key scan is judged as --kernels judges a GEMV: each decode scan is paired
+// with a timed read of as many cold bytes right before it (limits.h PairedSamples).
 //
 // Data: random values in [-1, 1) from a hash of (tensor, row, column), so filling in parallel
 // gives the same caches for any thread count; no cost depends on the values.
@@ -128,45 +128,47 @@ class ColdReads {
   }
   const ProbeResult& best() const { return best_; }
 
-  // Reads the next evict_bytes of the buffer (round robin, patterns alternating); the read is
-  // kept as a paired sample until TakePaired(), and the call that follows can be paired with it
-  // by PairLast().
+  // Reads the next evict_bytes of the buffer (round robin, patterns alternating); kept as a read
+  // sample, the limit of rows whose calls are paired with nothing (no keys scanned).
   void Evict() {
-    if (cursor_ + evict_bytes_ > buf_.size()) cursor_ = 0;
-    last_pattern_ = kReadPatterns[count_++ % 2];
-    const double dt = TimedRead(buf_, cursor_, evict_bytes_, threads_, last_pattern_);
-    cursor_ += evict_bytes_;
-    last_gbps_ = static_cast<double>(evict_bytes_) / dt / 1e9;
-    last_paired_ = false;
-    paired_.Add(last_pattern_, last_gbps_);
+    const auto [pattern, gbps] = Read(evict_bytes_);
+    evictions_.Add(pattern, gbps);
   }
-  // Records the call right after the last eviction as running at work_gbps, paired with it.
-  void PairLast(double work_gbps) {
-    if (last_paired_ || last_gbps_ <= 0) return;
-    work_.Add(last_pattern_, last_gbps_, work_gbps);
-    last_paired_ = true;
+  // A timed read of as many cold bytes as the call that follows reads, right before it; Pair()
+  // records that call against it, as --kernels pairs each GEMV call with a read of its bytes.
+  void ReadLike(size_t bytes) { std::tie(next_pattern_, next_gbps_) = Read(bytes); }
+  void Pair(double work_gbps) {
+    if (next_gbps_ > 0) pairs_.Add(next_pattern_, next_gbps_, work_gbps);
+    next_gbps_ = 0;
   }
-  // The eviction reads since the last call (the limit: the faster pattern's median) and the
-  // calls paired with them; starts afresh.
+  // The pairs since the last call (the limit: the faster pattern's median read), or the eviction
+  // reads when there are none; starts afresh.
   PairedSamples::Summary TakePaired() {
-    PairedSamples::Summary reads = paired_.Summarize(), pairs = work_.Summarize();
-    paired_.Clear();
-    work_.Clear();
-    pairs.read_gbps = reads.read_gbps;  // every eviction read counts towards the limit
-    pairs.pattern = reads.pattern;
-    return pairs;
+    PairedSamples::Summary s = pairs_.Summarize();
+    if (s.pairs == 0) s = evictions_.Summarize();
+    pairs_.Clear();
+    evictions_.Clear();
+    return s;
   }
 
  private:
+  std::pair<simd::ReadPattern, double> Read(size_t bytes) {
+    bytes = std::min(bytes, buf_.size());
+    if (cursor_ + bytes > buf_.size()) cursor_ = 0;
+    const simd::ReadPattern pattern = kReadPatterns[count_++ % 2];
+    const double dt = TimedRead(buf_, cursor_, bytes, threads_, pattern);
+    cursor_ += bytes;
+    return {pattern, static_cast<double>(bytes) / dt / 1e9};
+  }
+
   BigBuffer buf_;
   size_t probe_chunk_, evict_bytes_;
   int threads_;
   size_t cursor_ = 0, count_ = 0;
   ProbeResult best_;
-  PairedSamples paired_, work_;
-  simd::ReadPattern last_pattern_ = simd::ReadPattern::kSequential;
-  double last_gbps_ = 0;
-  bool last_paired_ = true;
+  PairedSamples evictions_, pairs_;
+  simd::ReadPattern next_pattern_ = simd::ReadPattern::kSequential;
+  double next_gbps_ = 0;
 };
 
 // How many times a figure is measured: at least min_calls (unless cap_s passes first; one call
@@ -234,7 +236,7 @@ struct Row {
   double indexer_min_ms = 0, attention_min_ms = 0, dense_attention_min_ms = 0;  // fastest call
   double prefill_indexer_ms = 0, prefill_attention_ms = 0, prefill_ms = 0, dense_prefill_ms = 0;
   size_t index_scan_bytes = 0;  // 0: every block is selected, SelectBlocks scans nothing
-  // The eviction reads during the decode calls (the limit) and the decode scans paired with them.
+  // The decode scans and the reads paired with them (the limit), or the eviction reads.
   PairedSamples::Summary scan_pairs;
   size_t decode_calls = 0, dense_decode_calls = 0, prefill_calls = 0, dense_prefill_calls = 0;
   size_t kv_bytes = 0, index_bytes = 0;
@@ -429,7 +431,8 @@ void PrintJson(const std::vector<Row>& rows, const ColdReads& cold, int threads,
         {"index_scan_bytes", r.index_scan_bytes},
         {"index_scan_gbps", Nullable(scan_gbps, scanned)},
         {"read_gbps", r.scan_pairs.read_gbps},
-        {"read_stat", "median of the eviction reads paired with the decode calls"},
+        {"read_stat", scanned ? "median of cold reads of the scan's bytes, one right before each decode scan"
+                              : "median of the eviction reads during the decode calls"},
         {"read_pattern", r.scan_pairs.pattern},
         {"index_scan_ratio", Nullable(scan_gbps / r.scan_pairs.read_gbps, scanned && r.scan_pairs.read_gbps > 0)},
         {"index_scan_pair_ratio_median", Nullable(r.scan_pairs.ratio, scanned && r.scan_pairs.pairs > 0)},
@@ -630,10 +633,11 @@ int RunAttentionBench(const AttentionBenchOptions& options, FILE* out, FILE* log
       plan.decode.Run([&](size_t i) {
         const size_t qi = i % kDecodeQueries;
         cold.Evict();
+        if (row.index_scan_bytes > 0) cold.ReadLike(row.index_scan_bytes);
         const auto t0 = Clock::now();
         SelectBlocks(tc, sp, decode_iq.data() + qi * iq_width, *index_keys, pos, 1, &sel);
         const auto t1 = Clock::now();
-        if (row.index_scan_bytes > 0) cold.PairLast(static_cast<double>(row.index_scan_bytes) / Seconds(t0, t1) / 1e9);
+        if (row.index_scan_bytes > 0) cold.Pair(static_cast<double>(row.index_scan_bytes) / Seconds(t0, t1) / 1e9);
         cold.Evict();
         const auto t2 = Clock::now();
         Attention(tc, ap, decode_q.data() + qi * q_width, *k, *v, pos, 1, &sel, attn_out.data());
@@ -709,10 +713,11 @@ int RunAttentionBench(const AttentionBenchOptions& options, FILE* out, FILE* log
         "indexer = SelectBlocks | attn = Attention on the selection | dense = Attention over every key | speedup = "
         "dense / (indexer + attn), dense prefill / prefill\n"
         "scan = index-key bytes of the decode scan / indexer time (- : <= 16 blocks, nothing scanned) | read = median "
-        "of the eviction reads during the decode calls (the limit; the host's bandwidth switches between regimes, so "
-        "the read at the moment of the work is its yardstick) | ratio = scan / read | fast = median scan / read over "
-        "the calls whose eviction read was >= %.1fx read (the host's fast regime) and their number | best = best read "
-        "sample of the run (%zu MiB buffer, %zu MiB chunks, as --kernels read_bw) | /best = scan / best\n"
+        "of cold reads of as many bytes, one right before each decode scan (the limit, as --kernels pairs a GEMV; the "
+        "host's bandwidth switches between regimes, so the read at the moment of the work is its yardstick; rows "
+        "without a scan: the eviction reads) | ratio = scan / read | fast = median scan / read over the calls whose "
+        "read was >= %.1fx read (the host's fast regime) and their number | best = best read sample of the run (%zu "
+        "MiB buffer, %zu MiB chunks, as --kernels read_bw) | /best = scan / best\n"
         "attn/4K = attn / attn at 4K (same index-key type)\n",
         options.quick ? " --quick (small contexts, few calls: figures are not meaningful)" : "", CpuModel().c_str(),
         simd::ActiveTargetName().c_str(), M3_COMMIT, threads, static_cast<double>(l3) / (1 << 20), load_start,
