@@ -45,9 +45,7 @@
 #include "ops/attention.h"
 #include "platform/parallel.h"
 
-#ifndef M3_COMMIT
-#define M3_COMMIT "unknown"
-#endif
+#include "m3_commit.h"  // M3_COMMIT, written at build time
 
 extern char** environ;
 

@@ -31,9 +31,7 @@
 #include "runtime/engine.h"
 #include "weight_format.h"
 
-#ifndef M3_COMMIT
-#define M3_COMMIT "unknown"
-#endif
+#include "m3_commit.h"  // M3_COMMIT, written at build time
 
 namespace m3::bench {
 namespace {
