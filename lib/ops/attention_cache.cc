@@ -40,8 +40,8 @@ size_t KvPages::BytesPerRow(size_t heads, size_t dim, CacheType type) {
 }
 
 KvPages::KvPages(size_t heads, size_t dim, size_t page_rows, CacheType type, KvLayout layout)
-    : heads_(heads), dim_(dim), page_rows_(page_rows), type_(type), layout_(layout),
-      pages_(page_rows * BytesPerRow(heads, dim, type)) {}
+    : RowPages(page_rows, page_rows * BytesPerRow(heads, dim, type)), heads_(heads), dim_(dim), type_(type),
+      layout_(layout) {}
 
 void KvPages::Write(size_t row, const float* x) {
   uint8_t* page = pages_.page(row / page_rows_);
@@ -124,8 +124,8 @@ size_t IndexKeyPages::BytesPerRow(size_t dim, CacheType type) {
 }
 
 IndexKeyPages::IndexKeyPages(size_t dim, size_t page_rows, CacheType type)
-    : dim_(dim), page_rows_(page_rows), panel_(std::min<size_t>(page_rows, 64)), type_(type),
-      pages_(panels_rows() * BytesPerRow(dim, type)) {}  // page_rows_ and panel_ are set first
+    : RowPages(page_rows, PaddedRows(page_rows) * BytesPerRow(dim, type)), dim_(dim), panel_(std::min(page_rows, kPanel)),
+      type_(type) {}
 
 void IndexKeyPages::Write(size_t row, const float* x) {
   uint8_t* page = pages_.page(row / page_rows_);
@@ -140,7 +140,7 @@ void IndexKeyPages::Write(size_t row, const float* x) {
     case CacheType::kInt8: {
       thread_local std::vector<int8_t> codes;
       codes.resize(dim_);
-      reinterpret_cast<float*>(page + dim_ * panels_rows())[r] = simd::EncodeInt8(x, dim_, codes.data());
+      reinterpret_cast<float*>(page + dim_ * PaddedRows(page_rows_))[r] = simd::EncodeInt8(x, dim_, codes.data());
       for (size_t d = 0; d < dim_; ++d) reinterpret_cast<int8_t*>(page)[At(r, d)] = codes[d];
       break;
     }
@@ -149,7 +149,7 @@ void IndexKeyPages::Write(size_t row, const float* x) {
 
 simd::IndexKeyPage IndexKeyPages::Page(size_t page, size_t n_keys) const {
   const uint8_t* p = pages_.page(page);
-  return {type_, p, type_ == CacheType::kInt8 ? reinterpret_cast<const float*>(p + dim_ * panels_rows()) : nullptr,
+  return {type_, p, type_ == CacheType::kInt8 ? reinterpret_cast<const float*>(p + dim_ * PaddedRows(page_rows_)) : nullptr,
           panel_, dim_, n_keys};
 }
 

@@ -6,6 +6,7 @@
 // vector (one head of one position for K/V, one index key).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -41,6 +42,22 @@ class PageList {
   size_t spare_ = 0;  // pages left in the last arena, after pages_.back()
 };
 
+// Positions stored in pages of page_rows each: the row bookkeeping KvPages and IndexKeyPages share.
+class RowPages {
+ public:
+  void EnsureRows(size_t n) { pages_.EnsurePages((n + page_rows_ - 1) / page_rows_); }  // may throw std::bad_alloc
+  size_t page_rows() const { return page_rows_; }
+  size_t capacity_rows() const { return pages_.pages() * page_rows_; }
+  size_t bytes() const { return pages_.bytes(); }
+  size_t BytesFor(size_t rows) const { return (rows + page_rows_ - 1) / page_rows_ * pages_.page_bytes(); }
+
+ protected:
+  RowPages() = default;
+  RowPages(size_t page_rows, size_t page_bytes) : page_rows_(page_rows), pages_(page_bytes) {}
+  size_t page_rows_ = 1;
+  PageList pages_;
+};
+
 // How a page orders one head's values: V is read a row per key (P.V), K a dimension at a time
 // across keys (Q.K^T as vector FMAs over keys, simd::KeyScores).
 enum class KvLayout : uint8_t {
@@ -50,11 +67,10 @@ enum class KvLayout : uint8_t {
 
 // K or V of one layer: per position `heads` vectors of `dim` values, each head's part of a page
 // contiguous (then int8 scales [head][row]), so what one KV head reads from one block is one range.
-class KvPages {
+class KvPages : public RowPages {
  public:
   KvPages() = default;
   KvPages(size_t heads, size_t dim, size_t page_rows, CacheType type, KvLayout layout = KvLayout::kRows);
-  void EnsureRows(size_t n) { pages_.EnsurePages((n + page_rows_ - 1) / page_rows_); }
   void Write(size_t row, const float* x);  // x: heads * dim values
   // Rows [a, b) of one head (within one page) as fp32: kRows gives rows of `dim` (stride dim),
   // kTransposed gives `dim` rows of keys (stride *ld = page_rows, key a first). A pointer into the
@@ -64,46 +80,40 @@ class KvPages {
   KvLayout layout() const { return layout_; }
   size_t heads() const { return heads_; }
   size_t dim() const { return dim_; }
-  size_t page_rows() const { return page_rows_; }
   CacheType type() const { return type_; }
-  size_t capacity_rows() const { return pages_.pages() * page_rows_; }
-  size_t bytes() const { return pages_.bytes(); }
-  size_t BytesFor(size_t rows) const { return (rows + page_rows_ - 1) / page_rows_ * pages_.page_bytes(); }
   static size_t BytesPerRow(size_t heads, size_t dim, CacheType type);  // with scales
 
  private:
-  size_t heads_ = 0, dim_ = 0, page_rows_ = 1;
+  size_t heads_ = 0, dim_ = 0;
   CacheType type_ = CacheType::kF32;
   KvLayout layout_ = KvLayout::kRows;
-  PageList pages_;
 };
 
 // Index keys of one sparse layer, one vector of `dim` per position. A page stores its keys
 // transposed in panels of up to 64 keys ([panel][dim][64], then int8 scales [page_rows]): the
 // indexer scan reads a panel front to back for all 4 index heads of a token in one pass.
-class IndexKeyPages {
+class IndexKeyPages : public RowPages {
  public:
   IndexKeyPages() = default;
   IndexKeyPages(size_t dim, size_t page_rows, CacheType type);
-  void EnsureRows(size_t n) { pages_.EnsurePages((n + page_rows_ - 1) / page_rows_); }
   void Write(size_t row, const float* x);
   float Value(size_t row, size_t d) const;  // the stored value, decoded (tests, references)
   // Keys [page * page_rows, + n_keys) for simd::IndexScoreMax.
   simd::IndexKeyPage Page(size_t page, size_t n_keys) const;
   size_t dim() const { return dim_; }
-  size_t page_rows() const { return page_rows_; }
   CacheType type() const { return type_; }
-  size_t capacity_rows() const { return pages_.pages() * page_rows_; }
-  size_t bytes() const { return pages_.bytes(); }
-  size_t BytesFor(size_t rows) const { return (rows + page_rows_ - 1) / page_rows_ * pages_.page_bytes(); }
   static size_t BytesPerRow(size_t dim, CacheType type);
 
  private:
-  size_t panels_rows() const { return (page_rows_ + panel_ - 1) / panel_ * panel_; }  // rows incl. panel padding
+  static constexpr size_t kPanel = 64;
+  // A page's rows including the padding of its last panel (min(page_rows, kPanel) keys each).
+  static size_t PaddedRows(size_t page_rows) {
+    const size_t panel = std::min(page_rows, kPanel);
+    return (page_rows + panel - 1) / panel * panel;
+  }
   size_t At(size_t r, size_t d) const { return (r / panel_) * dim_ * panel_ + d * panel_ + r % panel_; }
-  size_t dim_ = 0, page_rows_ = 1, panel_ = 1;
+  size_t dim_ = 0, panel_ = 1;
   CacheType type_ = CacheType::kF32;
-  PageList pages_;
 };
 
 }  // namespace m3
