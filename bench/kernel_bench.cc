@@ -98,9 +98,22 @@ class MatrixSet {
       std::memcpy(c + j, &v, std::min<size_t>(8, n - j));
     }
     if (!scale_stride_) return;
-    uint16_t* s = reinterpret_cast<uint16_t*>(scales_.data() + i * scale_stride_);
+    uint8_t* s = scales_.data() + i * scale_stride_;
+    if (shape_.format == WeightFormat::kQ8) {  // per tile 16 fp32 row scales, then shifts 0 or 1
+      for (size_t tile = 0; tile < shape_.row_tiles(); ++tile, s += shape_.tile_scale_bytes()) {
+        for (size_t r = 0; r < simd::kTileRows; ++r) {
+          const float v = std::ldexp(1.0f + 3.0f * rng.Uniform(), -9);
+          std::memcpy(s + 4 * r, &v, 4);
+        }
+        for (size_t j = simd::kTileRows * 4; j < shape_.tile_scale_bytes(); ++j) s[j] = rng.Next() & 1;
+      }
+      return;
+    }
     const size_t ns = simd::TiledScaleBytes(shape_) / 2;
-    for (size_t j = 0; j < ns; ++j) s[j] = simd::F32ToF16(std::ldexp(1.0f + 3.0f * rng.Uniform(), -9));
+    for (size_t j = 0; j < ns; ++j) {
+      const uint16_t h = simd::F32ToF16(std::ldexp(1.0f + 3.0f * rng.Uniform(), -9));
+      std::memcpy(s + 2 * j, &h, 2);
+    }
   }
 
   WeightRef shape_;
@@ -123,15 +136,19 @@ class MatMulRunner {
       q_.resize(max_tokens * shape.padded_cols());
       scale_.resize(max_tokens * shape.groups());
       sum_.resize(max_tokens * shape.groups());
+      if (q8()) shift_.resize(max_tokens * shape.groups());
     }
   }
   bool quantized() const { return shape_.format != WeightFormat::kBF16Tiled; }
+  bool q8() const { return shape_.format == WeightFormat::kQ8; }
+  size_t scales_per_token() const { return q8() ? 1 : shape_.groups(); }
 
   void Quantize(const ThreadConfig& tc, size_t n_tok) {
     const size_t pc = shape_.padded_cols(), g = shape_.groups(), cols = shape_.cols;
     ParallelFor(tc, n_tok, 16, [&](size_t b, size_t e, int) {
       simd::QuantizeActivations(x_.data() + b * cols, cols, e - b, cols, shape_.group, q_.data() + b * pc,
-                                scale_.data() + b * g, sum_.data() + b * g);
+                                scale_.data() + b * scales_per_token(), sum_.data() + b * g,
+                                q8() ? shift_.data() + b * g : nullptr);
     });
   }
   simd::QuantizedActivations Activations(size_t n_tok) const {
@@ -142,6 +159,7 @@ class MatMulRunner {
     a.n_tok = n_tok;
     a.padded_cols = shape_.padded_cols();
     a.group = shape_.group;
+    a.shift = q8() ? shift_.data() : nullptr;
     return a;
   }
 
@@ -166,11 +184,14 @@ class MatMulRunner {
       std::vector<int8_t> q(n_tok * w.padded_cols());
       std::vector<float> s(n_tok * w.groups());
       std::vector<int32_t> sum(n_tok * w.groups());
-      simd::ref::QuantizeActivations(x_.data(), w.cols, n_tok, w.cols, w.group, q.data(), s.data(), sum.data());
+      std::vector<uint8_t> shift(n_tok * w.groups());
+      simd::ref::QuantizeActivations(x_.data(), w.cols, n_tok, w.cols, w.group, q.data(), s.data(), sum.data(),
+                                     q8() ? shift.data() : nullptr);
       simd::QuantizedActivations a = Activations(n_tok);
       a.q = q.data();
       a.scale = s.data();
       a.sum = sum.data();
+      a.shift = q8() ? shift.data() : nullptr;
       simd::ref::QuantMatMul(w, a, t0, t1, ref.data(), w.rows);
     } else {
       simd::ref::Bf16TiledMatMul(w, x_.data(), w.cols, n_tok, t0, t1, ref.data(), w.rows);
@@ -193,6 +214,7 @@ class MatMulRunner {
   std::vector<int8_t> q_;
   std::vector<float> scale_;
   std::vector<int32_t> sum_;
+  std::vector<uint8_t> shift_;  // q8 only
 };
 
 // Per-call seconds of fn() after `warmup` untimed calls: at least min_calls (unless cap_s passes

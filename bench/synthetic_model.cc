@@ -122,14 +122,19 @@ uint64_t Q4Codes(uint64_t v) {
 const double kQ8CodeRms = std::sqrt(2.0 * 127 * 128 * 255 / 6 / 256);
 const double kQ4CodeRms = std::sqrt(2.0 * 140 / 16);
 
-enum class FillKind { kZero, kQ8Codes, kQ4Codes, kF16Scales, kF32Uniform };
+enum class FillKind { kZero, kQ8Codes, kQ4Codes, kF16Scales, kQ8Scales, kF32Uniform };
 
 // How one byte range (a tensor's data or its scales) is filled.
 struct RegionFill {
   FillKind kind = FillKind::kZero;
-  float amplitude = 0;  // kF16Scales: mean scale (each is x [0.75, 1.25)); kF32Uniform: values in [-a, a)
+  float amplitude = 0;  // k*Scales: mean scale (each is x [0.75, 1.25)); kF32Uniform: values in [-a, a)
   uint64_t seed = 0;
+  size_t tile_scale_bytes = 0;  // kQ8Scales: per row tile 16 fp32 row scales, then u8 group shifts
 };
+
+// q8 group shifts are 0 or 1 at random: a group's scale is its row's or half of it, so the mean
+// squared scale is 5/8 of the row scale's.
+constexpr double kQ8ShiftMeanSquare = (1.0 + 0.25) / 2;
 
 void FillBlock(const RegionFill& f, uint64_t block, uint8_t* out, size_t n) {
   Rng rng{Mix64(f.seed ^ Mix64(block + 1))};
@@ -150,6 +155,19 @@ void FillBlock(const RegionFill& f, uint64_t block, uint8_t* out, size_t n) {
         std::memcpy(out + j, &h, 2);
       }
       return;
+    case FillKind::kQ8Scales: {
+      const uint64_t start = block * kBlockBytes;  // tile_scale_bytes and kBlockBytes are multiples of 16
+      for (size_t j = 0; j < n;) {
+        if ((start + j) % f.tile_scale_bytes < simd::kTileRows * 4) {
+          const float v = f.amplitude * (0.75f + 0.5f * rng.Uniform());
+          std::memcpy(out + j, &v, std::min<size_t>(4, n - j));
+          j += 4;
+        } else {
+          out[j++] = static_cast<uint8_t>(rng.Next() & 1);
+        }
+      }
+      return;
+    }
     case FillKind::kF32Uniform:
       for (size_t j = 0; j + 4 <= n; j += 4) {
         const float v = f.amplitude * (2.0f * rng.Uniform() - 1.0f);
@@ -182,8 +200,9 @@ std::pair<RegionFill, RegionFill> FillsFor(const PackedTensor& t, size_t index) 
   const double rms = q8 ? kQ8CodeRms : kQ4CodeRms;
   // Unit-variance embedding rows; every other matrix keeps unit variance from input to output.
   const double fan_in = t.name == "model.embed_tokens.weight" ? 1.0 : static_cast<double>(t.cols);
-  scales.kind = FillKind::kF16Scales;
-  scales.amplitude = static_cast<float>(1.0 / (rms * std::sqrt(fan_in)));
+  scales.kind = q8 ? FillKind::kQ8Scales : FillKind::kF16Scales;
+  scales.amplitude = static_cast<float>(1.0 / (rms * std::sqrt(fan_in * (q8 ? kQ8ShiftMeanSquare : 1.0))));
+  scales.tile_scale_bytes = t.Shape().tile_scale_bytes();
   return {data, scales};
 }
 

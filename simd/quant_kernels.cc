@@ -26,39 +26,61 @@ namespace hn = hwy::HWY_NAMESPACE;
 // QuantizeActivations: the vector body performs exactly the reference's float operations.
 
 void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
-                             float* scale, int32_t* sum) {
+                             float* scale, int32_t* sum, uint8_t* shift) {
   const hn::ScalableTag<float> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Rebind<int8_t, decltype(df)> d8;
   const size_t N = hn::Lanes(df);
   const size_t padded = (cols + group - 1) / group * group, groups = padded / group;
+  thread_local std::vector<float> group_amax;
+  group_amax.resize(groups);
   for (size_t t = 0; t < n_tok; ++t) {
     const float* xt = x + t * ldx;
+    float amax_t = 0.0f;
     for (size_t g = 0; g < groups; ++g) {
       const size_t begin = g * group, end = std::min(cols, begin + group);
-      int8_t* qg = q + t * padded + begin;
       auto vmax = hn::Zero(df);
       size_t c = begin;
       for (; c + N <= end; c += N) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xt + c)));
       float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
       for (; c < end; ++c) amax = std::max(amax, std::fabs(xt[c]));
+      group_amax[g] = amax;
+      amax_t = std::max(amax_t, amax);
+    }
+    if (shift) scale[t] = amax_t / 127.0f;
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t begin = g * group, end = std::min(cols, begin + group);
+      int8_t* qg = q + t * padded + begin;
+      const float amax = group_amax[g];
+      const int e = shift ? Q8ActivationShift(amax, amax_t) : 0;
+      if (shift) shift[t * groups + g] = static_cast<uint8_t>(e);
       std::memset(qg, 0, group);
       if (amax == 0.0f) {
-        scale[t * groups + g] = 0.0f;
+        if (!shift) scale[t * groups + g] = 0.0f;
         sum[t * groups + g] = 0;
         continue;
       }
-      const float inv = 127.0f / amax;
+      const float inv = shift ? MulPow2(127.0f / amax_t, e) : 127.0f / amax;
       const auto vinv = hn::Set(df, inv), lo = hn::Set(df, -127.0f), hi = hn::Set(df, 127.0f);
       auto vsum = hn::Zero(di);
-      c = begin;
-      for (; c + N <= end; c += N) {
-        const auto xv = hn::LoadU(df, xt + c);
-        // x == 0 gives 0 even when inv is inf (subnormal amax), as in the reference.
-        const auto v = hn::IfThenZeroElse(hn::Eq(xv, hn::Zero(df)), hn::Mul(xv, vinv));
-        const auto qi = hn::ConvertTo(di, hn::Min(hi, hn::Max(lo, hn::Round(v))));
-        vsum = hn::Add(vsum, qi);
-        hn::StoreU(hn::DemoteTo(d8, qi), d8, qg + (c - begin));
+      size_t c = begin;
+      // Clamped before the (round to nearest even) conversion, as the reference rounds then
+      // clamps: the same codes, since the bounds are integers.
+      if (std::isfinite(inv)) {
+        for (; c + N <= end; c += N) {
+          const auto qi = hn::NearestInt(hn::Min(hi, hn::Max(lo, hn::Mul(hn::LoadU(df, xt + c), vinv))));
+          vsum = hn::Add(vsum, qi);
+          hn::StoreU(hn::DemoteTo(d8, qi), d8, qg + (c - begin));
+        }
+      } else {
+        for (; c + N <= end; c += N) {
+          const auto xv = hn::LoadU(df, xt + c);
+          // x == 0 gives 0 even when inv is inf (subnormal amax), as in the reference.
+          const auto v = hn::IfThenZeroElse(hn::Eq(xv, hn::Zero(df)), hn::Mul(xv, vinv));
+          const auto qi = hn::NearestInt(hn::Min(hi, hn::Max(lo, v)));
+          vsum = hn::Add(vsum, qi);
+          hn::StoreU(hn::DemoteTo(d8, qi), d8, qg + (c - begin));
+        }
       }
       int32_t s = hn::GetLane(hn::SumOfLanes(di, vsum));
       for (; c < end; ++c) {
@@ -67,7 +89,7 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
         qg[c - begin] = static_cast<int8_t>(v);
         s += static_cast<int32_t>(v);
       }
-      scale[t * groups + g] = amax / 127.0f;
+      if (!shift) scale[t * groups + g] = amax / 127.0f;
       sum[t * groups + g] = s;
     }
   }
@@ -75,15 +97,17 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
 
 // ------------------------------------------------------------------------------------------
 // q8 / q4: one row tile x T tokens over all groups. Accumulators start at the bias table's
-// value and end at I_g; the epilogue is the reference's cvt, d_w * d_a and fma.
+// value and end at I_g; the epilogue is the reference's: q4 cvt, d_w * d_a and fma; q8 cvt,
+// scaling by 2^-(e_w + e_a) (exact) and add. The q8 row and token scales are applied after.
 
 struct TileArgs {
   const uint8_t* w;    // the tile's codes
-  const uint16_t* sc;  // the tile's fp16 scales [groups][16]
+  const uint16_t* sc;  // q4: the tile's fp16 scales [groups][16]
+  const uint8_t* ew;   // q8: the tile's shifts [groups][16]
   const int8_t* q;     // activation codes of the block's first token
   size_t ldq;
   const int32_t* bias;  // [groups][T]
-  const float* da;      // [groups][T]
+  const float* da;      // [groups][T]: q4 d_a, q8 -e_a
   size_t groups, G;
 };
 
@@ -132,11 +156,21 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
         }
       }
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.sc + g * kTileRows)));
+    if constexpr (kQ4) {
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.sc + g * kTileRows)));
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
-      const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(b.da[g * T + t]));
-      _mm512_storeu_ps(yacc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), d, _mm512_loadu_ps(yacc[t])));
+      for (int t = 0; t < T; ++t) {
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(b.da[g * T + t]));
+        _mm512_storeu_ps(yacc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), d, _mm512_loadu_ps(yacc[t])));
+      }
+    } else {
+      const __m512 ew = _mm512_cvtepi32_ps(
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.ew + g * kTileRows))));
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const __m512 e = _mm512_sub_ps(_mm512_set1_ps(b.da[g * T + t]), ew);
+        _mm512_storeu_ps(yacc[t], _mm512_add_ps(_mm512_loadu_ps(yacc[t]), _mm512_scalef_ps(_mm512_cvtepi32_ps(acc[t]), e)));
+      }
     }
   }
 }
@@ -211,14 +245,31 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
         }
       }
     }
-    const auto* sc = reinterpret_cast<const __m128i*>(b.sc + g * kTileRows);
-    const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(sc)), dw1 = _mm256_cvtph_ps(_mm_loadu_si128(sc + 1));
+    if constexpr (kQ4) {
+      const auto* sc = reinterpret_cast<const __m128i*>(b.sc + g * kTileRows);
+      const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(sc)), dw1 = _mm256_cvtph_ps(_mm_loadu_si128(sc + 1));
 #pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
-      const __m256 da = _mm256_set1_ps(b.da[g * T + t]);
-      const __m256 d0 = _mm256_mul_ps(dw0, da), d1 = _mm256_mul_ps(dw1, da);
-      _mm256_storeu_ps(yacc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc0[t]), d0, _mm256_loadu_ps(yacc[t])));
-      _mm256_storeu_ps(yacc[t] + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc1[t]), d1, _mm256_loadu_ps(yacc[t] + 8)));
+      for (int t = 0; t < T; ++t) {
+        const __m256 da = _mm256_set1_ps(b.da[g * T + t]);
+        const __m256 d0 = _mm256_mul_ps(dw0, da), d1 = _mm256_mul_ps(dw1, da);
+        _mm256_storeu_ps(yacc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc0[t]), d0, _mm256_loadu_ps(yacc[t])));
+        _mm256_storeu_ps(yacc[t] + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc1[t]), d1, _mm256_loadu_ps(yacc[t] + 8)));
+      }
+    } else {
+      const __m128i ew8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.ew + g * kTileRows));
+      const __m256i ew0 = _mm256_cvtepu8_epi32(ew8), ew1 = _mm256_cvtepu8_epi32(_mm_srli_si128(ew8, 8));
+      // 2^-(e_w + e_a) built in the exponent field (e <= 126: a normal float); the multiply is exact.
+      auto pow2 = [](__m256i ew, int32_t ea) HWY_ATTR {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127 - ea), ew), 23));
+      };
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) {
+        const int32_t ea = static_cast<int32_t>(-b.da[g * T + t]);
+        _mm256_storeu_ps(yacc[t], _mm256_add_ps(_mm256_loadu_ps(yacc[t]),
+                                                _mm256_mul_ps(_mm256_cvtepi32_ps(acc0[t]), pow2(ew0, ea))));
+        _mm256_storeu_ps(yacc[t] + 8, _mm256_add_ps(_mm256_loadu_ps(yacc[t] + 8),
+                                                    _mm256_mul_ps(_mm256_cvtepi32_ps(acc1[t]), pow2(ew1, ea))));
+      }
     }
   }
 }
@@ -260,9 +311,13 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
   const hn::Rebind<float, decltype(di)> df;
   const size_t N = hn::Lanes(di), G = b.G, chunks = kQ4 ? G / 8 : G / 4;
   const auto mask = hn::Set(du, kQ4 ? 0xFu : 0xFFu);
-  float dw[kTileRows];
+  float dw[kTileRows];    // q4: d_w
+  int32_t ew[kTileRows];  // q8: e_w
   for (size_t g = 0; g < b.groups; ++g) {
-    for (size_t i = 0; i < kTileRows; ++i) dw[i] = F16ToF32(b.sc[g * kTileRows + i]);
+    for (size_t i = 0; i < kTileRows; ++i) {
+      if constexpr (kQ4) dw[i] = F16ToF32(b.sc[g * kTileRows + i]);
+      else ew[i] = b.ew[g * kTileRows + i];
+    }
     const int8_t* qg = b.q + g * G;
     const int32_t* bias = b.bias + g * T;
     for (size_t j = 0; j < kTileRows; j += N) {
@@ -298,10 +353,16 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
           madd(qv, 3, hn::BitCast(di, hn::ShiftRight<24>(wv)));
         }
       }
-      const auto dwv = hn::LoadU(df, dw + j);
       auto finish = [&](int t, decltype(acc0) acc) HWY_ATTR {
-        const auto d = hn::Mul(dwv, hn::Set(df, b.da[g * T + t]));
-        hn::StoreU(hn::MulAdd(hn::ConvertTo(df, acc), d, hn::LoadU(df, yacc[t] + j)), df, yacc[t] + j);
+        if constexpr (kQ4) {
+          const auto d = hn::Mul(hn::LoadU(df, dw + j), hn::Set(df, b.da[g * T + t]));
+          hn::StoreU(hn::MulAdd(hn::ConvertTo(df, acc), d, hn::LoadU(df, yacc[t] + j)), df, yacc[t] + j);
+        } else {
+          // 2^-(e_w + e_a) built in the exponent field (e <= 126: a normal float); the multiply is exact.
+          const int32_t ea = static_cast<int32_t>(-b.da[g * T + t]);
+          const auto pow2 = hn::BitCast(df, hn::ShiftLeft<23>(hn::Sub(hn::Set(di, 127 - ea), hn::LoadU(di, ew + j))));
+          hn::StoreU(hn::Add(hn::LoadU(df, yacc[t] + j), hn::Mul(hn::ConvertTo(df, acc), pow2)), df, yacc[t] + j);
+        }
       };
       finish(0, acc0);
       if constexpr (T > 1) finish(1, acc1);
@@ -360,8 +421,15 @@ void QuantMatMulTokens(const WeightRef& w, const QuantizedActivations& a, size_t
     const size_t rows = std::min(w.rows, (tile + 1) * kTileRows) - tile * kTileRows;
     for (size_t t0 = 0; t0 < n; t0 += kTok) {
       const int nt = static_cast<int>(std::min<size_t>(kTok, n - t0));
-      const TileArgs b{data + tile * w.tile_bytes(), w.tile_scales(tile), a.q + t0 * a.padded_cols, a.padded_cols,
-                       bias.data() + t0 * groups, da.data() + t0 * groups, groups, w.group};
+      const TileArgs b{data + tile * w.tile_bytes(),
+                       q4 ? w.tile_scales(tile) : nullptr,
+                       q4 ? nullptr : w.q8_shifts(tile),
+                       a.q + t0 * a.padded_cols,
+                       a.padded_cols,
+                       bias.data() + t0 * groups,
+                       da.data() + t0 * groups,
+                       groups,
+                       w.group};
       float yacc[kTok][16] = {};
       switch (nt) {
         case 1: TileBlockT<1>(q4, b, yacc); break;
@@ -372,6 +440,7 @@ void QuantMatMulTokens(const WeightRef& w, const QuantizedActivations& a, size_t
         case 6: if constexpr (kTok >= 6) TileBlockT<kTok >= 6 ? 6 : 1>(q4, b, yacc); break;
         default: break;
       }
+      if (!q4) detail::ApplyQ8RowScales(w.q8_row_scales(tile), a.scale + t0, nt, yacc);
       for (int t = 0; t < nt; ++t) std::memcpy(y + (t0 + t) * ldy + tile * kTileRows, yacc[t], rows * sizeof(float));
     }
   }
@@ -385,8 +454,9 @@ void QuantMatMulImpl(const WeightRef& w, const QuantizedActivations& a, size_t t
   for (size_t t0 = 0; t0 < a.n_tok; t0 += 768) {
     QuantizedActivations part = a;
     part.q += t0 * a.padded_cols;
-    part.scale += t0 * a.groups();
+    part.scale += t0 * (a.shift ? 1 : a.groups());
     part.sum += t0 * a.groups();
+    if (a.shift) part.shift += t0 * a.groups();
     part.n_tok = std::min<size_t>(768, a.n_tok - t0);
     QuantMatMulTokens(w, part, tile_begin, tile_end, y + t0 * ldy, ldy);
   }
@@ -509,9 +579,9 @@ const char* ActiveHighwayKernelName() {
 }  // namespace
 
 void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
-                         float* scale, int32_t* sum) {
-  if (UseRef()) return ref::QuantizeActivations(x, ldx, n_tok, cols, group, q, scale, sum);
-  HWY_DYNAMIC_DISPATCH(QuantizeActivationsImpl)(x, ldx, n_tok, cols, group, q, scale, sum);
+                         float* scale, int32_t* sum, uint8_t* shift) {
+  if (UseRef()) return ref::QuantizeActivations(x, ldx, n_tok, cols, group, q, scale, sum, shift);
+  HWY_DYNAMIC_DISPATCH(QuantizeActivationsImpl)(x, ldx, n_tok, cols, group, q, scale, sum, shift);
 }
 
 void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,

@@ -1,11 +1,16 @@
 // Kernels for the packed tiled formats (weight_format.h, docs/PACKED_FORMAT.md), dispatched at
 // run time, each with a scalar twin in m3::simd::ref.
 //
-// q8/q4: activations are first quantized to int8 per token and per weight group
-// (QuantizeActivations); QuantMatMul then forms every output as
-//   y[t, r] = sum_g float(I_g) * (d_w[r, g] * d_a[t, g]),   I_g = sum_{c in g} (code - Z) * q_a
-// accumulated with one fma per group in ascending g, so all paths (1..8 tokens "GEMV", many
-// tokens "GEMM", every target, the reference) agree bit for bit on FMA targets.
+// q8/q4: activations are first quantized to int8 per token (QuantizeActivations); QuantMatMul
+// then forms each output from the exact int32 group dot products
+//   I_g = sum_{c in g} (code - Z) * q_a
+// accumulated over groups in ascending g, in fp32:
+//   q4: y[t, r] = sum_g fma(float(I_g), d_w[r, g] * d_a[t, g])     (fp16 weight scales)
+//   q8: y[t, r] = (s_w[r] * s_a[t]) * sum_g float(I_g) * 2^-(e_w[r, g] + e_a[t, g])
+// q8 scales are one fp32 scale per row / token times a power of two per group, so its per-group
+// epilogue is a convert, an exponent add and an add (no multiply competing with the dot
+// products for the multiply ports). All paths (1..8 tokens "GEMV", many tokens "GEMM", every
+// target, the reference) agree bit for bit (q4 on FMA targets).
 // AVX-512 VNNI uses vpdpbusd (u8 codes x s8 activations, zero point removed through the group
 // sums), AVX-512BW and AVX2 maddubs/madd, other targets (NEON, SSE4, scalar) portable Highway
 // code. Groups are multiples of 32 inputs (the packed formats' contract).
@@ -15,8 +20,11 @@
 // targets widen the weights to fp32 and use fma.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -24,22 +32,56 @@
 
 namespace m3::simd {
 
-// Int8 activations for q8/q4 weights: rows of padded_cols codes, per-group scale and code sum.
+// Int8 activations for q8/q4 weights: rows of padded_cols codes, scales and per-group code sums.
 struct QuantizedActivations {
   const int8_t* q = nullptr;       // [n_tok][padded_cols], zero beyond cols
-  const float* scale = nullptr;    // [n_tok][groups]  d_a = amax / 127 (0 when amax == 0)
+  const float* scale = nullptr;    // q4: [n_tok][groups] d_a = amax_g / 127; q8: [n_tok] s_a = amax_t / 127
   const int32_t* sum = nullptr;    // [n_tok][groups]  sum of the group's codes
   size_t n_tok = 0;
   size_t padded_cols = 0;
   size_t group = 0;
+  const uint8_t* shift = nullptr;  // q8 only: [n_tok][groups] e_a; null for q4
   size_t groups() const { return padded_cols / group; }
 };
 
 // Quantizes x [n_tok, cols] (row stride ldx) for a weight with the given group (padded_cols =
-// round_up(cols, group)). Output buffers: q [n_tok * padded_cols], scale and sum [n_tok * groups].
-// q = round_half_even(x * (127 / amax)) clamped to [-127, 127]; x must be finite.
+// round_up(cols, group)); x must be finite. Output buffers: q [n_tok * padded_cols], sum
+// [n_tok * groups], and
+// - shift == nullptr (q4 weights): scale [n_tok * groups], per group d = amax_g / 127 and
+//   q = round_half_even(x * (127 / amax_g)) clamped to [-127, 127];
+// - shift != nullptr (q8 weights): scale [n_tok] s = amax_t / 127 over the token's row, shift
+//   [n_tok * groups] e = Q8ActivationShift(amax_g, amax_t) and
+//   q = round_half_even(x * ldexp(127 / amax_t, e)) clamped (the group's step is s 2^-e).
+// Both give 0 codes (and scale 0) where the amax is 0.
 void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
-                         float* scale, int32_t* sum);
+                         float* scale, int32_t* sum, uint8_t* shift);
+
+// The q8 activation group shift: the largest e in [0, kQ8MaxShift] with amax_g * 2^e <= amax_t
+// (0 when amax_g is 0), so the group's codes reach at least 64 of 127.
+inline int Q8ActivationShift(float amax_g, float amax_t) {
+  if (amax_g == 0.0f) return 0;
+  uint32_t g, t;
+  std::memcpy(&g, &amax_g, 4);
+  std::memcpy(&t, &amax_t, 4);
+  int e;
+  if (g >= 0x00800000u && t >= 0x00800000u) {  // both normal: exponent difference, less one when
+    e = static_cast<int>(t >> 23) - static_cast<int>(g >> 23);  // g's mantissa is the larger
+    e -= (g & 0x7FFFFFu) > (t & 0x7FFFFFu);
+  } else {
+    e = std::ilogb(amax_t) - std::ilogb(amax_g);
+    if (e > 0 && std::ldexp(amax_g, e) > amax_t) --e;
+  }
+  return std::clamp(e, 0, kQ8MaxShift);
+}
+
+// x * 2^e for 0 <= e <= 127, exactly as std::ldexp (a product with a power of two: exact unless
+// it overflows, to inf alike), without the library call.
+inline float MulPow2(float x, int e) {
+  const uint32_t bits = static_cast<uint32_t>(127 + e) << 23;
+  float p;
+  std::memcpy(&p, &bits, 4);
+  return x * p;
+}
 
 // y[t * ldy + r] for rows r of row tiles [tile_begin, tile_end) (clipped to w.rows) and all
 // a.n_tok tokens; w is kQ8 or kQ4 with w.group == a.group and w.padded_cols() == a.padded_cols.
@@ -68,12 +110,13 @@ std::vector<std::string> RunnableQuantKernels();
 // provides them (automatic choice for the others); nullptr or "" restores automatic choice.
 // Returns false for a name not in RunnableQuantKernels().
 bool ForceQuantKernelForTest(const char* name);
-// Whether the active QuantMatMul uses fused multiply-add and so matches ref bit for bit.
+// Whether the active QuantMatMul uses fused multiply-add and so matches ref bit for bit on q4 (q8
+// matches on every path: its epilogue has no fma).
 bool QuantKernelIsExact();
 
 namespace ref {
 void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
-                         float* scale, int32_t* sum);
+                         float* scale, int32_t* sum, uint8_t* shift);
 void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
                  size_t ldy);
 void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,

@@ -1,6 +1,7 @@
 // Scalar references for quant_kernels.h: the definition every SIMD path must reproduce.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "quant_kernels.h"
@@ -8,28 +9,33 @@
 namespace m3::simd::ref {
 
 void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
-                         float* scale, int32_t* sum) {
+                         float* scale, int32_t* sum, uint8_t* shift) {
   const size_t padded = (cols + group - 1) / group * group, groups = padded / group;
   for (size_t t = 0; t < n_tok; ++t) {
     const float* xt = x + t * ldx;
+    float amax_t = 0.0f;
+    for (size_t c = 0; c < cols; ++c) amax_t = std::max(amax_t, std::fabs(xt[c]));
+    if (shift) scale[t] = amax_t / 127.0f;
     for (size_t g = 0; g < groups; ++g) {
       const size_t begin = g * group, end = std::min(cols, begin + group);
       float amax = 0.0f;
       for (size_t c = begin; c < end; ++c) amax = std::max(amax, std::fabs(xt[c]));
       int8_t* qg = q + t * padded + begin;
       int32_t s = 0;
+      const int e = shift ? Q8ActivationShift(amax, amax_t) : 0;
+      if (shift) shift[t * groups + g] = static_cast<uint8_t>(e);
       if (amax == 0.0f) {
         std::fill(qg, qg + group, int8_t{0});
-        scale[t * groups + g] = 0.0f;
+        if (!shift) scale[t * groups + g] = 0.0f;
       } else {
-        const float inv = 127.0f / amax;
+        const float inv = shift ? MulPow2(127.0f / amax_t, e) : 127.0f / amax;
         for (size_t c = begin; c < begin + group; ++c) {
           float v = 0.0f;  // padding, and x == 0 (keeps 0 * inf for a subnormal amax out)
           if (c < end && xt[c] != 0.0f) v = std::min(127.0f, std::max(-127.0f, std::nearbyint(xt[c] * inv)));
           qg[c - begin] = static_cast<int8_t>(v);
           s += static_cast<int32_t>(v);
         }
-        scale[t * groups + g] = amax / 127.0f;
+        if (!shift) scale[t * groups + g] = amax / 127.0f;
       }
       sum[t * groups + g] = s;
     }
@@ -57,15 +63,24 @@ void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_
         }
         wc[g * G + i] = code - zero;
       }
-    const uint16_t* sc = w.tile_scales(tile);
     for (size_t t = 0; t < a.n_tok; ++t) {
       const int8_t* qt = a.q + t * a.padded_cols;
       float acc = 0.0f;
       for (size_t g = 0; g < groups; ++g) {
         int32_t dot = 0;
         for (size_t i = 0; i < G; ++i) dot += wc[g * G + i] * qt[g * G + i];
-        const float d = F16ToF32(sc[g * kTileRows + tr]) * a.scale[t * groups + g];
-        acc = std::fma(static_cast<float>(dot), d, acc);
+        if (w.format == WeightFormat::kQ8) {
+          const int e = w.q8_shifts(tile)[g * kTileRows + tr] + a.shift[t * groups + g];
+          acc += std::ldexp(static_cast<float>(dot), -e);  // exact: a normal float times 2^-e
+        } else {
+          const float d = F16ToF32(w.tile_scales(tile)[g * kTileRows + tr]) * a.scale[t * groups + g];
+          acc = std::fma(static_cast<float>(dot), d, acc);
+        }
+      }
+      if (w.format == WeightFormat::kQ8) {
+        float s_w;
+        std::memcpy(&s_w, w.q8_row_scales(tile) + tr * 4, 4);
+        acc *= s_w * a.scale[t];
       }
       y[t * ldy + r] = acc;
     }

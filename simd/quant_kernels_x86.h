@@ -11,8 +11,11 @@
 namespace m3::simd {
 namespace detail {
 // Per block of `block_tok` tokens, [group][token] tables the q8/q4 kernels read with scalar
-// broadcasts: bias = -zero * (sum of the group's activation codes), da = activation scale.
+// broadcasts: bias = -zero * (sum of the group's activation codes), da = the activation's group
+// scale d_a (q4) or its negated shift -e_a (q8).
 void FillQuantTables(const QuantizedActivations& a, size_t block_tok, int32_t zero, int32_t* bias, float* da);
+// q8: y[t][i] *= s_w[i] * s_a[t] for t < n_tok, i < 16 (row_scales: 16 fp32, any alignment).
+void ApplyQ8RowScales(const uint8_t* row_scales, const float* token_scales, size_t n_tok, float (*y)[16]);
 }  // namespace detail
 
 namespace x86 {

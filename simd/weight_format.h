@@ -19,9 +19,12 @@ enum class WeightFormat : uint8_t {
   // consecutive inputs of a row: W[o, i] = e4m3(q[o, i]) * 2^(scale[o, i / 32] - 127).
   kE4M3Mx32 = 3,
   // Packed tile formats written by `m3 pack` (docs/PACKED_FORMAT.md). Rows are stored in tiles of
-  // 16 (kTileRows), inputs padded with zeros to a multiple of `group`; scales are fp16, one per
-  // (row, group), laid out [row_tile][group][16].
-  kQ8 = 4,         // u8 code c in 1..255:  W = (c - 128) * scale
+  // 16 (kTileRows), inputs padded with zeros to a multiple of `group`.
+  // q8 scales, per row tile: 16 fp32 row scales s, then u8 shifts e [group][16]:
+  //   W = (c - 128) * s[row] * 2^-e[row, group]   (u8 code c in 1..255, e <= kQ8MaxShift)
+  // Power-of-two group scales keep the kernels' per-group epilogue free of multiplies.
+  kQ8 = 4,
+  // q4 scales: fp16, one per (row, group), laid out [row_tile][group][16].
   kQ4 = 5,         // 4-bit code c in 0..15: W = (c - 8) * scale
   kBF16Tiled = 6,  // bf16 values, 16 rows x 2 inputs per 64 bytes; no scales (group pads only)
 };
@@ -30,6 +33,9 @@ inline constexpr size_t kMxGroup = 32;
 inline constexpr size_t kTileRows = 16;
 inline constexpr int kQ8Zero = 128;
 inline constexpr int kQ4Zero = 8;
+// Largest q8 group shift (weights and activations alike): 2^-(e_w + e_a) >= 2^-126 stays a normal
+// float, so scaling an exact int32 group sum by it is exact.
+inline constexpr int kQ8MaxShift = 63;
 
 inline constexpr bool IsTiled(WeightFormat f) {
   return f == WeightFormat::kQ8 || f == WeightFormat::kQ4 || f == WeightFormat::kBF16Tiled;
@@ -47,7 +53,7 @@ struct WeightRef {
   WeightFormat format = WeightFormat::kF32;
   const void* data = nullptr;     // [rows, cols] elements
   const uint8_t* scales = nullptr;  // kE4M3Mx32: [rows, ceil(cols/32)] E8M0 codes;
-                                    // kQ8/kQ4: fp16 [row_tiles][groups][16]
+                                    // kQ8/kQ4: tile_scale_bytes() per row tile (see WeightFormat)
   size_t rows = 0;
   size_t cols = 0;
   size_t group = 0;  // tiled formats: inputs per scale (multiple of 32); cols pad to a multiple
@@ -65,16 +71,26 @@ struct WeightRef {
     const size_t p = padded_cols();
     return format == WeightFormat::kQ4 ? kTileRows * p / 2 : format == WeightFormat::kQ8 ? kTileRows * p : kTileRows * p * 2;
   }
-  const uint16_t* tile_scales(size_t tile) const {  // fp16 [groups][16]
-    return reinterpret_cast<const uint16_t*>(scales) + tile * groups() * kTileRows;
+  // Scale bytes of one row tile: q8 16 fp32 row scales + groups x 16 u8 shifts, q4 groups x 16
+  // fp16, bf16 none.
+  size_t tile_scale_bytes() const {
+    return format == WeightFormat::kQ8 ? kTileRows * 4 + groups() * kTileRows
+           : format == WeightFormat::kQ4 ? groups() * kTileRows * 2 : 0;
+  }
+  const uint16_t* tile_scales(size_t tile) const {  // q4: fp16 [groups][16]
+    return reinterpret_cast<const uint16_t*>(scales + tile * tile_scale_bytes());
+  }
+  const uint8_t* q8_row_scales(size_t tile) const {  // q8: fp32 [16] (not necessarily 4-aligned)
+    return scales + tile * tile_scale_bytes();
+  }
+  const uint8_t* q8_shifts(size_t tile) const {  // q8: u8 [groups][16]
+    return scales + tile * tile_scale_bytes() + kTileRows * 4;
   }
 };
 
 // Total bytes of a tiled matrix's codes and of its scales (0 for kBF16Tiled).
 inline size_t TiledCodeBytes(const WeightRef& w) { return w.row_tiles() * w.tile_bytes(); }
-inline size_t TiledScaleBytes(const WeightRef& w) {
-  return w.format == WeightFormat::kBF16Tiled ? 0 : w.row_tiles() * w.groups() * kTileRows * 2;
-}
+inline size_t TiledScaleBytes(const WeightRef& w) { return w.row_tiles() * w.tile_scale_bytes(); }
 
 // The stored bytes of row tiles [t0, t1) (16 rows each; the last may be partial) of a weight in
 // any format: where its elements and its scales start, and how many bytes each (scales: 0 and
@@ -154,13 +170,16 @@ inline float TiledWeightAt(const WeightRef& w, size_t r, size_t c) {
     return Bf16ToF32(h);
   }
   const size_t g = c / w.group, in = c % w.group;  // input within the group
+  if (w.format == WeightFormat::kQ8) {
+    const uint8_t code = t[g * w.group * kTileRows + (in / 4) * 64 + tr * 4 + in % 4];
+    float row_scale;
+    std::memcpy(&row_scale, w.q8_row_scales(tile) + tr * 4, 4);
+    const int shift = w.q8_shifts(tile)[g * kTileRows + tr];
+    return static_cast<float>(static_cast<int>(code) - kQ8Zero) * std::ldexp(row_scale, -shift);
+  }
   uint16_t scale_bits;
   std::memcpy(&scale_bits, w.tile_scales(tile) + g * kTileRows + tr, 2);
   const float scale = F16ToF32(scale_bits);
-  if (w.format == WeightFormat::kQ8) {
-    const uint8_t code = t[g * w.group * kTileRows + (in / 4) * 64 + tr * 4 + in % 4];
-    return static_cast<float>(static_cast<int>(code) - kQ8Zero) * scale;
-  }
   // kQ4: 64-byte chunk v of a group holds quad v in low nibbles and quad v + group/8 in high ones.
   const size_t quad = in / 4, half = w.group / 8;
   const uint8_t byte = t[g * w.group * kTileRows / 2 + (quad % half) * 64 + tr * 4 + in % 4];
@@ -199,7 +218,7 @@ inline float WeightAt(const WeightRef& w, size_t r, size_t c) {
 inline StoredSpan RowTileSpan(const WeightRef& w, size_t t0, size_t t1) {
   const auto* d = static_cast<const uint8_t*>(w.data);
   if (IsTiled(w.format)) {
-    const size_t scale_tile = w.format == WeightFormat::kBF16Tiled ? 0 : w.groups() * kTileRows * 2;
+    const size_t scale_tile = w.tile_scale_bytes();
     return {d + t0 * w.tile_bytes(), (t1 - t0) * w.tile_bytes(), w.scales ? w.scales + t0 * scale_tile : nullptr,
             w.scales ? (t1 - t0) * scale_tile : 0};
   }

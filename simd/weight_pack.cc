@@ -54,6 +54,35 @@ double GroupError(const float* x, size_t n, const int8_t* q, uint16_t bits) {
   return err;
 }
 
+// Largest shift e in [0, kQ8MaxShift] with amax * 2^e <= limit (0 when amax is 0).
+int Q8Shift(double amax, double limit) {
+  if (amax == 0.0) return 0;
+  int e = 0;
+  while (e < kQ8MaxShift && std::ldexp(amax, e + 1) <= limit) ++e;
+  return e;
+}
+
+// The q8 row scale s: among 32 candidates spread over one octave above amax / 127, the one that
+// minimises the rounding error the row's groups would get, sum over groups of (s 2^-e_g)^2
+// (each group's step squared; the mean squared error of rounding is step^2 / 12).
+float Q8RowScale(const std::vector<double>& group_amax) {
+  double rowmax = 0;
+  for (double a : group_amax) rowmax = std::max(rowmax, a);
+  if (rowmax == 0.0) return 0.0f;
+  float best = 0;
+  double best_cost = std::numeric_limits<double>::infinity();
+  for (int k = 0; k < 32; ++k) {
+    const float s = static_cast<float>(rowmax / 127.0 * std::exp2(k / 32.0));
+    if (!std::isfinite(s) || static_cast<double>(s) * 127.0 < rowmax) continue;
+    double cost = 0;
+    for (double a : group_amax)
+      if (a > 0) cost += std::ldexp(1.0, -2 * Q8Shift(a, 127.0 * s));
+    cost *= static_cast<double>(s) * s;
+    if (cost < best_cost) best_cost = cost, best = s;
+  }
+  return best;
+}
+
 }  // namespace
 
 WeightRef TiledShape(WeightFormat format, size_t rows, size_t cols, size_t group) {
@@ -127,17 +156,32 @@ void ReconstructQ4_0(const float* x, size_t n, float* out) {
 }
 
 bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t n_tiles, uint8_t* codes,
-                  uint16_t* scales) {
+                  uint8_t* scales) {
   const size_t cols = shape.cols, group = shape.group, groups = shape.groups();
   std::memset(codes, 0, n_tiles * shape.tile_bytes());
   std::vector<float> x(group);
   std::vector<int8_t> q(group);
+  std::vector<double> group_amax(groups);
   for (size_t t = 0; t < n_tiles; ++t) {
     uint8_t* tile = codes + t * shape.tile_bytes();
+    uint8_t* tile_scales = scales ? scales + t * shape.tile_scale_bytes() : nullptr;
     for (size_t tr = 0; tr < kTileRows; ++tr) {
       const size_t r = (tile0 + t) * kTileRows + tr;
       const bool present = r < shape.rows;
       const float* row = src + (t * kTileRows + tr) * cols;
+      float row_scale = 0;
+      if (shape.format == WeightFormat::kQ8) {
+        for (size_t g = 0; g < groups; ++g) {
+          float amax = 0;
+          for (size_t c = g * group; present && c < std::min(cols, (g + 1) * group); ++c) {
+            if (!std::isfinite(row[c])) return false;
+            amax = std::max(amax, std::fabs(row[c]));
+          }
+          group_amax[g] = amax;
+        }
+        row_scale = Q8RowScale(group_amax);
+        std::memcpy(tile_scales + tr * 4, &row_scale, 4);
+      }
       for (size_t g = 0; g < groups; ++g) {
         for (size_t i = 0; i < group; ++i) {
           const size_t c = g * group + i;
@@ -152,14 +196,18 @@ bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t
           }
           continue;
         }
-        uint16_t bits = 0;
         if (shape.format == WeightFormat::kQ8) {
-          float amax = 0;
-          for (size_t i = 0; i < group; ++i) amax = std::max(amax, std::fabs(x[i]));
-          TryScale(x.data(), group, amax / 127.0f, -127, 127, q.data(), &bits);
-          for (size_t i = 0; i < group; ++i)
-            tile[g * group * kTileRows + (i / 4) * 64 + tr * 4 + i % 4] = static_cast<uint8_t>(q[i] + kQ8Zero);
-        } else {
+          const int shift = row_scale == 0.0f ? 0 : Q8Shift(group_amax[g], 127.0 * row_scale);
+          const float d = std::ldexp(row_scale, -shift);
+          for (size_t i = 0; i < group; ++i) {
+            const int v = d == 0.0f ? 0 : std::clamp(RoundToInt(x[i] / d), -127, 127);
+            tile[g * group * kTileRows + (i / 4) * 64 + tr * 4 + i % 4] = static_cast<uint8_t>(v + kQ8Zero);
+          }
+          tile_scales[kTileRows * 4 + g * kTileRows + tr] = static_cast<uint8_t>(shift);
+          continue;
+        }
+        uint16_t bits = 0;
+        {
           QuantizeQ4Group(x.data(), group, q.data(), &bits);
           const size_t half = group / 8;
           for (size_t i = 0; i < group; ++i) {
@@ -170,7 +218,7 @@ bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t
           }
         }
         if ((bits & 0x7C00u) == 0x7C00u) return false;  // scale overflowed fp16
-        scales[(t * groups + g) * kTileRows + tr] = bits;
+        std::memcpy(tile_scales + (g * kTileRows + tr) * 2, &bits, 2);
       }
     }
   }

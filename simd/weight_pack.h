@@ -1,6 +1,9 @@
 // Quantizers that write the tiled weight formats of weight_format.h (m3 pack, tests, benchmarks).
 //
-// q8: per (row, group of 128 inputs) one fp16 scale d = amax / 127, codes round(x / d) + 128.
+// q8: per row one fp32 scale s and per (row, group of 128 inputs) a shift e, the largest with
+//     amax_g * 2^e <= 127 s (so a group's step s 2^-e is within 2x of amax_g / 127); codes
+//     round(x / (s 2^-e)) + 128. s is the one of 32 candidates in [rowmax/127, 2 rowmax/127)
+//     that gives the row's groups the smallest sum of squared steps.
 // q4: per (row, group of 32 inputs) one fp16 scale chosen by a small search that minimises the
 //     squared reconstruction error of the group; the candidates include llama.cpp's Q4_0 choice
 //     (d = max / -8), so the error is never larger than Q4_0's at the same 4.5 bits per weight.
@@ -24,10 +27,10 @@ WeightRef TiledShape(WeightFormat format, size_t rows, size_t cols, size_t group
 // Packs row tiles [tile0, tile0 + n_tiles) of `shape`. `src` holds the fp32 rows of those tiles,
 // row-major with stride shape.cols, starting at row tile0 * 16 (a final partial tile has only
 // the rows that exist). Writes n_tiles * shape.tile_bytes() bytes to `codes` and, for q8/q4,
-// n_tiles * groups * 16 fp16 scales to `scales`. Padding rows and inputs are zero.
+// n_tiles * shape.tile_scale_bytes() bytes of scales to `scales`. Padding rows and inputs are zero.
 // Returns false (writing nothing useful) when a value is not finite or a scale overflows fp16.
 bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t n_tiles, uint8_t* codes,
-                  uint16_t* scales);
+                  uint8_t* scales);
 
 // Reconstruction of n values (n % 32 == 0) through llama.cpp's Q4_0 (fp16 d = max / -8 per 32,
 // codes min(15, (int)(x / d + 8.5))): the baseline the q4 quality test compares against.

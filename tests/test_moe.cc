@@ -64,7 +64,7 @@ TEST_CASE("ForEachShare gives every unit to exactly one thread, in shares of equ
 struct TestMoe {
   std::vector<std::vector<float>> f32;     // raw matrices
   std::vector<std::vector<uint8_t>> codes;  // packed matrices
-  std::vector<std::vector<uint16_t>> scales;
+  std::vector<std::vector<uint8_t>> scales;
   MoeWeights w;
 
   simd::WeightRef Matrix(simd::WeightFormat f, size_t rows, size_t cols, uint32_t seed, float scale) {
@@ -77,10 +77,10 @@ struct TestMoe {
     std::vector<float> padded(shape.row_tiles() * simd::kTileRows * cols, 0.0f);
     std::copy(v.begin(), v.end(), padded.begin());
     codes.emplace_back(simd::TiledCodeBytes(shape));
-    scales.emplace_back(std::max<size_t>(1, simd::TiledScaleBytes(shape) / 2));
+    scales.emplace_back(std::max<size_t>(1, simd::TiledScaleBytes(shape)));
     REQUIRE(simd::PackRowTiles(shape, padded.data(), 0, shape.row_tiles(), codes.back().data(), scales.back().data()));
     shape.data = codes.back().data();
-    shape.scales = reinterpret_cast<const uint8_t*>(scales.back().data());
+    shape.scales = scales.back().data();
     return shape;
   }
   MlpWeights Mlp(simd::WeightFormat f, size_t hidden, size_t inter, uint32_t seed) {

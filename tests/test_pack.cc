@@ -174,15 +174,15 @@ void CheckPackedAgainstSource(const std::string& src_dir, const fs::path& out, m
     const m3::simd::WeightRef shape = m3::simd::TiledShape(want, sm.rows, sm.cols);
     CHECK(t->group == shape.group);
     std::vector<uint8_t> codes(m3::simd::TiledCodeBytes(shape));
-    std::vector<uint16_t> scales(m3::simd::TiledScaleBytes(shape) / 2);
+    std::vector<uint8_t> scales(m3::simd::TiledScaleBytes(shape));
     REQUIRE(m3::simd::PackRowTiles(shape, decoded.data(), 0, shape.row_tiles(), codes.data(), scales.data()));
     REQUIRE(t->data.bytes == codes.size());
-    REQUIRE(t->scales.bytes == scales.size() * 2);
+    REQUIRE(t->scales.bytes == scales.size());
     CHECK(std::memcmp(packed.data, codes.data(), codes.size()) == 0);
-    CHECK(std::memcmp(packed.scales, scales.data(), scales.size() * 2) == 0);
+    CHECK(std::memcmp(packed.scales, scales.data(), scales.size()) == 0);
     m3::simd::WeightRef expect = shape;
     expect.data = codes.data();
-    expect.scales = reinterpret_cast<const uint8_t*>(scales.data());
+    expect.scales = scales.data();
     std::vector<float> a(sm.cols), b(sm.cols);
     bool same = true;
     for (size_t r = 0; r < sm.rows; ++r) {
@@ -420,9 +420,16 @@ TEST_CASE("damaged packed files are refused with clear errors", "[pack]") {
   }
   SECTION("wrong version") {
     std::string b = bytes;
-    b[8] = 2;
+    b[8] = static_cast<char>(m3::kPackVersion + 1);
     WriteBytes(file, b);
-    RequireError(m3::PackFile::Open(path), StatusCode::kUnsupported, {path, "version 2"});
+    RequireError(m3::PackFile::Open(path), StatusCode::kUnsupported,
+                 {path, "version " + std::to_string(m3::kPackVersion + 1), "re-run `m3 pack`"});
+  }
+  SECTION("an older version (q8 with fp16 group scales)") {
+    std::string b = bytes;
+    b[8] = 1;
+    WriteBytes(file, b);
+    RequireError(m3::PackFile::Open(path), StatusCode::kUnsupported, {path, "version 1", "re-run `m3 pack`"});
   }
   SECTION("header hash mismatch") {
     std::string b = bytes;

@@ -21,12 +21,12 @@ using test::RandomVec;
 struct Packed {
   WeightRef w;
   std::vector<uint8_t> codes;
-  std::vector<uint16_t> scales;
+  std::vector<uint8_t> scales;
 };
 
 void Attach(Packed& p) {
   p.w.data = p.codes.data();
-  p.w.scales = reinterpret_cast<const uint8_t*>(p.scales.data());
+  p.w.scales = p.scales.data();
 }
 
 // Quantized from fp32 values by the packer.
@@ -34,7 +34,7 @@ Packed PackFloats(WeightFormat f, size_t rows, size_t cols, const std::vector<fl
   Packed p;
   p.w = TiledShape(f, rows, cols, group);
   p.codes.resize(TiledCodeBytes(p.w));
-  p.scales.resize(std::max<size_t>(1, TiledScaleBytes(p.w) / 2));
+  p.scales.resize(std::max<size_t>(1, TiledScaleBytes(p.w)));
   std::vector<float> padded(p.w.row_tiles() * kTileRows * cols, 0.0f);
   std::copy(src.begin(), src.end(), padded.begin());
   REQUIRE(PackRowTiles(p.w, padded.data(), 0, p.w.row_tiles(), p.codes.data(), p.scales.data()));
@@ -42,20 +42,31 @@ Packed PackFloats(WeightFormat f, size_t rows, size_t cols, const std::vector<fl
   return p;
 }
 
-// Codes and scales written directly (every stored byte, padding included, from code(r, c)).
-template <class CodeFn, class ScaleFn>
-Packed WriteCodes(WeightFormat f, size_t rows, size_t cols, CodeFn code, ScaleFn scale, size_t group = 0) {
+// Codes and scales written directly (every stored byte, padding included, from code(r, c)):
+// q4 fp16 scale bits group_scale(r, g); q8 row scale row_scale(r) and shift group_scale(r, g).
+template <class CodeFn, class RowScaleFn, class GroupScaleFn>
+Packed WriteCodes(WeightFormat f, size_t rows, size_t cols, CodeFn code, RowScaleFn row_scale,
+                  GroupScaleFn group_scale, size_t group = 0) {
   Packed p;
   p.w = TiledShape(f, rows, cols, group);
   p.codes.assign(TiledCodeBytes(p.w), 0);
-  p.scales.assign(TiledScaleBytes(p.w) / 2, 0);
+  p.scales.assign(TiledScaleBytes(p.w), 0);
   const size_t G = p.w.group, groups = p.w.groups();
   for (size_t tile = 0; tile < p.w.row_tiles(); ++tile) {
     uint8_t* t = p.codes.data() + tile * p.w.tile_bytes();
+    uint8_t* sc = p.scales.data() + tile * p.w.tile_scale_bytes();
     for (size_t tr = 0; tr < kTileRows; ++tr) {
       const size_t r = tile * kTileRows + tr;
+      if (f == WeightFormat::kQ8) {
+        const float s = row_scale(r);
+        std::memcpy(sc + 4 * tr, &s, 4);
+      }
       for (size_t g = 0; g < groups; ++g) {
-        p.scales[(tile * groups + g) * kTileRows + tr] = scale(r, g);
+        const uint16_t gs = group_scale(r, g);
+        if (f == WeightFormat::kQ8)
+          sc[kTileRows * 4 + g * kTileRows + tr] = static_cast<uint8_t>(gs);
+        else
+          std::memcpy(sc + (g * kTileRows + tr) * 2, &gs, 2);
         for (size_t i = 0; i < G; ++i) {
           const int c = code(r, g * G + i);
           if (f == WeightFormat::kQ8) {
@@ -77,17 +88,22 @@ struct Acts {
   std::vector<int8_t> q;
   std::vector<float> scale;
   std::vector<int32_t> sum;
+  std::vector<uint8_t> shift;
   QuantizedActivations a;
 };
 
-Acts Quantize(const std::vector<float>& x, size_t ldx, size_t n_tok, size_t cols, size_t group) {
+// The reference quantization for weights of format f (q8: token scales and group shifts).
+Acts Quantize(WeightFormat f, const std::vector<float>& x, size_t ldx, size_t n_tok, size_t cols, size_t group) {
   Acts r;
+  const bool q8 = f == WeightFormat::kQ8;
   const size_t padded = (cols + group - 1) / group * group, groups = padded / group;
   r.q.assign(n_tok * padded, 99);
-  r.scale.assign(n_tok * groups, -1.0f);
+  r.scale.assign(n_tok * (q8 ? 1 : groups), -1.0f);
   r.sum.assign(n_tok * groups, -1);
-  ref::QuantizeActivations(x.data(), ldx, n_tok, cols, group, r.q.data(), r.scale.data(), r.sum.data());
-  r.a = {r.q.data(), r.scale.data(), r.sum.data(), n_tok, padded, group};
+  if (q8) r.shift.assign(n_tok * groups, 99);
+  ref::QuantizeActivations(x.data(), ldx, n_tok, cols, group, r.q.data(), r.scale.data(), r.sum.data(),
+                           q8 ? r.shift.data() : nullptr);
+  r.a = {r.q.data(), r.scale.data(), r.sum.data(), n_tok, padded, group, q8 ? r.shift.data() : nullptr};
   return r;
 }
 
@@ -95,10 +111,18 @@ Acts Quantize(const std::vector<float>& x, size_t ldx, size_t n_tok, size_t cols
 QuantizedActivations Token(const QuantizedActivations& a, size_t t) {
   QuantizedActivations one = a;
   one.q += t * a.padded_cols;
-  one.scale += t * a.groups();
+  one.scale += t * (a.shift ? 1 : a.groups());
   one.sum += t * a.groups();
+  if (a.shift) one.shift += t * a.groups();
   one.n_tok = 1;
   return one;
+}
+
+// The scale of activation code (t, c): q4 d_a, q8 s_a 2^-e_a.
+double ActivationScale(const QuantizedActivations& a, size_t t, size_t c) {
+  const size_t g = c / a.group;
+  if (a.shift) return std::ldexp(static_cast<double>(a.scale[t]), -a.shift[t * a.groups() + g]);
+  return a.scale[t * a.groups() + g];
 }
 
 // Runs body once per runnable implementation, forced.
@@ -138,6 +162,7 @@ TEST_CASE("quant kernel registry", "[quant]") {
 
 TEST_CASE("QuantizeActivations is bit-exact against the reference", "[quant]") {
   std::mt19937 rng(5);
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4})
   for (size_t group : {32, 128}) {
     for (size_t cols : {1, 31, 32, 33, 100, 128, 129, 300, 1000}) {
       const size_t n_tok = 4, ldx = cols + 3;
@@ -151,17 +176,38 @@ TEST_CASE("QuantizeActivations is bit-exact against the reference", "[quant]") {
         x[2 * ldx + c] = mags[(c / group) % 6] * (sign * static_cast<float>(1 + rng() % 5) / 5.0f);
         x[3 * ldx + c] = c % group == 0 ? 127.0f : static_cast<float>(static_cast<int>(rng() % 255) - 127) * 0.5f;
       }
-      INFO("group " << group << " cols " << cols);
-      const Acts want = Quantize(x, ldx, n_tok, cols, group);
+      INFO(WeightFormatName(f) << " group " << group << " cols " << cols);
+      const Acts want = Quantize(f, x, ldx, n_tok, cols, group);
       ForEachImpl([&](const std::string&) {
         std::vector<int8_t> q(want.q.size(), 99);
         std::vector<float> scale(want.scale.size(), -1.0f);
         std::vector<int32_t> sum(want.sum.size(), -1);
-        QuantizeActivations(x.data(), ldx, n_tok, cols, group, q.data(), scale.data(), sum.data());
+        std::vector<uint8_t> shift(want.shift.size(), 99);
+        QuantizeActivations(x.data(), ldx, n_tok, cols, group, q.data(), scale.data(), sum.data(),
+                            want.shift.empty() ? nullptr : shift.data());
         CHECK(q == want.q);
         CHECK(std::memcmp(scale.data(), want.scale.data(), scale.size() * 4) == 0);
         CHECK(sum == want.sum);
+        CHECK(shift == want.shift);
       });
+      // q8: each group's codes reach at least 64 (its shift is the largest that fits) unless the
+      // shift is at its cap, and dequantize within half a step.
+      if (f == WeightFormat::kQ8) {
+        const size_t padded = want.a.padded_cols, groups = padded / group;
+        for (size_t t = 0; t < n_tok; ++t)
+          for (size_t g = 0; g < groups; ++g) {
+            int qmax = 0;
+            for (size_t i = 0; i < group; ++i) qmax = std::max(qmax, std::abs(static_cast<int>(want.q[t * padded + g * group + i])));
+            const int e = want.shift[t * groups + g];
+            CHECK(e <= kQ8MaxShift);
+            if (qmax > 0 && e < kQ8MaxShift && want.scale[t] > 1e-30f) CHECK(qmax >= 64);
+            for (size_t c = g * group; c < std::min(cols, (g + 1) * group); ++c) {
+              const double step = ActivationScale(want.a, t, c), xc = x[t * ldx + c];
+              if (std::isfinite(step) && step > 1e-37 && std::fabs(xc) < 126.0 * step)
+                CHECK(std::fabs(xc - want.q[t * padded + c] * step) <= 0.5 * step * (1 + 1e-6));
+            }
+          }
+      }
       // The definition itself: ties to even, zero groups, padding.
       const size_t padded = want.a.padded_cols, groups = padded / group;
       for (size_t g = 0; g < groups; ++g) {
@@ -170,7 +216,7 @@ TEST_CASE("QuantizeActivations is bit-exact against the reference", "[quant]") {
         CHECK(s == want.sum[g]);
       }
       for (size_t c = cols; c < padded; ++c) CHECK(want.q[3 * padded + c] == 0);
-      if (cols > 2 && group == 32) {
+      if (cols > 2 && group == 32 && f == WeightFormat::kQ4) {
         // amax 127 -> inv 1: q = round_half_even(x).
         CHECK(want.q[3 * padded + 0] == 127);
         for (size_t c = 1; c < std::min<size_t>(cols, 32); ++c)
@@ -195,7 +241,7 @@ void CheckQuantMatMul(const Packed& p, const Acts& acts, bool check_split_tokens
   ForEachImpl([&](const std::string& name) {
     std::vector<float> got(n * ldy, sentinel);
     QuantMatMul(w, a, 0, tiles + 2, got.data(), ldy);  // tile_end clipped
-    if (QuantKernelIsExact()) {
+    if (QuantKernelIsExact() || w.format == WeightFormat::kQ8) {  // q8's epilogue has no fma
       CHECK(SameBits(got, want));
     } else {  // counted, not one CHECK per element: Catch2 assertions dominate the run time
       if (!mag_done) {
@@ -204,8 +250,7 @@ void CheckQuantMatMul(const Packed& p, const Acts& acts, bool check_split_tokens
           for (size_t c = 0; c < w.cols; ++c) wabs[c] = std::fabs(TiledWeightAt(w, r, c));
           for (size_t t = 0; t < n; ++t)
             for (size_t c = 0; c < w.cols; ++c)
-              mag[t * ldy + r] += wabs[c] * std::abs(a.q[t * a.padded_cols + c]) *
-                                  static_cast<double>(a.scale[t * a.groups() + c / w.group]);
+              mag[t * ldy + r] += wabs[c] * std::abs(a.q[t * a.padded_cols + c]) * ActivationScale(a, t, c);
         }
         mag_done = true;
       }
@@ -249,7 +294,7 @@ TEST_CASE("QuantMatMul matches the reference over shapes, tokens and tile ranges
           INFO(WeightFormatName(f) << " rows " << rows << " cols " << cols << " tokens " << n_tok);
           const size_t ldx = cols + 1;
           const auto x = RandomVec(n_tok * ldx, static_cast<uint32_t>(n_tok * 7 + cols));
-          const Acts acts = Quantize(x, ldx, n_tok, cols, p.w.group);
+          const Acts acts = Quantize(f, x, ldx, n_tok, cols, p.w.group);
           CheckQuantMatMul(p, acts, n_tok == 9 || n_tok == 13 || n_tok == 31);
         }
       }
@@ -266,7 +311,7 @@ TEST_CASE("QuantMatMul on large token counts and GEMV/GEMM identity", "[quant]")
       INFO(WeightFormatName(f) << " rows " << rows << " cols " << cols << " tokens " << n_tok);
       const Packed p = PackFloats(f, rows, cols, RandomVec(rows * cols, 3, 0.2f));
       const auto x = RandomVec(n_tok * cols, 4);
-      CheckQuantMatMul(p, Quantize(x, cols, n_tok, cols, p.w.group), true);
+      CheckQuantMatMul(p, Quantize(f, x, cols, n_tok, cols, p.w.group), true);
     }
   }
 }
@@ -287,17 +332,25 @@ TEST_CASE("QuantMatMul with extreme codes, zero scales and other groups", "[quan
             default: return static_cast<int>(rng() % (hi + 1));  // any stored value, 0 included
           }
         };
-        auto scale = [&](size_t r, size_t g) -> uint16_t {
+        auto row_scale = [&](size_t r) -> float {  // q8
+          if (r % 5 == 0) return 0.0f;
+          if (r % 7 == 0) return -0.0f;
+          return std::ldexp(1.0f + static_cast<float>(rng() % 100) / 100.0f, -static_cast<int>(rng() % 12));
+        };
+        auto group_scale = [&](size_t r, size_t g) -> uint16_t {
+          if (f == WeightFormat::kQ8) return (r + g) % 3 == 0 ? kQ8MaxShift : rng() % 5;  // shifts
           if ((r + g) % 5 == 0) return 0;  // zero scale
           if ((r + g) % 7 == 0) return 0x8000;  // negative zero
           return F32ToF16(std::ldexp(1.0f + static_cast<float>(rng() % 100) / 100.0f, -static_cast<int>(rng() % 12)));
         };
-        const Packed p = WriteCodes(f, rows, cols, code, scale, group);
-        // Activations at full scale (+-127 codes) in every group, and one all-zero token.
+        const Packed p = WriteCodes(f, rows, cols, code, row_scale, group_scale, group);
+        // Activations at full scale (+-127 codes) in every group, one all-zero token, and one
+        // whose groups span the whole shift range (q8: e_w + e_a up to 126).
         std::vector<float> x(n_tok * cols);
         for (size_t i = 0; i < x.size(); ++i) x[i] = pattern == 1 ? -1.0f : (i % 3 == 0 ? 1.0f : -1.0f);
         for (size_t c = 0; c < cols; ++c) x[2 * cols + c] = 0.0f;
-        const Acts acts = Quantize(x, cols, n_tok, cols, p.w.group);
+        for (size_t c = 0; c < cols; ++c) x[3 * cols + c] = std::ldexp(c % 2 ? 1.0f : -1.0f, -static_cast<int>(c / p.w.group) * 40);
+        const Acts acts = Quantize(f, x, cols, n_tok, cols, p.w.group);
         CheckQuantMatMul(p, acts, true);
       }
     }
@@ -309,7 +362,7 @@ TEST_CASE("QuantMatMul is close to the fp32 product of the dequantized weights",
     const size_t rows = 48, cols = 512, n_tok = 10;
     const Packed p = PackFloats(f, rows, cols, RandomVec(rows * cols, 21, 0.05f));
     const auto x = RandomVec(n_tok * cols, 22);
-    const Acts acts = Quantize(x, cols, n_tok, cols, p.w.group);
+    const Acts acts = Quantize(f, x, cols, n_tok, cols, p.w.group);
     std::vector<float> y(n_tok * rows);
     QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), y.data(), rows);
     double err = 0, norm = 0;

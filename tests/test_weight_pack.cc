@@ -1,5 +1,5 @@
-// The tiled weight formats and their quantizers: layout round trips, fp16 rounding, and the q4
-// quality guarantee against llama.cpp's Q4_0.
+// The tiled weight formats and their quantizers: layout round trips, fp16 rounding, the q8
+// shifts, and the q4 quality guarantee against llama.cpp's Q4_0.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -13,19 +13,19 @@ namespace {
 struct Packed {
   WeightRef w;
   std::vector<uint8_t> codes;
-  std::vector<uint16_t> scales;
+  std::vector<uint8_t> scales;
 };
 
 Packed Pack(WeightFormat f, size_t rows, size_t cols, const std::vector<float>& src) {
   Packed p;
   p.w = TiledShape(f, rows, cols);
   p.codes.resize(TiledCodeBytes(p.w));
-  p.scales.resize(std::max<size_t>(1, TiledScaleBytes(p.w) / 2));
+  p.scales.resize(std::max<size_t>(1, TiledScaleBytes(p.w)));
   std::vector<float> padded(p.w.row_tiles() * kTileRows * cols, 0.0f);
   std::copy(src.begin(), src.end(), padded.begin());
   REQUIRE(PackRowTiles(p.w, padded.data(), 0, p.w.row_tiles(), p.codes.data(), p.scales.data()));
   p.w.data = p.codes.data();
-  p.w.scales = reinterpret_cast<const uint8_t*>(p.scales.data());
+  p.w.scales = p.scales.data();
   return p;
 }
 
@@ -72,13 +72,58 @@ TEST_CASE("Tiled formats decode to the quantized values, with zero padding, for 
   }
 }
 
-TEST_CASE("q8 codes are the rounded values of x / d with d = fp16(amax / 127)") {
-  std::vector<float> src(128);
-  for (size_t i = 0; i < 128; ++i) src[i] = static_cast<float>(i) - 64.0f;  // amax 64
-  const Packed p = Pack(WeightFormat::kQ8, 1, 128, src);
-  const float d = F16ToF32(F32ToF16(64.0f / 127.0f));
-  for (size_t c = 0; c < 128; ++c)
-    REQUIRE(WeightAt(p.w, 0, c) == static_cast<float>(std::clamp<int>(static_cast<int>(std::nearbyint(src[c] / d)), -127, 127)) * d);
+TEST_CASE("q8 codes are the rounded values of x / (s 2^-e): one row scale, a shift per group") {
+  // Row 0: groups of amax 64, 20, 1, 0 and 64 * 2^-70 (beyond the largest shift).
+  const size_t cols = 5 * 128;
+  std::vector<float> src(cols);
+  const float amax[5] = {64.0f, 20.0f, 1.0f, 0.0f, std::ldexp(64.0f, -70)};
+  for (size_t c = 0; c < cols; ++c)
+    src[c] = amax[c / 128] * (static_cast<float>(c % 128) - 64.0f) / 64.0f;
+  const Packed p = Pack(WeightFormat::kQ8, 1, cols, src);
+  float s;
+  std::memcpy(&s, p.w.q8_row_scales(0), 4);
+  CHECK(s >= 64.0f / 127.0f);
+  CHECK(s < 2 * 64.0f / 127.0f);
+  const uint8_t* shifts = p.w.q8_shifts(0);
+  for (size_t g = 0; g < 5; ++g) {
+    const int e = shifts[g * kTileRows];
+    INFO("group " << g << " shift " << e);
+    CHECK(e <= kQ8MaxShift);
+    if (g == 3) CHECK(e == 0);
+    if (g == 4) CHECK(e == kQ8MaxShift);
+    // The largest shift that keeps the group's codes within 127.
+    if (amax[g] > 0 && e < kQ8MaxShift) {
+      CHECK(std::ldexp(static_cast<double>(amax[g]), e) <= 127.0 * s);
+      CHECK(std::ldexp(static_cast<double>(amax[g]), e + 1) > 127.0 * s);
+    }
+    const float d = std::ldexp(s, -e);
+    for (size_t c = g * 128; c < (g + 1) * 128; ++c) {
+      const int code = std::clamp<int>(static_cast<int>(std::nearbyint(src[c] / d)), -127, 127);
+      REQUIRE(WeightAt(p.w, 0, c) == static_cast<float>(code) * d);
+    }
+  }
+}
+
+TEST_CASE("q8 reconstruction error stays within 1.5x of fp16 per-group scales on Gaussian rows") {
+  // Power-of-two group scales cost at most 1 bit per group; the row-scale search keeps the mean
+  // well below that. Baseline: d = amax_g / 127 per group of 128 (the previous q8 format).
+  const size_t rows = 64, cols = 3072;
+  const auto src = test::RandomVec(rows * cols, 11, 1.0f);
+  const Packed p = Pack(WeightFormat::kQ8, rows, cols, src);
+  double err = 0, err_base = 0;
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t g = 0; g < cols / 128; ++g) {
+      float amax = 0;
+      for (size_t c = g * 128; c < (g + 1) * 128; ++c) amax = std::max(amax, std::fabs(src[r * cols + c]));
+      const double d = F16ToF32(F32ToF16(amax / 127.0f));
+      for (size_t c = g * 128; c < (g + 1) * 128; ++c) {
+        const double x = src[r * cols + c], b = std::clamp(std::nearbyint(x / d), -127.0, 127.0) * d;
+        err_base += (x - b) * (x - b);
+        err += (x - WeightAt(p.w, r, c)) * (x - WeightAt(p.w, r, c));
+      }
+    }
+  INFO("rms ratio " << std::sqrt(err / err_base));
+  CHECK(std::sqrt(err / err_base) < 1.5);
 }
 
 TEST_CASE("q4 reconstruction error is never above llama.cpp Q4_0 on any group") {
@@ -111,15 +156,18 @@ TEST_CASE("Packing refuses non-finite values") {
     std::vector<float> src(16 * 40, 1.0f);
     src[77] = NAN;
     std::vector<uint8_t> codes(TiledCodeBytes(w));
-    std::vector<uint16_t> scales(TiledScaleBytes(w) / 2 + 1);
+    std::vector<uint8_t> scales(TiledScaleBytes(w) + 1);
     CHECK_FALSE(PackRowTiles(w, src.data(), 0, 1, codes.data(), scales.data()));
   }
-  WeightRef w = TiledShape(WeightFormat::kQ8, 1, 128);
+  // q4 scales are fp16: values beyond its range are refused; q8's fp32 row scales take them.
   std::vector<float> big(16 * 128, 0.0f);
-  big[3] = 1e9f;  // scale would overflow fp16
-  std::vector<uint8_t> codes(TiledCodeBytes(w));
-  std::vector<uint16_t> scales(TiledScaleBytes(w) / 2);
-  CHECK_FALSE(PackRowTiles(w, big.data(), 0, 1, codes.data(), scales.data()));
+  big[3] = 1e9f;
+  for (WeightFormat f : {WeightFormat::kQ4, WeightFormat::kQ8}) {
+    WeightRef w = TiledShape(f, 1, 128);
+    std::vector<uint8_t> codes(TiledCodeBytes(w));
+    std::vector<uint8_t> scales(TiledScaleBytes(w));
+    CHECK(PackRowTiles(w, big.data(), 0, 1, codes.data(), scales.data()) == (f == WeightFormat::kQ8));
+  }
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The packed model file `model.m3w` (docs/PACKED_FORMAT.md, section "File").
 //
 //   [0, 4096)          header: magic, version, file size, directory offset/size/hash, header hash
-//   [4096, dir)        tensor data: codes and fp16 scales of tiled matrices, f32 tensors
+//   [4096, dir)        tensor data: codes and scales of tiled matrices, f32 tensors
 //   [dir, file end)    directory: JSON (pack type, source, every tensor, every expert's byte range)
 //
 // Opening validates the header and directory and every tensor's placement, but reads no tensor
@@ -26,7 +26,7 @@
 namespace m3 {
 
 inline constexpr char kPackMagic[8] = {'M', '3', 'P', 'A', 'C', 'K', '\0', '\0'};
-inline constexpr uint32_t kPackVersion = 1;
+inline constexpr uint32_t kPackVersion = 2;  // 2: q8 scales are fp32 per row + power-of-two shifts per group
 inline constexpr uint64_t kPackHeaderBytes = 4096;
 inline constexpr uint64_t kPackAlign = 64;         // every tensor's data and scales
 inline constexpr uint64_t kPackPageAlign = 4096;   // every routed expert's range

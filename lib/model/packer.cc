@@ -153,7 +153,7 @@ class TensorPacker {
   Status PackTiled(const SourceTensor& src, PackedTensor* out) {
     const WeightRef shape = out->Shape();
     const size_t tiles = shape.row_tiles(), tile_bytes = shape.tile_bytes();
-    const size_t tile_scales = shape.groups() * simd::kTileRows;  // fp16 values per tile
+    const size_t tile_scales = shape.tile_scale_bytes();
     const int threads = std::max(1, tc_.threads);
     const size_t chunk = std::max(kChunkTiles, static_cast<size_t>(threads) * 4);
     codes_.EnsureSize(std::min(chunk, tiles) * tile_bytes);
@@ -171,7 +171,7 @@ class TensorPacker {
           const size_t nr = std::min(simd::kTileRows, shape.rows - r0);
           simd::DecodeRows(src.matrix, r0, nr, rows);
           if (simd::PackRowTiles(shape, rows, tile, 1, codes_.data() + i * tile_bytes,
-                                 scales_.data() + i * tile_scales))
+                                 tile_scales ? scales_.data() + i * tile_scales : nullptr))
             continue;
           TileFailure& f = failures[th];
           f = TileFailure{true, tile, r0, 0, 0, false};
@@ -188,16 +188,17 @@ class TensorPacker {
         if (f.set && (!first || f.tile < first->tile)) first = &f;
       if (first) {
         if (first->non_finite) return NonFinite(out->name, first->row, first->col, first->value);
+        // Only q4 can fail on finite values (its scales are fp16; q8's row scales are fp32).
         return InvalidArgument(source_dir_, ": tensor '", out->name, "' rows ", first->row, "..",
-                               first->row + simd::kTileRows - 1, " hold values too large for an fp16 scale (|w| > ",
-                               out->format == WeightFormat::kQ8 ? "8.3e6" : "5.2e5", ")");
+                               first->row + simd::kTileRows - 1,
+                               " hold values too large for an fp16 scale (|w| > 5.2e5); pack it as q8");
       }
-      const size_t code_bytes = n * tile_bytes, scale_bytes = n * tile_scales * sizeof(uint16_t);
+      const size_t code_bytes = n * tile_bytes, scale_bytes = n * tile_scales;
       M3_RETURN_IF_ERROR(writer_->Write(out->data.offset + t0 * tile_bytes, codes_.data(), code_bytes));
       data_hash.Update(codes_.data(), code_bytes);
       if (out->scales.bytes) {
         M3_RETURN_IF_ERROR(
-            writer_->Write(out->scales.offset + t0 * tile_scales * sizeof(uint16_t), scales_.data(), scale_bytes));
+            writer_->Write(out->scales.offset + t0 * tile_scales, scales_.data(), scale_bytes));
         scales_hash.Update(scales_.data(), scale_bytes);
       }
       DropSourceRows(src, t0 * simd::kTileRows, std::min(shape.rows, (t0 + n) * simd::kTileRows));
@@ -212,7 +213,7 @@ class TensorPacker {
   ThreadConfig tc_;
   std::function<void(uint64_t)> advanced_;
   AlignedBuffer<uint8_t> codes_;
-  AlignedBuffer<uint16_t> scales_;
+  AlignedBuffer<uint8_t> scales_;
   std::vector<AlignedBuffer<float>> decoded_;
 };
 

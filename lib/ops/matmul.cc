@@ -23,15 +23,18 @@ void MatMulInput::Reset(const simd::WeightRef& w, const float* x, size_t ldx, si
   group_ = w.group;
   padded_ = w.padded_cols();
   groups_ = w.groups();
+  q8_ = w.format == simd::WeightFormat::kQ8;  // one scale per token and a shift per group
   q_.EnsureSize(n_tok * padded_);
-  scale_.EnsureSize(n_tok * groups_);
+  scale_.EnsureSize(n_tok * (q8_ ? 1 : groups_));
   sum_.EnsureSize(n_tok * groups_);
+  if (q8_) shift_.EnsureSize(n_tok * groups_);
 }
 
 void MatMulInput::PrepareRows(size_t t0, size_t t1) {
   if (!quantized_ || t0 >= t1) return;
   simd::QuantizeActivations(x_ + t0 * ldx_, ldx_, t1 - t0, cols_, group_, q_.data() + t0 * padded_,
-                            scale_.data() + t0 * groups_, sum_.data() + t0 * groups_);
+                            scale_.data() + t0 * (q8_ ? 1 : groups_), sum_.data() + t0 * groups_,
+                            q8_ ? shift_.data() + t0 * groups_ : nullptr);
 }
 
 void MatMulInput::Multiply(const simd::WeightRef& w, size_t tile_begin, size_t tile_end, float* y,
@@ -39,7 +42,8 @@ void MatMulInput::Multiply(const simd::WeightRef& w, size_t tile_begin, size_t t
   tile_end = std::min(tile_end, MatMulRowTiles(w));
   if (tile_begin >= tile_end || n_tok_ == 0) return;
   if (quantized_) {
-    const simd::QuantizedActivations a{q_.data(), scale_.data(), sum_.data(), n_tok_, padded_, group_};
+    const simd::QuantizedActivations a{q_.data(), scale_.data(), sum_.data(), n_tok_,
+                                       padded_,    group_,        q8_ ? shift_.data() : nullptr};
     simd::QuantMatMul(w, a, tile_begin, tile_end, y, ldy);
     return;
   }

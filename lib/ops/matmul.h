@@ -36,13 +36,14 @@ class MatMulInput {
   size_t n_tok() const { return n_tok_; }
 
  private:
-  bool quantized_ = false;
+  bool quantized_ = false, q8_ = false;
   size_t cols_ = 0, group_ = 0, padded_ = 0, groups_ = 0;
   const float* x_ = nullptr;
   size_t ldx_ = 0, n_tok_ = 0;
   AlignedBuffer<int8_t> q_;
   AlignedBuffer<float> scale_;
   AlignedBuffer<int32_t> sum_;
+  AlignedBuffer<uint8_t> shift_;  // q8 only
 };
 
 // out[t, :] = W[ids[t], :] (embedding lookup, exact).
