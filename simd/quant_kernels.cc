@@ -39,10 +39,14 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
     float amax_t = 0.0f;
     for (size_t g = 0; g < groups; ++g) {
       const size_t begin = g * group, end = std::min(cols, begin + group);
-      auto vmax = hn::Zero(df);
+      auto vmax = hn::Zero(df), vmax2 = hn::Zero(df);  // two chains
       size_t c = begin;
+      for (; c + 2 * N <= end; c += 2 * N) {
+        vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xt + c)));
+        vmax2 = hn::Max(vmax2, hn::Abs(hn::LoadU(df, xt + c + N)));
+      }
       for (; c + N <= end; c += N) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xt + c)));
-      float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+      float amax = hn::GetLane(hn::MaxOfLanes(df, hn::Max(vmax, vmax2)));
       for (; c < end; ++c) amax = std::max(amax, std::fabs(xt[c]));
       group_amax[g] = amax;
       amax_t = std::max(amax_t, amax);
@@ -54,8 +58,8 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
       const float amax = group_amax[g];
       const int e = shift ? Q8ActivationShift(amax, amax_t) : 0;
       if (shift) shift[t * groups + g] = static_cast<uint8_t>(e);
-      std::memset(qg, 0, group);
       if (amax == 0.0f) {
+        std::memset(qg, 0, group);
         if (!shift) scale[t * groups + g] = 0.0f;
         sum[t * groups + g] = 0;
         continue;
@@ -84,11 +88,11 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
       }
       int32_t s = hn::GetLane(hn::SumOfLanes(di, vsum));
       for (; c < end; ++c) {
-        if (xt[c] == 0.0f) continue;
-        const float v = std::min(127.0f, std::max(-127.0f, std::nearbyint(xt[c] * inv)));
+        const float v = xt[c] == 0.0f ? 0.0f : std::min(127.0f, std::max(-127.0f, std::nearbyint(xt[c] * inv)));
         qg[c - begin] = static_cast<int8_t>(v);
         s += static_cast<int32_t>(v);
       }
+      std::memset(qg + (end - begin), 0, begin + group - end);  // padding
       if (!shift) scale[t * groups + g] = amax / 127.0f;
       sum[t * groups + g] = s;
     }
