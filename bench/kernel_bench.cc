@@ -151,6 +151,11 @@ class MatMulRunner {
                                 q8() ? shift_.data() + b * g : nullptr);
     });
   }
+  // The quantized matmul alone, on the activations of the last Quantize.
+  void Multiply(const ThreadConfig& tc, const WeightRef& w, size_t n_tok) {
+    const simd::QuantizedActivations a = Activations(n_tok);
+    ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int) { simd::QuantMatMul(w, a, b, e, y_.data(), w.rows); });
+  }
   simd::QuantizedActivations Activations(size_t n_tok) const {
     simd::QuantizedActivations a;
     a.q = q_.data();
@@ -166,8 +171,7 @@ class MatMulRunner {
   void Run(const ThreadConfig& tc, const WeightRef& w, size_t n_tok) {
     if (quantized()) {
       Quantize(tc, n_tok);
-      const simd::QuantizedActivations a = Activations(n_tok);
-      ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int) { simd::QuantMatMul(w, a, b, e, y_.data(), w.rows); });
+      Multiply(tc, w, n_tok);
     } else {
       ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int) {
         simd::Bf16TiledMatMul(w, x_.data(), w.cols, n_tok, b, e, y_.data(), w.rows);
@@ -415,10 +419,13 @@ class Report {
       const Row& r = *rp;
       if (last >= 0 && Section(r) != last) std::fprintf(out, "\n");
       last = Section(r);
-      std::fprintf(out, "%-12s %-5s %-10s %4s %4d %10.2f %-6s %10.2f %-12s %6.3f %5.2f  %s\n", r.kernel.c_str(),
+      std::fprintf(out, "%-12s %-5s %-10s %4s %4d %10.2f %-6s %10.2f %-12s %6.3f %5.2f  %s", r.kernel.c_str(),
                    r.type.c_str(), r.shape.c_str(), r.tokens ? std::to_string(r.tokens).c_str() : "-", r.threads,
                    r.value, r.unit.c_str(), r.limit, r.limit_kind.c_str(), Ratio(r), r.extra["loadavg"].get<double>(),
                    r.impl.c_str());
+      if (r.extra.contains("matmul_ratio"))  // the GEMM vs oneDNN rows: also without our quantization
+        std::fprintf(out, " (matmul alone %.3f)", r.extra["matmul_ratio"].get<double>());
+      std::fprintf(out, "\n");
     }
   }
 
@@ -573,25 +580,35 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       const WeightRef q8_shape = simd::TiledShape(WeightFormat::kQ8, ms.rows, ms.cols);
       MatrixSet q8_set(q8_shape, 1, tc);
       MatMulRunner q8_runner(q8_shape, plan.gemm_tokens);
-      std::vector<double> ours, peer;
+      // Ours timed in two parts: the activation quantization and the int8 matmul itself, which
+      // starts from int8 activations as oneDNN's does.
+      std::vector<double> quant, matmul, ours, peer;
       TimeCalls(plan.gemm, [&] {
         const auto t0 = Clock::now();
-        q8_runner.Run(tc, q8_set.at(0), plan.gemm_tokens);
+        q8_runner.Quantize(tc, plan.gemm_tokens);
         const auto t1 = Clock::now();
+        q8_runner.Multiply(tc, q8_set.at(0), plan.gemm_tokens);
+        const auto t2 = Clock::now();
         od->Run();
-        ours.push_back(Seconds(t0, t1));
-        peer.push_back(Seconds(t1, Clock::now()));
+        quant.push_back(Seconds(t0, t1));
+        matmul.push_back(Seconds(t1, t2));
+        ours.push_back(Seconds(t0, t2));
+        peer.push_back(Seconds(t2, Clock::now()));
       });
       const size_t skip = std::min<size_t>(static_cast<size_t>(plan.gemm.warmup), ours.size() - 1);
-      ours.erase(ours.begin(), ours.begin() + static_cast<std::ptrdiff_t>(skip));
-      peer.erase(peer.begin(), peer.begin() + static_cast<std::ptrdiff_t>(skip));
+      for (auto* v : {&quant, &matmul, &ours, &peer}) v->erase(v->begin(), v->begin() + static_cast<std::ptrdiff_t>(skip));
       const double gops = ops / Median(peer) / 1e9, ours_gops = ops / Median(ours) / 1e9;
+      const double matmul_gops = ops / Median(matmul) / 1e9;
       report.Add({"onednn_int8", "q8", shape, plan.gemm_tokens, t, gops, "GOP/s", 0, "int8_peak", od->impl(),
                   {{"seconds", Median(peer)}, {"calls", peer.size()}, {"ops", ops}, {"src", "u8"}, {"wei", "s8"}}});
       report.Add({"gemm", "q8", shape, plan.gemm_tokens, t, ours_gops, "GOP/s", gops, "onednn",
                   simd::QuantKernelName(),
                   {{"peer", od->impl()}, {"paired_calls", ours.size()}, {"seconds", Median(ours)},
-                   {"includes", "activation quantization (oneDNN gets int8 input)"}}});
+                   {"includes", "activation quantization (oneDNN gets int8 input)"},
+                   {"quantize_seconds", Median(quant)},
+                   {"matmul_seconds", Median(matmul)},
+                   {"matmul_gops", matmul_gops},
+                   {"matmul_ratio", matmul_gops / gops}}});
     }
   }
   if (!OneDnnAvailable()) std::fprintf(log, "m3 bench: %s: onednn rows skipped\n", OneDnnDescription().c_str());

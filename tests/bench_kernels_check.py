@@ -61,6 +61,13 @@ for t in (1, 2):
 if "onednn rows skipped" not in p.stderr:
     check(("onednn_int8", "q8", "int8_peak", 1) in kinds, "no onednn_int8 row")
     check(("gemm", "q8", "onednn", 1) in kinds, "no gemm q8 vs onednn row")
+    for n, row in enumerate(rows):
+        if row.get("kernel") == "gemm" and row.get("limit_kind") == "onednn":
+            q, mm, s, mr = (row.get(f) for f in ("quantize_seconds", "matmul_seconds", "seconds", "matmul_ratio"))
+            check(all(isinstance(x, (int, float)) and x > 0 for x in (q, mm, s, mr)), f"gemm vs onednn row {n}: parts")
+            if all(isinstance(x, (int, float)) and x > 0 for x in (q, mm, s, mr)):
+                # The matmul alone is faster than quantization + matmul (medians of the same calls).
+                check(mm < s and mr > row["ratio"], f"gemm vs onednn row {n}: matmul {mm} vs total {s}")
 
 p = subprocess.run([m3, "bench", "--bogus"], capture_output=True, text=True, timeout=60)
 check(p.returncode != 0 and "--bogus" in p.stderr, f"`m3 bench --bogus`: rc {p.returncode}, {p.stderr!r}")
