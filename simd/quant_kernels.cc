@@ -32,8 +32,9 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
   const hn::Rebind<int8_t, decltype(df)> d8;
   const size_t N = hn::Lanes(df);
   const size_t padded = (cols + group - 1) / group * group, groups = padded / group;
-  thread_local std::vector<float> group_amax;
-  group_amax.resize(groups);
+  thread_local std::vector<float> amax_buffer;
+  amax_buffer.resize(groups);
+  float* const group_amax = amax_buffer.data();  // the thread_local looked up once
   for (size_t t = 0; t < n_tok; ++t) {
     const float* xt = x + t * ldx;
     float amax_t = 0.0f;
@@ -71,10 +72,18 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
       // Clamped before the (round to nearest even) conversion, as the reference rounds then
       // clamps: the same codes, since the bounds are integers.
       if (std::isfinite(inv)) {
+        // Rounding by adding 1.5 * 2^23 (round half to even, exact for |v| <= 127) leaves the
+        // integer in the low mantissa bits, and the int8 code is its low byte: an add, a
+        // subtract and a truncating narrow where NearestInt + DemoteTo take nine operations.
+        const hn::RebindToUnsigned<decltype(di)> du;
+        const hn::Rebind<uint8_t, decltype(df)> du8;
+        const auto magic = hn::Set(df, 12582912.0f);
+        const auto magic_bits = hn::Set(di, 0x4B400000);
         for (; c + N <= end; c += N) {
-          const auto qi = hn::NearestInt(hn::Min(hi, hn::Max(lo, hn::Mul(hn::LoadU(df, xt + c), vinv))));
+          const auto v = hn::Min(hi, hn::Max(lo, hn::Mul(hn::LoadU(df, xt + c), vinv)));
+          const auto qi = hn::Sub(hn::BitCast(di, hn::Add(v, magic)), magic_bits);
           vsum = hn::Add(vsum, qi);
-          hn::StoreU(hn::DemoteTo(d8, qi), d8, qg + (c - begin));
+          hn::StoreU(hn::TruncateTo(du8, hn::BitCast(du, qi)), du8, reinterpret_cast<uint8_t*>(qg + (c - begin)));
         }
       } else {
         for (; c + N <= end; c += N) {
@@ -92,7 +101,7 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
         qg[c - begin] = static_cast<int8_t>(v);
         s += static_cast<int32_t>(v);
       }
-      std::memset(qg + (end - begin), 0, begin + group - end);  // padding
+      if (end < begin + group) std::memset(qg + (end - begin), 0, begin + group - end);  // padding
       if (!shift) scale[t * groups + g] = amax / 127.0f;
       sum[t * groups + g] = s;
     }
