@@ -177,8 +177,9 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
         _mm512_storeu_ps(yacc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), d, _mm512_loadu_ps(yacc[t])));
       }
     } else {
-      const __m512 ew = _mm512_cvtepi32_ps(
-          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.ew + g * kTileRows))));
+      const __m512 ew = _mm512_cvtepi32_ps(_mm512_min_epu32(
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.ew + g * kTileRows))),
+          _mm512_set1_epi32(kQ8MaxShift)));
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const __m512 e = _mm512_sub_ps(_mm512_set1_ps(b.da[g * T + t]), ew);
@@ -270,7 +271,9 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
       }
     } else {
       const __m128i ew8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.ew + g * kTileRows));
-      const __m256i ew0 = _mm256_cvtepu8_epi32(ew8), ew1 = _mm256_cvtepu8_epi32(_mm_srli_si128(ew8, 8));
+      const __m256i cap = _mm256_set1_epi32(kQ8MaxShift);
+      const __m256i ew0 = _mm256_min_epu32(_mm256_cvtepu8_epi32(ew8), cap);
+      const __m256i ew1 = _mm256_min_epu32(_mm256_cvtepu8_epi32(_mm_srli_si128(ew8, 8)), cap);
       // 2^-(e_w + e_a) built in the exponent field (e <= 126: a normal float); the multiply is exact.
       auto pow2 = [](__m256i ew, int32_t ea) HWY_ATTR {
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127 - ea), ew), 23));
@@ -329,7 +332,7 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
   for (size_t g = 0; g < b.groups; ++g) {
     for (size_t i = 0; i < kTileRows; ++i) {
       if constexpr (kQ4) dw[i] = F16ToF32(b.sc[g * kTileRows + i]);
-      else ew[i] = b.ew[g * kTileRows + i];
+      else ew[i] = std::min<int32_t>(b.ew[g * kTileRows + i], kQ8MaxShift);
     }
     const int8_t* qg = b.q + g * G;
     const int32_t* bias = b.bias + g * T;

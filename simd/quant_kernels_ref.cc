@@ -70,7 +70,7 @@ void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_
         int32_t dot = 0;
         for (size_t i = 0; i < G; ++i) dot += wc[g * G + i] * qt[g * G + i];
         if (w.format == WeightFormat::kQ8) {
-          const int e = w.q8_shifts(tile)[g * kTileRows + tr] + a.shift[t * groups + g];
+          const int e = std::min<int>(w.q8_shifts(tile)[g * kTileRows + tr], kQ8MaxShift) + a.shift[t * groups + g];
           acc += std::ldexp(static_cast<float>(dot), -e);  // exact: a normal float times 2^-e
         } else {
           const float d = F16ToF32(w.tile_scales(tile)[g * kTileRows + tr]) * a.scale[t * groups + g];

@@ -21,7 +21,8 @@ enum class WeightFormat : uint8_t {
   // Packed tile formats written by `m3 pack` (docs/PACKED_FORMAT.md). Rows are stored in tiles of
   // 16 (kTileRows), inputs padded with zeros to a multiple of `group`.
   // q8 scales, per row tile: 16 fp32 row scales s, then u8 shifts e [group][16]:
-  //   W = (c - 128) * s[row] * 2^-e[row, group]   (u8 code c in 1..255, e <= kQ8MaxShift)
+  //   W = (c - 128) * s[row] * 2^-min(e[row, group], kQ8MaxShift)   (u8 code c in 1..255; the
+  //   packer writes e <= kQ8MaxShift, and every reader clamps, so no byte gives garbage)
   // Power-of-two group scales keep the kernels' per-group epilogue free of multiplies.
   kQ8 = 4,
   // q4 scales: fp16, one per (row, group), laid out [row_tile][group][16].
@@ -174,7 +175,7 @@ inline float TiledWeightAt(const WeightRef& w, size_t r, size_t c) {
     const uint8_t code = t[g * w.group * kTileRows + (in / 4) * 64 + tr * 4 + in % 4];
     float row_scale;
     std::memcpy(&row_scale, w.q8_row_scales(tile) + tr * 4, 4);
-    const int shift = w.q8_shifts(tile)[g * kTileRows + tr];
+    const int shift = std::min<int>(w.q8_shifts(tile)[g * kTileRows + tr], kQ8MaxShift);
     return static_cast<float>(static_cast<int>(code) - kQ8Zero) * std::ldexp(row_scale, -shift);
   }
   uint16_t scale_bits;

@@ -338,7 +338,10 @@ TEST_CASE("QuantMatMul with extreme codes, zero scales and other groups", "[quan
           return std::ldexp(1.0f + static_cast<float>(rng() % 100) / 100.0f, -static_cast<int>(rng() % 12));
         };
         auto group_scale = [&](size_t r, size_t g) -> uint16_t {
-          if (f == WeightFormat::kQ8) return (r + g) % 3 == 0 ? kQ8MaxShift : rng() % 5;  // shifts
+          if (f == WeightFormat::kQ8) {  // shifts, with bytes beyond the cap (read as the cap)
+            const uint16_t big[] = {kQ8MaxShift, kQ8MaxShift + 1, 200, 255};
+            return (r + g) % 3 == 0 ? big[(r + g) / 3 % 4] : rng() % 5;
+          }
           if ((r + g) % 5 == 0) return 0;  // zero scale
           if ((r + g) % 7 == 0) return 0x8000;  // negative zero
           return F32ToF16(std::ldexp(1.0f + static_cast<float>(rng() % 100) / 100.0f, -static_cast<int>(rng() % 12)));

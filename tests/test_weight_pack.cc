@@ -102,6 +102,18 @@ TEST_CASE("q8 codes are the rounded values of x / (s 2^-e): one row scale, a shi
       REQUIRE(WeightAt(p.w, 0, c) == static_cast<float>(code) * d);
     }
   }
+  // A stored shift beyond the cap (a damaged or foreign file) reads as the cap, never garbage.
+  Packed damaged = p;
+  damaged.w.data = damaged.codes.data();
+  damaged.w.scales = damaged.scales.data();
+  uint8_t* shift0 = damaged.scales.data() + kTileRows * 4;  // group 0, row 0
+  const float capped = std::ldexp(s, -kQ8MaxShift);
+  for (int stored : {kQ8MaxShift + 1, 200, 255}) {
+    *shift0 = static_cast<uint8_t>(stored);
+    const int code = static_cast<int>(damaged.codes[0]) - kQ8Zero;  // row 0, input 0
+    CHECK(code != 0);
+    CHECK(WeightAt(damaged.w, 0, 0) == static_cast<float>(code) * capped);
+  }
 }
 
 TEST_CASE("q8 reconstruction error stays within 1.5x of fp16 per-group scales on Gaussian rows") {
