@@ -596,7 +596,8 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
         peer.push_back(Seconds(t2, Clock::now()));
       });
       const size_t skip = std::min<size_t>(static_cast<size_t>(plan.gemm.warmup), ours.size() - 1);
-      for (auto* v : {&quant, &matmul, &ours, &peer}) v->erase(v->begin(), v->begin() + static_cast<std::ptrdiff_t>(skip));
+      for (auto* v : {&quant, &matmul, &ours, &peer})
+        v->erase(v->begin(), v->begin() + static_cast<std::ptrdiff_t>(skip));
       const double gops = ops / Median(peer) / 1e9, ours_gops = ops / Median(ours) / 1e9;
       const double matmul_gops = ops / Median(matmul) / 1e9;
       report.Add({"onednn_int8", "q8", shape, plan.gemm_tokens, t, gops, "GOP/s", 0, "int8_peak", od->impl(),

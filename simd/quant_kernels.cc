@@ -183,7 +183,8 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const __m512 e = _mm512_sub_ps(_mm512_set1_ps(b.da[g * T + t]), ew);
-        _mm512_storeu_ps(yacc[t], _mm512_add_ps(_mm512_loadu_ps(yacc[t]), _mm512_scalef_ps(_mm512_cvtepi32_ps(acc[t]), e)));
+        const __m512 term = _mm512_scalef_ps(_mm512_cvtepi32_ps(acc[t]), e);
+        _mm512_storeu_ps(yacc[t], _mm512_add_ps(_mm512_loadu_ps(yacc[t]), term));
       }
     }
   }

@@ -174,11 +174,11 @@ M3_VNNI void GemvTiles(const Block& b) {
     for (int r = 0; r < R; ++r) {
       // q4: d_w, fp16 [groups][16]; q8: e_w, u8 [groups][16] after the 16 fp32 row scales.
       const uint8_t* sc = b.sc + r * b.scale_bytes;
+      const auto* shifts = reinterpret_cast<const __m128i*>(sc + kTileRows * 4 + g * kTileRows);
       const __m512 dw =
           kQ4 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + g * kTileRows * 2)))
-              : _mm512_cvtepi32_ps(_mm512_min_epu32(
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + kTileRows * 4 + g * kTileRows))),
-                    _mm512_set1_epi32(kQ8MaxShift)));
+              : _mm512_cvtepi32_ps(
+                    _mm512_min_epu32(_mm512_cvtepu8_epi32(_mm_loadu_si128(shifts)), _mm512_set1_epi32(kQ8MaxShift)));
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         __m512i sum = acc[r][0][0][t], sum_hi = acc[r][0][kParts - 1][t];

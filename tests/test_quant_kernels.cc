@@ -197,7 +197,8 @@ TEST_CASE("QuantizeActivations is bit-exact against the reference", "[quant]") {
         for (size_t t = 0; t < n_tok; ++t)
           for (size_t g = 0; g < groups; ++g) {
             int qmax = 0;
-            for (size_t i = 0; i < group; ++i) qmax = std::max(qmax, std::abs(static_cast<int>(want.q[t * padded + g * group + i])));
+            for (size_t i = 0; i < group; ++i)
+              qmax = std::max(qmax, std::abs(static_cast<int>(want.q[t * padded + g * group + i])));
             const int e = want.shift[t * groups + g];
             CHECK(e <= kQ8MaxShift);
             if (qmax > 0 && e < kQ8MaxShift && want.scale[t] > 1e-30f) CHECK(qmax >= 64);
@@ -352,7 +353,8 @@ TEST_CASE("QuantMatMul with extreme codes, zero scales and other groups", "[quan
         std::vector<float> x(n_tok * cols);
         for (size_t i = 0; i < x.size(); ++i) x[i] = pattern == 1 ? -1.0f : (i % 3 == 0 ? 1.0f : -1.0f);
         for (size_t c = 0; c < cols; ++c) x[2 * cols + c] = 0.0f;
-        for (size_t c = 0; c < cols; ++c) x[3 * cols + c] = std::ldexp(c % 2 ? 1.0f : -1.0f, -static_cast<int>(c / p.w.group) * 40);
+        for (size_t c = 0; c < cols; ++c)
+          x[3 * cols + c] = std::ldexp(c % 2 ? 1.0f : -1.0f, -static_cast<int>(c / p.w.group) * 40);
         const Acts acts = Quantize(f, x, cols, n_tok, cols, p.w.group);
         CheckQuantMatMul(p, acts, true);
       }
