@@ -54,12 +54,14 @@ double GroupError(const float* x, size_t n, const int8_t* q, uint16_t bits) {
   return err;
 }
 
-// Largest shift e in [0, kQ8MaxShift] with amax * 2^e <= limit (0 when amax is 0).
+// Largest shift e in [0, kQ8MaxShift] with amax * 2^e <= limit (0 when amax is 0). The
+// exponent difference is that e or one more; Q8RowScale calls this 32 times per group.
+// (Q8ActivationShift is the float twin for activations, on the exponent bits, without libm.)
 int Q8Shift(double amax, double limit) {
   if (amax == 0.0) return 0;
-  int e = 0;
-  while (e < kQ8MaxShift && std::ldexp(amax, e + 1) <= limit) ++e;
-  return e;
+  int e = std::ilogb(limit) - std::ilogb(amax);
+  if (std::ldexp(amax, e) > limit) --e;
+  return std::clamp(e, 0, kQ8MaxShift);
 }
 
 // The q8 row scale s: among 32 candidates spread over one octave above amax / 127, the one that
@@ -207,15 +209,13 @@ bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t
           continue;
         }
         uint16_t bits = 0;
-        {
-          QuantizeQ4Group(x.data(), group, q.data(), &bits);
-          const size_t half = group / 8;
-          for (size_t i = 0; i < group; ++i) {
-            const size_t quad = i / 4;
-            uint8_t& byte = tile[g * group * kTileRows / 2 + (quad % half) * 64 + tr * 4 + i % 4];
-            const uint8_t code = static_cast<uint8_t>(q[i] + kQ4Zero);
-            byte |= quad < half ? code : static_cast<uint8_t>(code << 4);
-          }
+        QuantizeQ4Group(x.data(), group, q.data(), &bits);
+        const size_t half = group / 8;
+        for (size_t i = 0; i < group; ++i) {
+          const size_t quad = i / 4;
+          uint8_t& byte = tile[g * group * kTileRows / 2 + (quad % half) * 64 + tr * 4 + i % 4];
+          const uint8_t code = static_cast<uint8_t>(q[i] + kQ4Zero);
+          byte |= quad < half ? code : static_cast<uint8_t>(code << 4);
         }
         if ((bits & 0x7C00u) == 0x7C00u) return false;  // scale overflowed fp16
         std::memcpy(tile_scales + (g * kTileRows + tr) * 2, &bits, 2);
