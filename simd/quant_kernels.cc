@@ -69,10 +69,11 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
       const auto vinv = hn::Set(df, inv), lo = hn::Set(df, -127.0f), hi = hn::Set(df, 127.0f);
       auto vsum = hn::Zero(di);
       size_t c = begin;
-      // Clamped before the (round to nearest even) conversion, as the reference rounds then
-      // clamps: the same codes, since the bounds are integers.
       if (std::isfinite(inv)) {
-        // Rounding by adding 1.5 * 2^23 (round half to even, exact for |v| <= 127) leaves the
+        // No clamp needed: inv = fl(127 / a) * 2^e with amax * 2^e <= a (a = amax_t, or amax
+        // for q4 with e = 0), so |x * inv| <= 127 (1 + 2^-24), which rounds to at most 127 (the
+        // reference's clamp never acts here; 2 of 7 operations per vector, ~15% of the time).
+        // Rounding by adding 1.5 * 2^23 (round half to even, exact for |v| < 2^22) leaves the
         // integer in the low mantissa bits, and the int8 code is its low byte: an add, a
         // subtract and a truncating narrow where NearestInt + DemoteTo take nine operations.
         const hn::RebindToUnsigned<decltype(di)> du;
@@ -80,7 +81,7 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
         const auto magic = hn::Set(df, 12582912.0f);
         const auto magic_bits = hn::Set(di, 0x4B400000);
         for (; c + N <= end; c += N) {
-          const auto v = hn::Min(hi, hn::Max(lo, hn::Mul(hn::LoadU(df, xt + c), vinv)));
+          const auto v = hn::Mul(hn::LoadU(df, xt + c), vinv);
           const auto qi = hn::Sub(hn::BitCast(di, hn::Add(v, magic)), magic_bits);
           vsum = hn::Add(vsum, qi);
           hn::StoreU(hn::TruncateTo(du8, hn::BitCast(du, qi)), du8, reinterpret_cast<uint8_t*>(qg + (c - begin)));
