@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bandwidth.h"
+#include "base/aligned_buffer.h"
 #include "bench/limits.h"
 #include "bench/onednn_peer.h"
 #include "bench/shapes.h"
@@ -129,11 +130,11 @@ class MatMulRunner {
  public:
   MatMulRunner(const WeightRef& shape, size_t max_tokens) : shape_(shape), max_tokens_(max_tokens) {
     Rng rng{7};
-    x_.resize(max_tokens * shape.cols);
-    for (float& v : x_) v = 2.0f * rng.Uniform() - 1.0f;
-    y_.resize(max_tokens * shape.rows);
+    x_.Resize(max_tokens * shape.cols);
+    for (size_t i = 0; i < x_.size(); ++i) x_[i] = 2.0f * rng.Uniform() - 1.0f;
+    y_.Resize(max_tokens * shape.rows);
     if (quantized()) {
-      q_.resize(max_tokens * shape.padded_cols());
+      q_.Resize(max_tokens * shape.padded_cols());
       scale_.resize(max_tokens * shape.groups());
       sum_.resize(max_tokens * shape.groups());
       if (q8()) shift_.resize(max_tokens * shape.groups());
@@ -214,8 +215,8 @@ class MatMulRunner {
  private:
   WeightRef shape_;
   size_t max_tokens_;
-  std::vector<float> x_, y_;
-  std::vector<int8_t> q_;
+  AlignedBuffer<float> x_, y_;  // aligned as the engine's activations (the kernels' streaming stores need it)
+  AlignedBuffer<int8_t> q_;
   std::vector<float> scale_;
   std::vector<int32_t> sum_;
   std::vector<uint8_t> shift_;  // q8 only

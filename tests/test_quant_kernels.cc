@@ -3,6 +3,7 @@
 // where the path has fused multiply-add, GEMV (one token at a time) vs GEMM bit-identical, tile
 // ranges composing, and the results close to the fp32 product (sanity).
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -314,6 +315,38 @@ TEST_CASE("QuantMatMul on large token counts and GEMV/GEMM identity", "[quant]")
       const auto x = RandomVec(n_tok * cols, 4);
       CheckQuantMatMul(p, Quantize(f, x, cols, n_tok, cols, p.w.group), true);
     }
+  }
+}
+
+TEST_CASE("QuantMatMul prompt outputs over 1 MiB (non-temporal stores) match the reference", "[quant]") {
+  // 64-byte aligned rows (ldy a multiple of 16) and a large output take the streaming-store path
+  // of the VNNI GEMM; the last tile is partial (masked stores) and the columns past the rows must
+  // keep their sentinels. Smaller tile ranges of the same call fall back to ordinary stores.
+  const size_t rows = 16 * 300 + 5, cols = 128, n_tok = 70, ldy = 16 * 301 + 16, tiles = 301;
+  const float sentinel = -12345.0f;
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
+    INFO(WeightFormatName(f));
+    const Packed p = PackFloats(f, rows, cols, RandomVec(rows * cols, 21, 0.2f));
+    const auto x = RandomVec(n_tok * cols, 22);
+    const Acts acts = Quantize(f, x, cols, n_tok, cols, p.w.group);
+    std::vector<float> want(n_tok * ldy, sentinel);
+    ref::QuantMatMul(p.w, acts.a, 0, tiles, want.data(), ldy);
+    auto* y = static_cast<float*>(std::aligned_alloc(64, n_tok * ldy * sizeof(float)));
+    REQUIRE(y != nullptr);
+    ForEachImpl([&](const std::string&) {
+      if (!QuantKernelIsExact() && f == WeightFormat::kQ4) return;  // bit-exact paths only
+      for (size_t split : {size_t{0}, size_t{120}}) {  // one call; or 120 tiles (0.5 MiB) + 181
+        std::fill(y, y + n_tok * ldy, sentinel);
+        if (split == 0) {
+          QuantMatMul(p.w, acts.a, 0, tiles, y, ldy);
+        } else {
+          QuantMatMul(p.w, acts.a, split, tiles, y, ldy);
+          QuantMatMul(p.w, acts.a, 0, split, y, ldy);
+        }
+        CHECK(std::memcmp(y, want.data(), want.size() * sizeof(float)) == 0);
+      }
+    });
+    std::free(y);
   }
 }
 
