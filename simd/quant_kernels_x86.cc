@@ -69,9 +69,6 @@ constexpr int kGemmTok = 6;
 // did not help; q8 reads at the bandwidth limit without it.
 constexpr size_t kQ4GemvPrefetch = 4096;
 
-// Prompts: each group of a block prefetches this many lines of the next step (see RunTiles).
-constexpr size_t kPrefetchPerGroup = 2;
-
 // Operands of one step: R consecutive row tiles x T tokens, over all groups.
 struct Block {
   const uint8_t* w;    // codes of the first tile (q8 layout, or packed q4 when kQ4); tile r at w + r * tile_bytes
@@ -87,7 +84,7 @@ struct Block {
   size_t ldy;
   size_t rows;  // valid rows from the first one (the last tile may be partial)
   const uint8_t* prefetch;  // prompts: this block's share of the next step's codes, spread over its groups
-  size_t prefetch_lines, prefetch_per_group;  // lines in the share (0: none, prefetch is w) and per group
+  size_t prefetch_lines, prefetch_per_group;
   bool stream;  // write full tiles with non-temporal stores (outputs too large to stay in cache)
 };
 
@@ -133,15 +130,8 @@ M3_VNNI void GemvTiles(const Block& b) {
   const int8_t* qp = b.q;
 #pragma GCC unroll 2
   for (size_t g = 0; g < b.groups; ++g, qp += G, wp += group_bytes) {
-    // Prompt blocks only, a fixed count (a loop bounded by the share cost 1-2% even with nothing
-    // to prefetch, by the code it made).
-    if constexpr (T == kGemmTok) {
-#pragma GCC unroll 4
-      for (size_t i = 0; i < kPrefetchPerGroup; ++i) {
-        const size_t line = std::min(g * b.prefetch_per_group + i, b.prefetch_lines ? b.prefetch_lines - 1 : 0);
-        _mm_prefetch(reinterpret_cast<const char*>(b.prefetch + line * 64), _MM_HINT_T0);
-      }
-    }
+    for (size_t i = g * b.prefetch_per_group; i < std::min(b.prefetch_lines, (g + 1) * b.prefetch_per_group); ++i)
+      _mm_prefetch(reinterpret_cast<const char*>(b.prefetch + i * 64), _MM_HINT_T0);
     __m512i acc[R][C][kParts][T];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
@@ -302,32 +292,26 @@ M3_VNNI void RunTiles(const Job& j) {
   const int chunk = static_cast<int>(std::min(n, block_tok));
   const size_t step = static_cast<size_t>(q4 ? GemvRows<true>(chunk) : GemvRows<false>(chunk));
   // Prompts: each step of row tiles is read from memory by its first token block and from L2
-  // by the others. The last blocks of a step (at least kPrefetchBlocks, enough that each group
-  // prefetches at most kPrefetchPerGroup lines) prefetch the next step, a share each spread over
-  // its groups, so that step's first block does not wait on memory (Zen 4, 512 tokens: +1-1.5%
-  // against none; 16 blocks -0.5%, and spreading it over every block was worse, the streaming
-  // activations evicting the early lines from L2 again before use).
-  constexpr size_t kPrefetchBlocks = 32;
-  const size_t blocks = (n + block_tok - 1) / block_tok;
+  // by the others. The last kPrefetchBlocks blocks of a step prefetch the next step, a share
+  // each spread over its groups, so that step's first block does not wait on memory (Zen 4,
+  // 512 tokens: +1-1.5% against none, 0.5-1% more than spreading the prefetch over every block,
+  // whose early lines the streaming activations evict from L2 again before use).
+  constexpr size_t kPrefetchBlocks = 16;
+  const size_t blocks = (n + block_tok - 1) / block_tok, pf_blocks = std::min(blocks, kPrefetchBlocks);
   for (size_t tile = j.tile_begin; tile < j.tile_end; tile += step) {
     const int r = static_cast<int>(std::min(step, j.tile_end - tile));
     const size_t next = std::min(tile + step, j.tile_end);
-    const size_t next_lines =
-        n > kGemvMaxTok ? (std::min(tile + 2 * step, j.tile_end) - next) * w.tile_bytes() / 64 : 0;
-    const size_t pf_blocks =
-        std::min(blocks, std::max(kPrefetchBlocks, (next_lines + groups * kPrefetchPerGroup - 1) /
-                                                       (groups * kPrefetchPerGroup)));
-    const size_t share = (next_lines + pf_blocks - 1) / pf_blocks, first_pf = blocks - pf_blocks;
-    const uint8_t* next_codes = static_cast<const uint8_t*>(w.data) + next * w.tile_bytes();
+    const size_t next_bytes = n > kGemvMaxTok ? (std::min(tile + 2 * step, j.tile_end) - next) * w.tile_bytes() : 0;
+    const size_t share = (next_bytes / pf_blocks + 63) / 64 * 64;
     for (size_t t0 = 0; t0 < n; t0 += block_tok) {
       const int nt = static_cast<int>(std::min(block_tok, n - t0));
       Block b;
-      b.w = static_cast<const uint8_t*>(w.data) + tile * w.tile_bytes();
-      const size_t block = t0 / block_tok;
-      const size_t pf0 = block < first_pf ? next_lines : std::min(next_lines, (block - first_pf) * share);
-      b.prefetch_lines = std::min(next_lines, pf0 + share) - pf0;
-      b.prefetch = b.prefetch_lines ? next_codes + pf0 * 64 : b.w;
+      const size_t block = t0 / block_tok, first_pf = blocks - pf_blocks;
+      const size_t pf0 = block < first_pf ? next_bytes : std::min(next_bytes, (block - first_pf) * share);
+      b.prefetch = static_cast<const uint8_t*>(w.data) + next * w.tile_bytes() + pf0;
+      b.prefetch_lines = (std::min(next_bytes, pf0 + share) - pf0) / 64;
       b.prefetch_per_group = (b.prefetch_lines + groups - 1) / groups;
+      b.w = static_cast<const uint8_t*>(w.data) + tile * w.tile_bytes();
       b.sc = w.scales + tile * w.tile_scale_bytes();
       b.tile_bytes = w.tile_bytes();
       b.scale_bytes = w.tile_scale_bytes();
