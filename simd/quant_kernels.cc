@@ -35,6 +35,7 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
   thread_local std::vector<float> amax_buffer;
   amax_buffer.resize(groups);
   float* const group_amax = amax_buffer.data();  // the thread_local looked up once
+  const bool prefetch_rows = n_tok * cols * sizeof(float) > (size_t{1} << 20);
   for (size_t t = 0; t < n_tok; ++t) {
     const float* xt = x + t * ldx;
     float amax_t = 0.0f;
@@ -53,7 +54,15 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
       amax_t = std::max(amax_t, amax);
     }
     if (shift) scale[t] = amax_t / 127.0f;
+    // Inputs larger than L2 come from memory: while the second pass reads this token from L1,
+    // its groups prefetch the next token's row, a share each, so that its first pass does not
+    // wait (512 tokens, Zen 4: 1.21x faster at 6144 columns, 1.12x at 3072; 3% slower in cache).
+    const float* x_next = prefetch_rows && t + 1 < n_tok ? xt + ldx : nullptr;
+    const size_t next_lines = x_next ? (cols * sizeof(float) + 63) / 64 : 0;
+    const size_t lines_per_group = (next_lines + groups - 1) / groups;
     for (size_t g = 0; g < groups; ++g) {
+      for (size_t i = g * lines_per_group; i < std::min(next_lines, (g + 1) * lines_per_group); ++i)
+        __builtin_prefetch(x_next + i * 16, 0, 2);  // into L2: L1 holds this row (into L1: 10-25% slower)
       const size_t begin = g * group, end = std::min(cols, begin + group);
       int8_t* qg = q + t * padded + begin;
       const float amax = group_amax[g];

@@ -228,6 +228,27 @@ TEST_CASE("QuantizeActivations is bit-exact against the reference", "[quant]") {
   }
 }
 
+TEST_CASE("QuantizeActivations on inputs over 1 MiB (next-row prefetch) is bit-exact", "[quant]") {
+  const size_t n_tok = 70, cols = 4000, ldx = 4003;  // 1.1 MB: the path that prefetches rows
+  const auto x = RandomVec(n_tok * ldx, 31);
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
+    INFO(WeightFormatName(f));
+    const Acts want = Quantize(f, x, ldx, n_tok, cols, 128);
+    ForEachImpl([&](const std::string&) {
+      std::vector<int8_t> q(want.q.size(), 99);
+      std::vector<float> scale(want.scale.size(), -1.0f);
+      std::vector<int32_t> sum(want.sum.size(), -1);
+      std::vector<uint8_t> shift(want.shift.size(), 99);
+      QuantizeActivations(x.data(), ldx, n_tok, cols, 128, q.data(), scale.data(), sum.data(),
+                          want.shift.empty() ? nullptr : shift.data());
+      CHECK(q == want.q);
+      CHECK(std::memcmp(scale.data(), want.scale.data(), scale.size() * 4) == 0);
+      CHECK(sum == want.sum);
+      CHECK(shift == want.shift);
+    });
+  }
+}
+
 // Checks QuantMatMul for one weight and activation set against the reference on every
 // implementation: full range, split ranges and sentinels beyond the outputs.
 void CheckQuantMatMul(const Packed& p, const Acts& acts, bool check_split_tokens) {
