@@ -35,7 +35,7 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
   thread_local std::vector<float> amax_buffer;
   amax_buffer.resize(groups);
   float* const group_amax = amax_buffer.data();  // the thread_local looked up once
-  const bool prefetch_rows = n_tok * cols * sizeof(float) > (size_t{1} << 20);
+  const bool prefetch_rows = n_tok * cols * sizeof(float) > detail::kCoreL2Bytes;
   for (size_t t = 0; t < n_tok; ++t) {
     const float* xt = x + t * ldx;
     float amax_t = 0.0f;
@@ -75,7 +75,7 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
         continue;
       }
       const float inv = shift ? MulPow2(127.0f / amax_t, e) : 127.0f / amax;
-      const auto vinv = hn::Set(df, inv), lo = hn::Set(df, -127.0f), hi = hn::Set(df, 127.0f);
+      const auto vinv = hn::Set(df, inv);
       auto vsum = hn::Zero(di);
       size_t c = begin;
       if (std::isfinite(inv)) {
@@ -96,6 +96,7 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
           hn::StoreU(hn::TruncateTo(du8, hn::BitCast(du, qi)), du8, reinterpret_cast<uint8_t*>(qg + (c - begin)));
         }
       } else {
+        const auto lo = hn::Set(df, -127.0f), hi = hn::Set(df, 127.0f);
         for (; c + N <= end; c += N) {
           const auto xv = hn::LoadU(df, xt + c);
           // x == 0 gives 0 even when inv is inf (subnormal amax), as in the reference.

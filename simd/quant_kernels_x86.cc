@@ -434,9 +434,8 @@ void QuantMatMulVnniTokens(const WeightRef& w, const QuantizedActivations& a, si
   // go out with non-temporal stores, which skip reading each line before writing it (q8
   // 512-token GEMM, Zen 4: +1.7-2.7% paired). Needs 64-byte aligned rows; the fence orders the
   // stores before the caller's synchronisation.
-  constexpr size_t kStreamOutputBytes = size_t{1} << 20;
   const size_t output_bytes = n * (tile_end - tile_begin) * kTileRows * sizeof(float);
-  const bool stream = n > kGemvMaxTok && output_bytes >= kStreamOutputBytes &&
+  const bool stream = n > kGemvMaxTok && output_bytes >= detail::kCoreL2Bytes &&
                       reinterpret_cast<uintptr_t>(y) % 64 == 0 && ldy % kTileRows == 0;
   RunTiles(Job{&w, &a, tile_begin, tile_end, y, ldy, block_tok, bias.data(), da.data(), a.shift ? a.scale : nullptr,
                stream});

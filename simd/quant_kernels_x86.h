@@ -10,6 +10,9 @@
 
 namespace m3::simd {
 namespace detail {
+// A core's L2 (Zen 4, Cascade Lake): inputs and outputs larger than this come from / go to
+// memory, where the kernels prefetch and stream.
+inline constexpr size_t kCoreL2Bytes = size_t{1} << 20;
 // Per block of `block_tok` tokens, [group][token] tables the q8/q4 kernels read with scalar
 // broadcasts: bias = -zero * (sum of the group's activation codes), da = the activation's group
 // scale d_a (q4) or its negated shift -e_a (q8).
