@@ -110,8 +110,11 @@ inline int32_t Load32(const int8_t* p) {
 // (-e_a - e_w) and vscalefps, exact, and one add (none of them competes with vpdpbusd for the
 // multiply ports, Zen 4 measured), with the row and token scales applied once at the end.
 // Activations are read in place, one row per token (each a sequential stream of broadcasts).
-template <int R, int T, int C, bool kQ4, size_t kG>
-M3_VNNI void GemvTiles(const Block& b) {
+// Never inlined: each shape is compiled alone, so its register allocation does not depend on
+// the dispatch code around it (inlined into the dispatcher, the q8 4-token kernel ran a 16-token
+// prompt 3.5% slower).
+template <int R, int T, int C, bool kQ4, size_t kG, bool kPrefetch>
+M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
   // q4: high nibbles in accumulators of their own, left in place (16 x code, one exact >> 4 per
   // group instead of a shift per chunk) while registers allow; with many accumulators (8 tokens
   // x 2 tiles) they share the low ones, shifted down per chunk, and nothing spills.
@@ -130,8 +133,9 @@ M3_VNNI void GemvTiles(const Block& b) {
   const int8_t* qp = b.q;
 #pragma GCC unroll 2
   for (size_t g = 0; g < b.groups; ++g, qp += G, wp += group_bytes) {
-    for (size_t i = g * b.prefetch_per_group; i < std::min(b.prefetch_lines, (g + 1) * b.prefetch_per_group); ++i)
-      _mm_prefetch(reinterpret_cast<const char*>(b.prefetch + i * 64), _MM_HINT_T0);
+    if constexpr (kPrefetch)
+      for (size_t i = g * b.prefetch_per_group; i < std::min(b.prefetch_lines, (g + 1) * b.prefetch_per_group); ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(b.prefetch + i * 64), _MM_HINT_T0);
     __m512i acc[R][C][kParts][T];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
@@ -225,6 +229,22 @@ struct GemvShape {
   static constexpr int C = T == 1 ? (kQ4 ? 1 : 4) : T <= 3 ? 2 : 1;
 };
 
+// Compute-bound blocks (4+ tokens) with no share of the next step to prefetch, most of a prompt's,
+// run a copy of the kernel without the prefetch loop in its group loop (q8 512-token GEMM on Zen
+// 4: +0.6-1%, paired). The memory-bound 1-3 token kernels keep the one copy: without the loop
+// GCC schedules the q8 1-token GEMV's loads differently and it read 2-3% slower. Prompt blocks
+// have at most kGemmTok tokens.
+template <int R, int T, int C, bool kQ4, size_t kG>
+M3_VNNI void GemvTilesPrefetchOrNot(const Block& b) {
+  if constexpr (T < 4) {
+    GemvTiles<R, T, C, kQ4, kG, true>(b);
+  } else {
+    if constexpr (T <= kGemmTok)
+      if (b.prefetch_lines > 0) return GemvTiles<R, T, C, kQ4, kG, true>(b);
+    GemvTiles<R, T, C, kQ4, kG, false>(b);
+  }
+}
+
 template <bool kQ4, int MaxT>
 M3_VNNI void GemvDispatch(int t, int r, const Block& b) {
   if constexpr (MaxT >= 1) {
@@ -233,8 +253,8 @@ M3_VNNI void GemvDispatch(int t, int r, const Block& b) {
     constexpr size_t kPackerGroup = kQ4 ? 32 : 128;
     if (t == MaxT) {
       if (r == S::R) {
-        if (b.G == kPackerGroup) return GemvTiles<S::R, MaxT, S::C, kQ4, kPackerGroup>(b);
-        return GemvTiles<S::R, MaxT, S::C, kQ4, 0>(b);
+        if (b.G == kPackerGroup) return GemvTilesPrefetchOrNot<S::R, MaxT, S::C, kQ4, kPackerGroup>(b);
+        return GemvTilesPrefetchOrNot<S::R, MaxT, S::C, kQ4, 0>(b);
       }
       // Fewer tiles than the shape's (the last of an odd count), or more (a token chunk with a
       // one-tile shape inside a two-tile step): one tile at a time.
@@ -246,9 +266,9 @@ M3_VNNI void GemvDispatch(int t, int r, const Block& b) {
         one.rows = b.rows > static_cast<size_t>(i) * kTileRows ? b.rows - static_cast<size_t>(i) * kTileRows : 0;
         if (one.rows == 0) break;
         if (b.G == kPackerGroup)
-          GemvTiles<1, MaxT, S::C, kQ4, kPackerGroup>(one);
+          GemvTilesPrefetchOrNot<1, MaxT, S::C, kQ4, kPackerGroup>(one);
         else
-          GemvTiles<1, MaxT, S::C, kQ4, 0>(one);
+          GemvTilesPrefetchOrNot<1, MaxT, S::C, kQ4, 0>(one);
       }
       return;
     }
