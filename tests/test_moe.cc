@@ -160,6 +160,34 @@ TEST_CASE("MoeForward equals the block written out token by token, for any threa
   }
 }
 
+TEST_CASE("MoeForward with routed experts of mixed formats (some share the tokens' int8 rows, some not)", "[moe]") {
+  using F = simd::WeightFormat;
+  // q4 experts share one quantization of the tokens (the shared q8 expert's does not fit them);
+  // a q8 expert, an f32 one and a bf16 one each need their own inputs. Every token reaches
+  // several formats with top-4 of 6.
+  for (F shared : {F::kQ8, F::kQ4}) {
+    TestMoe m(F::kQ4, shared, 6, 128, 64, true, 41);
+    m.w.experts[1] = m.Mlp(F::kQ8, 128, 64, 501);
+    m.w.experts[2] = m.Mlp(F::kF32, 128, 64, 502);
+    m.w.experts[4] = m.Mlp(F::kBF16Tiled, 128, 64, 503);
+    MoeParams p;
+    p.top_k = 4;
+    for (size_t n : {1, 5, 24}) {
+      INFO(simd::WeightFormatName(shared) << " shared expert, " << n << " tokens");
+      const auto x = RandomVec(n * 128, static_cast<uint32_t>(n + 7));
+      std::vector<int32_t> want_ids;
+      const std::vector<float> want = DirectMoe(m.w, p, x, n, &want_ids);
+      for (int threads : {1, 2, 3}) {
+        std::vector<float> got(n * 128, -1.0f);
+        std::vector<int32_t> ids(n * 4, -1);
+        MoeForward(ThreadConfig{threads}, m.w, p, x.data(), n, got.data(), ids.data());
+        CHECK(ids == want_ids);
+        CHECK(got == want);
+      }
+    }
+  }
+}
+
 TEST_CASE("MoeForward with all tokens routed to one expert (skew) is unchanged", "[moe]") {
   TestMoe m(simd::WeightFormat::kQ4, simd::WeightFormat::kQ8, 8, 128, 64, true, 9);
   m.w.router_bias.assign(8, 0.0f);

@@ -1,6 +1,7 @@
 #include "ops/matmul.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels.h"
 #include "quant_kernels.h"
@@ -35,6 +36,23 @@ void MatMulInput::PrepareRows(size_t t0, size_t t1) {
   simd::QuantizeActivations(x_ + t0 * ldx_, ldx_, t1 - t0, cols_, group_, q_.data() + t0 * padded_,
                             scale_.data() + t0 * (q8_ ? 1 : groups_), sum_.data() + t0 * groups_,
                             q8_ ? shift_.data() + t0 * groups_ : nullptr);
+}
+
+bool MatMulInput::SharesQuantization(const simd::WeightRef& w) const {
+  return quantized_ && IsQuantized(w.format) && q8_ == (w.format == simd::WeightFormat::kQ8) && cols_ == w.cols &&
+         group_ == w.group;
+}
+
+void MatMulInput::PrepareRowsFrom(const MatMulInput& source, const uint32_t* src_rows, size_t t0, size_t t1) {
+  if (!quantized_ || t0 >= t1) return;
+  const size_t scales = q8_ ? 1 : groups_;
+  for (size_t t = t0; t < t1; ++t) {
+    const size_t s = src_rows[t];
+    std::memcpy(q_.data() + t * padded_, source.q_.data() + s * padded_, padded_);
+    std::memcpy(scale_.data() + t * scales, source.scale_.data() + s * scales, scales * sizeof(float));
+    std::memcpy(sum_.data() + t * groups_, source.sum_.data() + s * groups_, groups_ * sizeof(int32_t));
+    if (q8_) std::memcpy(shift_.data() + t * groups_, source.shift_.data() + s * groups_, groups_);
+  }
 }
 
 void MatMulInput::Multiply(const simd::WeightRef& w, size_t tile_begin, size_t tile_end, float* y,

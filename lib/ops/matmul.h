@@ -27,10 +27,18 @@ inline size_t MatMulRowTiles(const simd::WeightRef& w) { return (w.rows + kMatMu
 class MatMulInput {
  public:
   // x [n_tok, w.cols] (row stride ldx) for weights with w's format, cols and group. Keeps the
-  // x pointer; rows are prepared by PrepareRows (all of them before any Multiply).
+  // x pointer; rows are prepared by PrepareRows or PrepareRowsFrom (all of them before any
+  // Multiply). x may be null when every row comes from PrepareRowsFrom.
   void Reset(const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok);
   // Prepares tokens [t0, t1); threads may prepare disjoint ranges at once.
   void PrepareRows(size_t t0, size_t t1);
+  // Whether w's inputs are quantized exactly as this input's (same format, cols and group), so
+  // that rows prepared here serve w too.
+  bool SharesQuantization(const simd::WeightRef& w) const;
+  // Prepares tokens [t0, t1) as copies of the prepared rows src_rows[t] of `source`, an input
+  // that SharesQuantization(w) for this one's w (the MoE quantizes each token once, then gathers
+  // its int8 row for every expert it was routed to). Same results as PrepareRows on the rows.
+  void PrepareRowsFrom(const MatMulInput& source, const uint32_t* src_rows, size_t t0, size_t t1);
   // y[t * ldy + r] for the rows of row tiles [tile_begin, tile_end) of w and every token.
   void Multiply(const simd::WeightRef& w, size_t tile_begin, size_t tile_end, float* y, size_t ldy) const;
   size_t n_tok() const { return n_tok_; }

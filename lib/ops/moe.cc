@@ -43,7 +43,8 @@ struct ExpertJob {
   size_t expert = 0;                 // index into a NUMA split's slices (the shared expert: E)
   size_t m = 0;                      // rows (tokens routed to it; all tokens for the shared expert)
   const uint32_t* tokens = nullptr;  // token of each row; nullptr: the rows are x's rows as they are
-  float* gathered = nullptr;         // [m, H] inputs gathered from x (routed experts)
+  float* gathered = nullptr;         // [m, H] inputs gathered from x (routed experts not from_source)
+  bool from_source = false;          // int8 rows copied from the tokens' once-quantized rows
   float* g = nullptr;                // [m, I] gate, then the SwiGLU activation
   float* u = nullptr;                // [m, I] up
   float* y = nullptr;                // [m, H] output (`out` itself for the shared expert)
@@ -54,6 +55,7 @@ struct ExpertJob {
 // zeroing of large buffers, per layer.
 struct MoeScratch {
   AlignedBuffer<float> logits, gathered, g, u, y;
+  MatMulInput routed_source;  // every token quantized once for the routed experts' weights
   std::vector<int32_t> ids;
   std::vector<float> weights;
   std::vector<uint32_t> row_tokens;  // routed rows grouped by expert: the token of each
@@ -101,7 +103,6 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
   // Jobs: the shared expert first, then the chosen experts in id order.
   const size_t routed_inter = w.experts.empty() ? 0 : w.experts[0].gate.rows;
   const size_t shared_inter = w.has_shared ? w.shared.gate.rows : 0;
-  s.gathered.EnsureSize(n * k * hidden);
   s.y.EnsureSize(n * k * hidden);
   s.g.EnsureSize(n * shared_inter + n * k * routed_inter);
   s.u.EnsureSize(n * shared_inter + n * k * routed_inter);
@@ -110,7 +111,7 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
   s.jobs.resize(jobs);
   size_t j = 0, inter_used = 0;
   auto add_job = [&](const MlpWeights& mw, size_t expert, size_t m, const uint32_t* tokens, float* gathered,
-                     float* y) {
+                     bool from_source, float* y) {
     ExpertJob& J = s.jobs[j++];
     const size_t inter = mw.gate.rows;
     J.w = &mw;
@@ -118,33 +119,61 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
     J.m = m;
     J.tokens = tokens;
     J.gathered = gathered;
+    J.from_source = from_source;
     J.g = s.g.data() + inter_used;
     J.u = s.u.data() + inter_used;
     J.y = y;
     inter_used += m * inter;
-    J.gate_up_in.Reset(mw.gate, gathered ? gathered : x, hidden, m);
+    J.gate_up_in.Reset(mw.gate, from_source ? nullptr : gathered ? gathered : x, hidden, m);
     J.down_in.Reset(mw.down, J.g, inter, m);
   };
-  if (w.has_shared) add_job(w.shared, n_exp, n, nullptr, nullptr, out);
-  for (size_t e = 0; e < n_exp; ++e) {
+  if (w.has_shared) add_job(w.shared, n_exp, n, nullptr, nullptr, false, out);
+  // Routed inputs: with quantized weights each token is quantized once (the shared expert's
+  // input when its weights are quantized alike, else routed_source) and its int8 row copied for
+  // every expert it went to: k times fewer quantizations than quantizing gathered fp32 rows per
+  // expert, and a copy of a quarter of the bytes. Other formats gather fp32 rows.
+  std::vector<MatMulInput*> sources;  // inputs of all n tokens prepared before the routed ones
+  if (w.has_shared) sources.push_back(&s.jobs[0].gate_up_in);
+  const MatMulInput* source = nullptr;
+  const simd::WeightRef* gate = nullptr;  // the first chosen expert's with quantized weights
+  for (size_t e = 0; e < n_exp && !gate; ++e) {
+    const simd::WeightFormat f = w.experts[e].gate.format;
+    if (first[e + 1] > first[e] && (f == simd::WeightFormat::kQ8 || f == simd::WeightFormat::kQ4))
+      gate = &w.experts[e].gate;
+  }
+  if (gate && w.has_shared && s.jobs[0].gate_up_in.SharesQuantization(*gate)) {
+    source = &s.jobs[0].gate_up_in;
+  } else if (gate) {
+    s.routed_source.Reset(*gate, x, hidden, n);
+    source = &s.routed_source;
+    sources.push_back(&s.routed_source);
+  }
+  size_t fp32_rows = 0;
+  for (size_t e = 0; e < n_exp; ++e)
+    if (!source || !source->SharesQuantization(w.experts[e].gate)) fp32_rows += first[e + 1] - first[e];
+  s.gathered.EnsureSize(fp32_rows * hidden);
+  for (size_t e = 0, fp32_used = 0; e < n_exp; ++e) {
     const size_t m = first[e + 1] - first[e];
     if (m == 0) continue;
-    add_job(w.experts[e], e, m, s.row_tokens.data() + first[e], s.gathered.data() + first[e] * hidden,
-            s.y.data() + first[e] * hidden);
+    const bool from_source = source && source->SharesQuantization(w.experts[e].gate);
+    add_job(w.experts[e], e, m, s.row_tokens.data() + first[e], from_source ? nullptr : s.gathered.data() + fp32_used * hidden,
+            from_source, s.y.data() + first[e] * hidden);
+    if (!from_source) fp32_used += m;
   }
 
   // Units and their costs for each phase.
-  std::vector<size_t> rows(jobs), gate_up_tiles(jobs), down_tiles(jobs);
+  std::vector<size_t> rows(jobs), routed_rows(jobs), gate_up_tiles(jobs), down_tiles(jobs);
   std::vector<uint64_t> one(jobs, 1), per_row(jobs);
   for (size_t i = 0; i < jobs; ++i) {
     const ExpertJob& J = s.jobs[i];
     rows[i] = J.m;
+    routed_rows[i] = J.tokens ? J.m : 0;
     gate_up_tiles[i] = 2 * MatMulRowTiles(J.w->gate);  // gate tiles, then up tiles
     down_tiles[i] = MatMulRowTiles(J.w->down);
     per_row[i] = J.m;  // a tile costs as many rows as the expert has tokens
   }
-  const std::vector<size_t> tokens{n};
-  const std::vector<uint64_t> token_cost{1};
+  const std::vector<size_t> tokens{n}, source_rows(sources.size(), n);
+  const std::vector<uint64_t> token_cost{1}, source_cost(sources.size(), 1);
   // NUMA split: node n's threads take node n's row slices (needs a thread per node at least).
   const MoeSplit* split = w.split && tc.threads >= w.split->nodes ? w.split.get() : nullptr;
   const int nodes = split ? split->nodes : 1;
@@ -157,12 +186,19 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
     }
 
   ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
-    // (A) Gather each expert's rows and quantize them for its gate/up weights.
-    ForEachShare(rows, one, tid, nt, [&](size_t i, size_t b, size_t e) {
+    // (A) Quantize every token for the shared expert and the routed source; then gather each
+    // routed expert's rows: int8 rows from the source, or fp32 rows quantized for its weights.
+    ForEachShare(source_rows, source_cost, tid, nt,
+                 [&](size_t i, size_t b, size_t e) { sources[i]->PrepareRows(b, e); });
+    barrier();
+    ForEachShare(routed_rows, one, tid, nt, [&](size_t i, size_t b, size_t e) {
       ExpertJob& J = s.jobs[i];
-      if (J.tokens)
-        for (size_t r = b; r < e; ++r)
-          std::memcpy(J.gathered + r * hidden, x + static_cast<size_t>(J.tokens[r]) * hidden, hidden * sizeof(float));
+      if (J.from_source) {
+        J.gate_up_in.PrepareRowsFrom(*source, J.tokens, b, e);
+        return;
+      }
+      for (size_t r = b; r < e; ++r)
+        std::memcpy(J.gathered + r * hidden, x + static_cast<size_t>(J.tokens[r]) * hidden, hidden * sizeof(float));
       J.gate_up_in.PrepareRows(b, e);
     });
     barrier();
