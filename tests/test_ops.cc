@@ -13,6 +13,7 @@
 #include "ops/moe.h"
 #include "ops/norm_rope.h"
 #include "test_util.h"
+#include "weight_pack.h"
 
 namespace m3 {
 namespace {
@@ -52,6 +53,55 @@ TEST_CASE("MatMul equals the direct product for every weight format, on 1 and 2 
         }
         CHECK(std::fabs(y1[t * rows + r] - s) <= 1e-5 * (1 + mag));
       }
+  }
+}
+
+TEST_CASE("MatMulSameInput gives every weight MatMul's bits, sharing quantized inputs where it can", "[ops]") {
+  // Weights of several formats and row counts over one input: two q8 and two q4 weights share
+  // one quantization each, the f32 and bf16 ones read x; a q8 weight with another group size
+  // needs its own quantization.
+  const size_t cols = 256;
+  std::vector<std::vector<uint8_t>> codes, scales;
+  std::vector<std::vector<float>> raw;
+  codes.reserve(8);
+  scales.reserve(8);
+  raw.reserve(8);
+  auto packed = [&](simd::WeightFormat f, size_t rows, uint32_t seed, size_t group = 0) {
+    raw.push_back(RandomVec(rows * cols, seed, 0.1f));
+    if (f == simd::WeightFormat::kF32) return simd::WeightRef{f, raw.back().data(), nullptr, rows, cols};
+    simd::WeightRef w = simd::TiledShape(f, rows, cols, group);
+    std::vector<float> padded(w.row_tiles() * simd::kTileRows * cols, 0.0f);
+    std::copy(raw.back().begin(), raw.back().end(), padded.begin());
+    codes.emplace_back(simd::TiledCodeBytes(w));
+    scales.emplace_back(std::max<size_t>(1, simd::TiledScaleBytes(w)));
+    REQUIRE(simd::PackRowTiles(w, padded.data(), 0, w.row_tiles(), codes.back().data(), scales.back().data()));
+    w.data = codes.back().data();
+    w.scales = scales.back().data();
+    return w;
+  };
+  using F = simd::WeightFormat;
+  const std::vector<simd::WeightRef> weights = {packed(F::kQ8, 100, 1),      packed(F::kQ4, 37, 2),
+                                                packed(F::kQ8, 16, 3),       packed(F::kF32, 21, 4),
+                                                packed(F::kQ4, 64, 5),       packed(F::kBF16Tiled, 40, 6),
+                                                packed(F::kQ8, 33, 7, 64)};
+  for (size_t n : {1, 6, 29}) {
+    const auto x = RandomVec(n * (cols + 3), static_cast<uint32_t>(n));  // row stride cols + 3
+    std::vector<std::vector<float>> want(weights.size());
+    for (size_t i = 0; i < weights.size(); ++i) {
+      want[i].assign(n * (weights[i].rows + 1), -7.0f);  // row stride rows + 1: the gap stays
+      MatMul(kOne, weights[i], x.data(), cols + 3, n, want[i].data(), weights[i].rows + 1);
+    }
+    for (int threads : {1, 2, 3}) {
+      INFO(n << " tokens, " << threads << " threads");
+      std::vector<std::vector<float>> got(weights.size());
+      std::vector<MatMulTarget> targets;
+      for (size_t i = 0; i < weights.size(); ++i) {
+        got[i].assign(n * (weights[i].rows + 1), -7.0f);
+        targets.push_back({&weights[i], got[i].data(), weights[i].rows + 1});
+      }
+      MatMulSameInput(ThreadConfig{threads}, targets, x.data(), cols + 3, n);
+      for (size_t i = 0; i < weights.size(); ++i) CHECK(got[i] == want[i]);
+    }
   }
 }
 

@@ -70,10 +70,17 @@ void Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, si
   const size_t H = c.hidden_size, Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
 
   // Projections, per-head norm (before RoPE), RoPE; K and V go to the cache.
-  AlignedBuffer<float> q(n * Hq * D), k(n * Hkv * D), v(n * Hkv * D);
-  MatMul(tc, w.q, x, H, n, q.data(), Hq * D);
-  MatMul(tc, w.k, x, H, n, k.data(), Hkv * D);
-  MatMul(tc, w.v, x, H, n, v.data(), Hkv * D);
+  // The lightning indexer's projections (sparse layers) read the same x: one quantization and
+  // one parallel region for all five.
+  const SparseAttentionConfig& sc = c.sparse;
+  const size_t Hi = w.sparse ? sc.num_index_heads : 0, Di = w.sparse ? sc.index_dim : 0;
+  AlignedBuffer<float> q(n * Hq * D), k(n * Hkv * D), v(n * Hkv * D), iq(n * Hi * Di), ik(n * Di);
+  const MatMulTarget projections[] = {{&w.q, q.data(), Hq * D},
+                                      {&w.k, k.data(), Hkv * D},
+                                      {&w.v, v.data(), Hkv * D},
+                                      {&w.index_q, iq.data(), Hi * Di},
+                                      {&w.index_k, ik.data(), Di}};
+  MatMulSameInput(tc, std::span<const MatMulTarget>(projections, w.sparse ? 5 : 3), x, H, n);
   NormRope(*rope_, q.data(), n, Hq, D, w.q_norm, c.rms_norm_eps, pos0);
   NormRope(*rope_, k.data(), n, Hkv, D, w.k_norm, c.rms_norm_eps, pos0);
   StoreRows(cache->k(layer), static_cast<size_t>(pos0), k.data(), n, Hkv * D);
@@ -85,10 +92,6 @@ void Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, si
   if (w.sparse) {
     // Lightning indexer: index q per index head, ONE shared index key head; selection only.
     const SparseAttentionConfig& s = c.sparse;
-    const size_t Hi = s.num_index_heads, Di = s.index_dim;
-    AlignedBuffer<float> iq(n * Hi * Di), ik(n * Di);
-    MatMul(tc, w.index_q, x, H, n, iq.data(), Hi * Di);
-    MatMul(tc, w.index_k, x, H, n, ik.data(), Di);
     NormRope(*rope_, iq.data(), n, Hi, Di, w.index_q_norm, c.rms_norm_eps, pos0);
     NormRope(*rope_, ik.data(), n, 1, Di, w.index_k_norm, c.rms_norm_eps, pos0);
     StoreRows(cache->index_k(layer), static_cast<size_t>(pos0), ik.data(), n, Di);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels.h"
 #include "quant_kernels.h"
@@ -91,15 +92,40 @@ void MatMulInput::Multiply(const simd::WeightRef& w, size_t tile_begin, size_t t
 
 void MatMul(const ThreadConfig& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
             float* y, size_t ldy) {
-  // Decode calls this for every projection: the buffers are reused. (A reference, because a
-  // thread_local named inside the lambdas would be each worker thread's own instance.)
-  thread_local MatMulInput reused;
-  MatMulInput& input = reused;
-  input.Reset(w, x, ldx, n_tok);
-  ParallelFor(tc, n_tok, 16, [&](size_t t0, size_t t1, int) { input.PrepareRows(t0, t1); });
-  // Few tokens: row tiles split finely so every thread gets work; many tokens: any split balances.
-  ParallelFor(tc, MatMulRowTiles(w), 1,
-              [&](size_t tile_begin, size_t tile_end, int) { input.Multiply(w, tile_begin, tile_end, y, ldy); });
+  const MatMulTarget target{&w, y, ldy};
+  MatMulSameInput(tc, std::span<const MatMulTarget>(&target, 1), x, ldx, n_tok);
+}
+
+void MatMulSameInput(const ThreadConfig& tc, std::span<const MatMulTarget> targets, const float* x, size_t ldx,
+                     size_t n_tok) {
+  if (targets.empty() || n_tok == 0) return;
+  // Decode calls this for every projection: the inputs' buffers are reused. (References,
+  // because a thread_local named inside the lambdas would be each worker thread's own instance.)
+  thread_local std::vector<MatMulInput> reused;
+  std::vector<MatMulInput>& inputs = reused;
+  if (inputs.size() < targets.size()) inputs.resize(targets.size());
+  // input_of[i]: the input target i multiplies; a quantized one serves every weight quantized alike.
+  std::vector<size_t> input_of(targets.size());
+  size_t used = 0;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const simd::WeightRef& w = *targets[i].w;
+    size_t j = 0;
+    while (j < used && !inputs[j].SharesQuantization(w)) ++j;
+    if (j == used) inputs[used++].Reset(w, x, ldx, n_tok);
+    input_of[i] = j;
+  }
+  std::vector<size_t> prepare_rows(used, n_tok), tiles(targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) tiles[i] = MatMulRowTiles(*targets[i].w);
+  const std::vector<uint64_t> prepare_cost(used, 1), tile_cost(targets.size(), 1);
+  ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
+    ForEachShare(prepare_rows, prepare_cost, tid, nt,
+                 [&](size_t j, size_t t0, size_t t1) { inputs[j].PrepareRows(t0, t1); });
+    barrier();
+    // Few tokens: row tiles split finely so every thread gets work; many tokens: any split balances.
+    ForEachShare(tiles, tile_cost, tid, nt, [&](size_t i, size_t tile_begin, size_t tile_end) {
+      inputs[input_of[i]].Multiply(*targets[i].w, tile_begin, tile_end, targets[i].y, targets[i].ldy);
+    });
+  });
 }
 
 void GatherRows(const simd::WeightRef& w, const int32_t* ids, size_t n, float* out) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 #include "base/aligned_buffer.h"
 #include "platform/parallel.h"
@@ -15,6 +16,20 @@ namespace m3 {
 
 void MatMul(const ThreadConfig& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
             float* y, size_t ldy);
+
+// One output of MatMulSameInput: y = x . W^T with y's row stride ldy.
+struct MatMulTarget {
+  const simd::WeightRef* w;
+  float* y;
+  size_t ldy;
+};
+
+// Several matmuls of one input (the attention's q/k/v and indexer projections, an MLP's gate and
+// up): x is quantized once per distinct quantization among the weights instead of once per
+// weight, and all their row tiles are shared among the threads in one parallel region (a small
+// weight such as k or v alone leaves threads idle). Same results as MatMul on each.
+void MatMulSameInput(const ThreadConfig& tc, std::span<const MatMulTarget> targets, const float* x, size_t ldx,
+                     size_t n_tok);
 
 // Rows per row tile for every weight format (the packed tile height; 16 decoded rows of k = 6144
 // are 384 KiB, so a decoded tile stays in L2 while the tokens stream past it).

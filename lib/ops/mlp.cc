@@ -22,8 +22,8 @@ void MlpForward(const ThreadConfig& tc, const MlpWeights& w, const SwigluParams&
                 float* out) {
   const size_t inter = w.gate.rows, hidden = w.gate.cols;
   AlignedBuffer<float> g(n * inter), u(n * inter);
-  MatMul(tc, w.gate, x, hidden, n, g.data(), inter);
-  MatMul(tc, w.up, x, hidden, n, u.data(), inter);
+  const MatMulTarget gate_up[] = {{&w.gate, g.data(), inter}, {&w.up, u.data(), inter}};
+  MatMulSameInput(tc, gate_up, x, hidden, n);
   SwigluOai(g.data(), u.data(), n * inter, act);
   MatMul(tc, w.down, g.data(), inter, n, out, hidden);
 }
