@@ -12,6 +12,7 @@
 #include "platform/numa.h"
 #include "platform/parallel.h"
 #include "kernels.h"
+#include "packed_weights.h"
 #include "test_util.h"
 #include "weight_pack.h"
 
@@ -62,26 +63,11 @@ TEST_CASE("ForEachShare gives every unit to exactly one thread, in shares of equ
 
 // An MoE layer's weights with storage that outlives the test's use of them.
 struct TestMoe {
-  std::vector<std::vector<float>> f32;     // raw matrices
-  std::vector<std::vector<uint8_t>> codes;  // packed matrices
-  std::vector<std::vector<uint8_t>> scales;
+  test::PackedWeights storage;
   MoeWeights w;
 
   simd::WeightRef Matrix(simd::WeightFormat f, size_t rows, size_t cols, uint32_t seed, float scale) {
-    std::vector<float> v = RandomVec(rows * cols, seed, scale);
-    if (f == simd::WeightFormat::kF32) {
-      f32.push_back(std::move(v));
-      return simd::WeightRef{f, f32.back().data(), nullptr, rows, cols};
-    }
-    simd::WeightRef shape = simd::TiledShape(f, rows, cols);
-    std::vector<float> padded(shape.row_tiles() * simd::kTileRows * cols, 0.0f);
-    std::copy(v.begin(), v.end(), padded.begin());
-    codes.emplace_back(simd::TiledCodeBytes(shape));
-    scales.emplace_back(std::max<size_t>(1, simd::TiledScaleBytes(shape)));
-    REQUIRE(simd::PackRowTiles(shape, padded.data(), 0, shape.row_tiles(), codes.back().data(), scales.back().data()));
-    shape.data = codes.back().data();
-    shape.scales = scales.back().data();
-    return shape;
+    return storage.Random(f, rows, cols, seed, scale);
   }
   MlpWeights Mlp(simd::WeightFormat f, size_t hidden, size_t inter, uint32_t seed) {
     const float s = 1.0f / std::sqrt(static_cast<float>(hidden));
@@ -90,9 +76,6 @@ struct TestMoe {
   }
   TestMoe(simd::WeightFormat expert_format, simd::WeightFormat shared_format, size_t experts, size_t hidden,
           size_t inter, bool shared, uint32_t seed) {
-    f32.reserve(4 * experts + 8);
-    codes.reserve(4 * experts + 8);
-    scales.reserve(4 * experts + 8);
     w.router = Matrix(simd::WeightFormat::kF32, experts, hidden, seed, 1.0f);
     w.router_bias = RandomVec(experts, seed + 7, 0.1f);
     for (size_t e = 0; e < experts; ++e) w.experts.push_back(Mlp(expert_format, hidden, inter, seed + 10 + 3 * e));

@@ -12,8 +12,8 @@
 #include "ops/mlp.h"
 #include "ops/moe.h"
 #include "ops/norm_rope.h"
+#include "packed_weights.h"
 #include "test_util.h"
-#include "weight_pack.h"
 
 namespace m3 {
 namespace {
@@ -61,23 +61,9 @@ TEST_CASE("MatMulSameInput gives every weight MatMul's bits, sharing quantized i
   // one quantization each, the f32 and bf16 ones read x; a q8 weight with another group size
   // needs its own quantization.
   const size_t cols = 256;
-  std::vector<std::vector<uint8_t>> codes, scales;
-  std::vector<std::vector<float>> raw;
-  codes.reserve(8);
-  scales.reserve(8);
-  raw.reserve(8);
+  test::PackedWeights storage;
   auto packed = [&](simd::WeightFormat f, size_t rows, uint32_t seed, size_t group = 0) {
-    raw.push_back(RandomVec(rows * cols, seed, 0.1f));
-    if (f == simd::WeightFormat::kF32) return simd::WeightRef{f, raw.back().data(), nullptr, rows, cols};
-    simd::WeightRef w = simd::TiledShape(f, rows, cols, group);
-    std::vector<float> padded(w.row_tiles() * simd::kTileRows * cols, 0.0f);
-    std::copy(raw.back().begin(), raw.back().end(), padded.begin());
-    codes.emplace_back(simd::TiledCodeBytes(w));
-    scales.emplace_back(std::max<size_t>(1, simd::TiledScaleBytes(w)));
-    REQUIRE(simd::PackRowTiles(w, padded.data(), 0, w.row_tiles(), codes.back().data(), scales.back().data()));
-    w.data = codes.back().data();
-    w.scales = scales.back().data();
-    return w;
+    return storage.Random(f, rows, cols, seed, 0.1f, group);
   };
   using F = simd::WeightFormat;
   const std::vector<simd::WeightRef> weights = {packed(F::kQ8, 100, 1),      packed(F::kQ4, 37, 2),
