@@ -231,7 +231,7 @@ struct GemvShape {
 
 // Compute-bound blocks (4+ tokens) with no share of the next step to prefetch, most of a prompt's,
 // run a copy of the kernel without the prefetch loop in its group loop (q8 512-token GEMM on Zen
-// 4: +0.6-1%, paired). The memory-bound 1-3 token kernels keep the one copy: without the loop
+// 4: +0.5-1%, paired). The memory-bound 1-3 token kernels keep the one copy: without the loop
 // GCC schedules the q8 1-token GEMV's loads differently and it read 2-3% slower. Prompt blocks
 // have at most kGemmTok tokens.
 template <int R, int T, int C, bool kQ4, size_t kG>

@@ -156,8 +156,8 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
     const size_t m = first[e + 1] - first[e];
     if (m == 0) continue;
     const bool from_source = source && source->SharesQuantization(w.experts[e].gate);
-    add_job(w.experts[e], e, m, s.row_tokens.data() + first[e], from_source ? nullptr : s.gathered.data() + fp32_used * hidden,
-            from_source, s.y.data() + first[e] * hidden);
+    float* gathered = from_source ? nullptr : s.gathered.data() + fp32_used * hidden;
+    add_job(w.experts[e], e, m, s.row_tokens.data() + first[e], gathered, from_source, s.y.data() + first[e] * hidden);
     if (!from_source) fp32_used += m;
   }
 
