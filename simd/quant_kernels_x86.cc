@@ -69,6 +69,14 @@ constexpr int kGemmTok = 6;
 // did not help; q8 reads at the bandwidth limit without it.
 constexpr size_t kQ4GemvPrefetch = 4096;
 
+// A prompt block prefetches its share of the next step's weights into L1 while at most this many
+// lines per group (the kernel's ~400 cycles of a q8 group); more, as with a prompt of a few token
+// blocks (a MoE expert's share of a batch), and they go to L2 only: a prefetch into L1 holds one
+// of its few miss buffers until the line arrives from memory, and so many leave the kernel's own
+// loads waiting (q8 at 9, 12 and 16 tokens: +14-21%, +6-7%, +3-4%; 24 tokens and more, which
+// prefetch at most 16 lines per group, keep L1: 16 lines into L2 lost 1-2.5%).
+constexpr size_t kL1PrefetchPerGroup = 16;
+
 // Operands of one step: R consecutive row tiles x T tokens, over all groups.
 struct Block {
   const uint8_t* w;    // codes of the first tile (q8 layout, or packed q4 when kQ4); tile r at w + r * tile_bytes
@@ -133,9 +141,15 @@ M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
   const int8_t* qp = b.q;
 #pragma GCC unroll 2
   for (size_t g = 0; g < b.groups; ++g, qp += G, wp += group_bytes) {
-    if constexpr (kPrefetch)
-      for (size_t i = g * b.prefetch_per_group; i < std::min(b.prefetch_lines, (g + 1) * b.prefetch_per_group); ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(b.prefetch + i * 64), _MM_HINT_T0);
+    if constexpr (kPrefetch) {
+      const size_t end = std::min(b.prefetch_lines, (g + 1) * b.prefetch_per_group);
+      if (b.prefetch_per_group > kL1PrefetchPerGroup)
+        for (size_t i = g * b.prefetch_per_group; i < end; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(b.prefetch + i * 64), _MM_HINT_T1);
+      else
+        for (size_t i = g * b.prefetch_per_group; i < end; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(b.prefetch + i * 64), _MM_HINT_T0);
+    }
     __m512i acc[R][C][kParts][T];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
