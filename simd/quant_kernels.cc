@@ -443,12 +443,14 @@ void QuantMatMulTokens(const WeightRef& w, const QuantizedActivations& a, size_t
   thread_local std::vector<float> da;
   bias.resize(n * groups);
   da.resize(n * groups);
-  detail::FillQuantTables(a, kTok, zero, bias.data(), da.data());
+  const detail::TokenBlocks blocks(n, kTok);
+  detail::FillQuantTables(a, blocks, zero, bias.data(), da.data());
   const auto* data = static_cast<const uint8_t*>(w.data);
   for (size_t tile = tile_begin; tile < tile_end; ++tile) {
     const size_t rows = std::min(w.rows, (tile + 1) * kTileRows) - tile * kTileRows;
-    for (size_t t0 = 0; t0 < n; t0 += kTok) {
-      const int nt = static_cast<int>(std::min<size_t>(kTok, n - t0));
+    for (size_t block = 0; block < blocks.count; ++block) {
+      const size_t t0 = blocks.begin(block);
+      const int nt = static_cast<int>(blocks.begin(block + 1) - t0);
       const TileArgs b{data + tile * w.tile_bytes(),
                        q4 ? w.tile_scales(tile) : nullptr,
                        q4 ? nullptr : w.q8_shifts(tile),

@@ -10,10 +10,10 @@
 
 // Shared with the Highway paths (quant_kernels.cc); compiled for every architecture.
 namespace m3::simd::detail {
-void FillQuantTables(const QuantizedActivations& a, size_t block_tok, int32_t zero, int32_t* bias, float* da) {
-  const size_t n = a.n_tok, groups = a.groups();
-  for (size_t t0 = 0; t0 < n; t0 += block_tok) {
-    const size_t nt = std::min(block_tok, n - t0);
+void FillQuantTables(const QuantizedActivations& a, const TokenBlocks& blocks, int32_t zero, int32_t* bias, float* da) {
+  const size_t groups = a.groups();
+  for (size_t block = 0; block < blocks.count; ++block) {
+    const size_t t0 = blocks.begin(block), nt = blocks.begin(block + 1) - t0;
     for (size_t t = 0; t < nt; ++t)
       for (size_t g = 0; g < groups; ++g) {
         bias[t0 * groups + g * nt + t] = -zero * a.sum[(t0 + t) * groups + g];
@@ -310,37 +310,38 @@ struct Job {
   size_t tile_begin, tile_end;
   float* y;
   size_t ldy;
-  size_t block_tok;         // kGemvMaxTok (decode) or kGemmTok (prompts)
-  const int32_t* bias;      // token blocks of block_tok, each [groups][T]
+  detail::TokenBlocks blocks;  // of up to kGemvMaxTok tokens (decode) or kGemmTok (prompts)
+  const int32_t* bias;      // per token block, [groups][T]
   const float* da;
   const float* sa;          // q8: token scales
   bool stream;              // Block::stream
 };
 
-// Every step of row tiles, then every token block of up to block_tok against it.
+// Every step of row tiles, then every token block against it.
 M3_VNNI void RunTiles(const Job& j) {
   const WeightRef& w = *j.w;
   const bool q4 = w.format == WeightFormat::kQ4;
   const size_t n = j.a->n_tok, groups = w.groups(), padded = w.padded_cols();
-  const size_t block_tok = j.block_tok;
-  const int chunk = static_cast<int>(std::min(n, block_tok));
-  const size_t step = static_cast<size_t>(q4 ? GemvRows<true>(chunk) : GemvRows<false>(chunk));
+  const detail::TokenBlocks& tb = j.blocks;
+  const int largest = static_cast<int>((n + tb.count - 1) / tb.count);  // token block
+  const size_t step = static_cast<size_t>(q4 ? GemvRows<true>(largest) : GemvRows<false>(largest));
   // Prompts: each step of row tiles is read from memory by its first token block and from L2
   // by the others. The last kPrefetchBlocks blocks of a step prefetch the next step, a share
   // each spread over its groups, so that step's first block does not wait on memory (Zen 4,
   // 512 tokens: +1-1.5% against none, 0.5-1% more than spreading the prefetch over every block,
   // whose early lines the streaming activations evict from L2 again before use).
   constexpr size_t kPrefetchBlocks = 16;
-  const size_t blocks = (n + block_tok - 1) / block_tok, pf_blocks = std::min(blocks, kPrefetchBlocks);
+  const size_t blocks = tb.count, pf_blocks = std::min(blocks, kPrefetchBlocks);
   for (size_t tile = j.tile_begin; tile < j.tile_end; tile += step) {
     const int r = static_cast<int>(std::min(step, j.tile_end - tile));
     const size_t next = std::min(tile + step, j.tile_end);
     const size_t next_bytes = n > kGemvMaxTok ? (std::min(tile + 2 * step, j.tile_end) - next) * w.tile_bytes() : 0;
     const size_t share = (next_bytes / pf_blocks + 63) / 64 * 64;
-    for (size_t t0 = 0; t0 < n; t0 += block_tok) {
-      const int nt = static_cast<int>(std::min(block_tok, n - t0));
+    for (size_t block = 0; block < blocks; ++block) {
+      const size_t t0 = tb.begin(block);
+      const int nt = static_cast<int>(tb.begin(block + 1) - t0);
       Block b;
-      const size_t block = t0 / block_tok, first_pf = blocks - pf_blocks;
+      const size_t first_pf = blocks - pf_blocks;
       const size_t pf0 = block < first_pf ? next_bytes : std::min(next_bytes, (block - first_pf) * share);
       b.prefetch = static_cast<const uint8_t*>(w.data) + next * w.tile_bytes() + pf0;
       b.prefetch_lines = (std::min(next_bytes, pf0 + share) - pf0) / 64;
@@ -462,8 +463,8 @@ void QuantMatMulVnniTokens(const WeightRef& w, const QuantizedActivations& a, si
   thread_local std::vector<float> da;
   bias.resize(n * groups);
   da.resize(n * groups);
-  const size_t block_tok = n <= kGemvMaxTok ? kGemvMaxTok : kGemmTok;
-  detail::FillQuantTables(a, block_tok, zero, bias.data(), da.data());
+  const detail::TokenBlocks blocks(n, n <= kGemvMaxTok ? kGemvMaxTok : kGemmTok);
+  detail::FillQuantTables(a, blocks, zero, bias.data(), da.data());
   // Prompt outputs larger than a core's L2 cannot stay in cache for their consumer: full tiles
   // go out with non-temporal stores, which skip reading each line before writing it (q8
   // 512-token GEMM, Zen 4: +1.7-2.7% paired). Needs 64-byte aligned rows; the fence orders the
@@ -471,7 +472,7 @@ void QuantMatMulVnniTokens(const WeightRef& w, const QuantizedActivations& a, si
   const size_t output_bytes = n * (tile_end - tile_begin) * kTileRows * sizeof(float);
   const bool stream = n > kGemvMaxTok && output_bytes >= detail::kCoreL2Bytes &&
                       reinterpret_cast<uintptr_t>(y) % 64 == 0 && ldy % kTileRows == 0;
-  RunTiles(Job{&w, &a, tile_begin, tile_end, y, ldy, block_tok, bias.data(), da.data(), a.shift ? a.scale : nullptr,
+  RunTiles(Job{&w, &a, tile_begin, tile_end, y, ldy, blocks, bias.data(), da.data(), a.shift ? a.scale : nullptr,
                stream});
   if (stream) _mm_sfence();
 }
