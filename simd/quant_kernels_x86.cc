@@ -161,35 +161,19 @@ M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
           for (int t = 0; t < T; ++t)  // chain 0 starts at -Z * sum_a: no add in the epilogue
             acc[r][c][h][t] = c == 0 && h == 0 ? _mm512_set1_epi32(b.bias[g * T + t]) : _mm512_setzero_si512();
     for (size_t v = 0; v < chunks; v += C) {  // chunks (G/4 or G/8 with G % 32 == 0): a multiple of 4
-      // All chains' chunks are loaded first. For the 1-token GEMV and q4 an empty asm then pins
-      // them in registers before any use, so the loads go out together whatever order GCC
-      // schedules the arithmetic in (left to it, it interleaves them and reuses one register:
-      // paired, q8 1 token +1.8-1.9%, q4 1 token +3.7%, q4 16 tokens +1.8%; pinned in the q8
-      // kernels for 8-512 tokens too, they lost 0.2-1.3%).
-      __m512i raw[C][R];
-#pragma GCC unroll 4
-      for (int c = 0; c < C; ++c)
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          if constexpr (kQ4 && T == 1)
-            _mm_prefetch(reinterpret_cast<const char*>(wp + r * b.tile_bytes + (v + c) * 64 + kQ4GemvPrefetch),
-                         _MM_HINT_T0);
-          raw[c][r] = _mm512_loadu_si512(wp + r * b.tile_bytes + (v + c) * 64);
-        }
-#pragma GCC unroll 4
-      for (int c = 0; c < C; ++c)
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r)
-          if constexpr (T == 1 || kQ4) asm volatile("" : "+v"(raw[c][r]));
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) {
         // q4: the high nibbles stay in place (16 x code): no shift here, one exact >> 4 per group.
         __m512i lo[R], hi[R];
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
-          lo[r] = kQ4 ? _mm512_and_si512(raw[c][r], nibble) : raw[c][r];
-          hi[r] = !kQ4 ? raw[c][r] : kHiApart ? _mm512_andnot_si512(nibble, raw[c][r])
-                                              : _mm512_and_si512(_mm512_srli_epi16(raw[c][r], 4), nibble);
+          if constexpr (kQ4 && T == 1)
+            _mm_prefetch(reinterpret_cast<const char*>(wp + r * b.tile_bytes + (v + c) * 64 + kQ4GemvPrefetch),
+                         _MM_HINT_T0);
+          const __m512i raw = _mm512_loadu_si512(wp + r * b.tile_bytes + (v + c) * 64);
+          lo[r] = kQ4 ? _mm512_and_si512(raw, nibble) : raw;
+          hi[r] = !kQ4 ? raw : kHiApart ? _mm512_andnot_si512(nibble, raw)
+                                        : _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
         }
         const int8_t* qv = qp + (v + c) * 4;
 #pragma GCC unroll 8
