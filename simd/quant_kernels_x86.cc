@@ -73,9 +73,10 @@ constexpr size_t kQ4GemvPrefetch = 4096;
 // lines per group (the kernel's ~400 cycles of a q8 group); more, as with a prompt of a few token
 // blocks (a MoE expert's share of a batch), and they go to L2 only: a prefetch into L1 holds one
 // of its few miss buffers until the line arrives from memory, and so many leave the kernel's own
-// loads waiting (q8 at 9, 12 and 16 tokens: +14-21%, +6-7%, +3-4%; 24 tokens and more, which
-// prefetch at most 16 lines per group, keep L1: 16 lines into L2 lost 1-2.5%).
-constexpr size_t kL1PrefetchPerGroup = 16;
+// loads waiting. Measured with the weights cycling through 20 matrices (cold, as an expert's
+// are): L2 at 16 lines per group (20-24 tokens) +1.4-25%, at 13 (28 tokens) +3%; L1 at 11 (32
+// tokens) and fewer is as fast or faster (L2 there: -2.5%).
+constexpr size_t kL1PrefetchPerGroup = 12;
 
 // Operands of one step: R consecutive row tiles x T tokens, over all groups.
 struct Block {
