@@ -312,10 +312,10 @@ struct Job {
   float* y;
   size_t ldy;
   detail::TokenBlocks blocks;  // of up to kGemvMaxTok tokens (decode) or kGemmTok (prompts)
-  const int32_t* bias;      // per token block, [groups][T]
+  const int32_t* bias;         // per token block, [groups][T]
   const float* da;
-  const float* sa;          // q8: token scales
-  bool stream;              // Block::stream
+  const float* sa;             // q8: token scales
+  bool stream;                 // Block::stream
 };
 
 // Every step of row tiles, then every token block against it.
