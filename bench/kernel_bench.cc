@@ -258,6 +258,7 @@ struct Plan {
   std::vector<shapes::MatShape> shapes;
   std::vector<size_t> gemv_tokens;
   size_t gemm_tokens;
+  size_t expert_tokens;             // a second GEMM row, on cold weights (the GEMV set's)
   size_t working_set;               // GEMV weights per (type, shape)
   CallPolicy gemv;                  // min_calls is raised to one full cycle over the matrices
   CallPolicy gemm;                  // also used for oneDNN
@@ -275,6 +276,7 @@ Plan MakePlan(bool quick, size_t l3) {
     p.shapes = {{128, 256}, {256, 128}};
     p.gemv_tokens = {1, 8};
     p.gemm_tokens = 32;
+    p.expert_tokens = 12;
     p.working_set = size_t{1} << 20;
     p.gemv = {1, 3, 50, 0.01, 0.5};
     p.gemm = {1, 2, 3, 0.01, 0.5};
@@ -290,6 +292,7 @@ Plan MakePlan(bool quick, size_t l3) {
   p.shapes = {shapes::kExpertGateUp, shapes::kExpertDown};
   p.gemv_tokens.assign(std::begin(shapes::kDecodeTokens), std::end(shapes::kDecodeTokens));
   p.gemm_tokens = shapes::kPrefillTokens;
+  p.expert_tokens = shapes::kExpertPrefillTokens;
   p.working_set = std::max(size_t{256} << 20, 8 * l3);
   p.gemv = {2, 30, 100000, 0.3, 10.0};
   p.gemm = {1, 5, 15, 1.0, 10.0};
@@ -548,20 +551,33 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       }
 
       probes.Probe(f == WeightFormat::kBF16Tiled ? LimitProbes::kFmaPeak : LimitProbes::kInt8Peak, plan.reprobe_reps);
-      for (int t : thread_counts) {
-        const ThreadConfig tc{t};
-        const WeightRef w = set.at(0);
-        const std::vector<double> secs = TimeCalls(plan.gemm, [&] { runner.Run(tc, w, plan.gemm_tokens); });
-        const double s = Median(secs);
-        const double gops = ops / s / 1e9;
-        // vdpbf16ps does two products per fp32 lane where an FMA does one: twice the FMA peak.
-        const char* kind = f != WeightFormat::kBF16Tiled ? "int8_peak" : bf16_dot ? "fma_peak_x2" : "fma_peak";
-        report.Add({"gemm", type, shape, plan.gemm_tokens, t, gops, "GOP/s", 0, kind, impl,
-                    {{"seconds", s},
-                     {"best_seconds", *std::min_element(secs.begin(), secs.end())},
-                     {"calls", secs.size()},
-                     {"ops", ops},
-                     {"check", check}}});
+      // The prompt's GEMM on one matrix, then an expert's share of it on the GEMV set's matrices
+      // round robin, each call's weights cold as a chosen expert's are.
+      for (const bool expert : {false, true}) {
+        const size_t n_tok = expert ? plan.expert_tokens : plan.gemm_tokens;
+        const double n_ops = 2.0 * static_cast<double>(ms.rows) * static_cast<double>(ms.cols) * n_tok;
+        CallPolicy policy = plan.gemm;
+        if (expert) {  // many short calls: at least two cycles over the matrices, ~0.5 s
+          policy.min_calls = std::max(policy.min_calls, static_cast<int>(2 * count));
+          policy.max_calls = 100000;
+          policy.target_s = 0.5;
+        }
+        for (int t : thread_counts) {
+          const ThreadConfig tc{t};
+          const std::vector<double> secs =
+              TimeCalls(policy, [&] { runner.Run(tc, set.at(expert ? next++ % count : 0), n_tok); });
+          const double s = Median(secs);
+          const double gops = n_ops / s / 1e9;
+          // vdpbf16ps does two products per fp32 lane where an FMA does one: twice the FMA peak.
+          const char* kind = f != WeightFormat::kBF16Tiled ? "int8_peak" : bf16_dot ? "fma_peak_x2" : "fma_peak";
+          report.Add({"gemm", type, shape, n_tok, t, gops, "GOP/s", 0, kind, impl,
+                      {{"seconds", s},
+                       {"best_seconds", *std::min_element(secs.begin(), secs.end())},
+                       {"calls", secs.size()},
+                       {"ops", n_ops},
+                       {"weights", expert ? "cold, round robin over the GEMV matrices" : "one matrix"},
+                       {"check", check}}});
+        }
       }
     }
 

@@ -12,7 +12,9 @@
 //               bandwidth swings by 30% from second to second, and a best-of-run limit set in a
 //               quiet second would judge the kernel by noise. The best of the run is given too.
 //   gemm        q4/q8/bf16, 512 tokens: GOP/s (2*rows*cols*tokens) vs int8_peak (fma_peak for bf16),
-//               and q8 again vs oneDNN's int8 matmul on the same shape and threads
+//               and q8 again vs oneDNN's int8 matmul on the same shape and threads; and at 16
+//               tokens (a 512-token prefill's share per routed expert) with the weights cycling
+//               through the GEMV matrices, cold as a chosen expert's are
 //   onednn_int8 oneDNN's own GOP/s vs int8_peak
 // Kernel rows report the median call (activation quantization included). The other limits are
 // probed at the start and again before each block of rows; each is the best sample of the run

@@ -55,5 +55,8 @@ inline constexpr MatShape kLmHead{kVocab, kHidden};                     // 20006
 // Token counts of the kernel benchmarks: decode (one sequence, a few drafts) and a prefill chunk.
 inline constexpr size_t kDecodeTokens[] = {1, 4, 8};
 inline constexpr size_t kPrefillTokens = 512;
+// A prefill's tokens per routed expert on average (512 x top-4 / 128 experts): the size of the
+// GEMM each chosen expert runs, its weights read from memory.
+inline constexpr size_t kExpertPrefillTokens = kPrefillTokens * kExpertsPerToken / kExperts;
 
 }  // namespace m3::bench::shapes
