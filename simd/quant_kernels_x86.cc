@@ -332,7 +332,7 @@ M3_VNNI void RunTiles(const Job& j) {
   // 512 tokens: +1-1.5% against none, 0.5-1% more than spreading the prefetch over every block,
   // whose early lines the streaming activations evict from L2 again before use).
   constexpr size_t kPrefetchBlocks = 16;
-  const size_t blocks = tb.count, pf_blocks = std::min(blocks, kPrefetchBlocks);
+  const size_t blocks = tb.count, pf_blocks = std::min(blocks, kPrefetchBlocks), first_pf = blocks - pf_blocks;
   for (size_t tile = j.tile_begin; tile < j.tile_end; tile += step) {
     const int r = static_cast<int>(std::min(step, j.tile_end - tile));
     const size_t next = std::min(tile + step, j.tile_end);
@@ -342,7 +342,6 @@ M3_VNNI void RunTiles(const Job& j) {
       const size_t t0 = tb.begin(block);
       const int nt = static_cast<int>(tb.begin(block + 1) - t0);
       Block b;
-      const size_t first_pf = blocks - pf_blocks;
       const size_t pf0 = block < first_pf ? next_bytes : std::min(next_bytes, (block - first_pf) * share);
       b.prefetch = static_cast<const uint8_t*>(w.data) + next * w.tile_bytes() + pf0;
       b.prefetch_lines = (std::min(next_bytes, pf0 + share) - pf0) / 64;

@@ -38,6 +38,9 @@ inline constexpr int kQ4Zero = 8;
 // float, so scaling an exact int32 group sum by it is exact.
 inline constexpr int kQ8MaxShift = 63;
 
+// Weights whose matmuls take int8-quantized activations.
+inline constexpr bool IsQuantized(WeightFormat f) { return f == WeightFormat::kQ8 || f == WeightFormat::kQ4; }
+
 inline constexpr bool IsTiled(WeightFormat f) {
   return f == WeightFormat::kQ8 || f == WeightFormat::kQ4 || f == WeightFormat::kBF16Tiled;
 }

@@ -12,11 +12,10 @@ namespace {
 // Tokens per inner step: keeps the activation block in L2 for large prefills.
 constexpr size_t kTokenTile = 64;
 
-bool IsQuantized(simd::WeightFormat f) { return f == simd::WeightFormat::kQ8 || f == simd::WeightFormat::kQ4; }
 }  // namespace
 
 void MatMulInput::Reset(const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok) {
-  quantized_ = IsQuantized(w.format);
+  quantized_ = simd::IsQuantized(w.format);
   cols_ = w.cols;
   x_ = x;
   ldx_ = ldx;
@@ -40,7 +39,7 @@ void MatMulInput::PrepareRows(size_t t0, size_t t1) {
 }
 
 bool MatMulInput::SharesQuantization(const simd::WeightRef& w) const {
-  return quantized_ && IsQuantized(w.format) && q8_ == (w.format == simd::WeightFormat::kQ8) && cols_ == w.cols &&
+  return quantized_ && simd::IsQuantized(w.format) && q8_ == (w.format == simd::WeightFormat::kQ8) && cols_ == w.cols &&
          group_ == w.group;
 }
 
@@ -101,29 +100,35 @@ void MatMulSameInput(const ThreadConfig& tc, std::span<const MatMulTarget> targe
   if (targets.empty() || n_tok == 0) return;
   // Decode calls this for every projection: the inputs' buffers are reused. (References,
   // because a thread_local named inside the lambdas would be each worker thread's own instance.)
-  thread_local std::vector<MatMulInput> reused;
-  std::vector<MatMulInput>& inputs = reused;
+  struct Scratch {
+    std::vector<MatMulInput> inputs;
+    std::vector<size_t> input_of, prepare_rows, tiles;  // input_of[i]: the input target i multiplies
+    std::vector<uint64_t> ones;
+  };
+  thread_local Scratch reused;
+  Scratch& sc = reused;
+  std::vector<MatMulInput>& inputs = sc.inputs;
   if (inputs.size() < targets.size()) inputs.resize(targets.size());
-  // input_of[i]: the input target i multiplies; a quantized one serves every weight quantized alike.
-  std::vector<size_t> input_of(targets.size());
-  size_t used = 0;
+  sc.input_of.resize(targets.size());
+  size_t used = 0;  // a quantized input serves every weight quantized alike
   for (size_t i = 0; i < targets.size(); ++i) {
     const simd::WeightRef& w = *targets[i].w;
     size_t j = 0;
     while (j < used && !inputs[j].SharesQuantization(w)) ++j;
     if (j == used) inputs[used++].Reset(w, x, ldx, n_tok);
-    input_of[i] = j;
+    sc.input_of[i] = j;
   }
-  std::vector<size_t> prepare_rows(used, n_tok), tiles(targets.size());
-  for (size_t i = 0; i < targets.size(); ++i) tiles[i] = MatMulRowTiles(*targets[i].w);
-  const std::vector<uint64_t> prepare_cost(used, 1), tile_cost(targets.size(), 1);
+  sc.prepare_rows.assign(used, n_tok);
+  sc.tiles.resize(targets.size());
+  for (size_t i = 0; i < targets.size(); ++i) sc.tiles[i] = MatMulRowTiles(*targets[i].w);
+  sc.ones.assign(targets.size(), 1);  // unit costs (ForEachShare reads as many as it has units)
   ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
-    ForEachShare(prepare_rows, prepare_cost, tid, nt,
+    ForEachShare(sc.prepare_rows, sc.ones, tid, nt,
                  [&](size_t j, size_t t0, size_t t1) { inputs[j].PrepareRows(t0, t1); });
     barrier();
     // Few tokens: row tiles split finely so every thread gets work; many tokens: any split balances.
-    ForEachShare(tiles, tile_cost, tid, nt, [&](size_t i, size_t tile_begin, size_t tile_end) {
-      inputs[input_of[i]].Multiply(*targets[i].w, tile_begin, tile_end, targets[i].y, targets[i].ldy);
+    ForEachShare(sc.tiles, sc.ones, tid, nt, [&](size_t i, size_t tile_begin, size_t tile_end) {
+      inputs[sc.input_of[i]].Multiply(*targets[i].w, tile_begin, tile_end, targets[i].y, targets[i].ldy);
     });
   });
 }

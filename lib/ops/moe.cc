@@ -136,11 +136,8 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
   if (w.has_shared) sources.push_back(&s.jobs[0].gate_up_in);
   const MatMulInput* source = nullptr;
   const simd::WeightRef* gate = nullptr;  // the first chosen expert's with quantized weights
-  for (size_t e = 0; e < n_exp && !gate; ++e) {
-    const simd::WeightFormat f = w.experts[e].gate.format;
-    if (first[e + 1] > first[e] && (f == simd::WeightFormat::kQ8 || f == simd::WeightFormat::kQ4))
-      gate = &w.experts[e].gate;
-  }
+  for (size_t e = 0; e < n_exp && !gate; ++e)
+    if (first[e + 1] > first[e] && simd::IsQuantized(w.experts[e].gate.format)) gate = &w.experts[e].gate;
   if (gate && w.has_shared && s.jobs[0].gate_up_in.SharesQuantization(*gate)) {
     source = &s.jobs[0].gate_up_in;
   } else if (gate) {
@@ -148,17 +145,20 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
     source = &s.routed_source;
     sources.push_back(&s.routed_source);
   }
+  std::vector<char> from_source(n_exp);
   size_t fp32_rows = 0;
-  for (size_t e = 0; e < n_exp; ++e)
-    if (!source || !source->SharesQuantization(w.experts[e].gate)) fp32_rows += first[e + 1] - first[e];
+  for (size_t e = 0; e < n_exp; ++e) {
+    from_source[e] = source && source->SharesQuantization(w.experts[e].gate);
+    if (!from_source[e]) fp32_rows += first[e + 1] - first[e];
+  }
   s.gathered.EnsureSize(fp32_rows * hidden);
   for (size_t e = 0, fp32_used = 0; e < n_exp; ++e) {
     const size_t m = first[e + 1] - first[e];
     if (m == 0) continue;
-    const bool from_source = source && source->SharesQuantization(w.experts[e].gate);
-    float* gathered = from_source ? nullptr : s.gathered.data() + fp32_used * hidden;
-    add_job(w.experts[e], e, m, s.row_tokens.data() + first[e], gathered, from_source, s.y.data() + first[e] * hidden);
-    if (!from_source) fp32_used += m;
+    float* gathered = from_source[e] ? nullptr : s.gathered.data() + fp32_used * hidden;
+    add_job(w.experts[e], e, m, s.row_tokens.data() + first[e], gathered, from_source[e],
+            s.y.data() + first[e] * hidden);
+    if (!from_source[e]) fp32_used += m;
   }
 
   // Units and their costs for each phase.
