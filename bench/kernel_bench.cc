@@ -258,8 +258,8 @@ struct Plan {
   std::vector<shapes::MatShape> shapes;
   std::vector<size_t> gemv_tokens;
   size_t gemm_tokens;
-  size_t expert_tokens;             // a second GEMM row, on cold weights (the GEMV set's)
-  size_t working_set;               // GEMV weights per (type, shape)
+  size_t expert_tokens;             // a second GEMM row (and oneDNN's), on cold weights
+  size_t working_set;               // cold weights (GEMV, the expert share) per (type, shape)
   CallPolicy gemv;                  // min_calls is raised to one full cycle over the matrices
   CallPolicy gemm;                  // also used for oneDNN
 };
@@ -297,6 +297,25 @@ Plan MakePlan(bool quick, size_t l3) {
   p.gemv = {2, 30, 100000, 0.3, 10.0};
   p.gemm = {1, 5, 15, 1.0, 10.0};
   return p;
+}
+
+// Matrices of this geometry that fill the plan's working set: cycled through, every call's
+// weights are cold.
+size_t ColdCount(const Plan& plan, const WeightRef& geometry) {
+  const size_t bytes = simd::TiledCodeBytes(geometry) + simd::TiledScaleBytes(geometry);
+  return std::max<size_t>(2, (plan.working_set + bytes - 1) / bytes);
+}
+
+// The GEMM rows' calls; the expert share's are many short ones: at least two cycles over its
+// `cold` matrices, ~0.5 s.
+CallPolicy GemmPolicy(const Plan& plan, bool expert, size_t cold) {
+  CallPolicy policy = plan.gemm;
+  if (expert) {
+    policy.min_calls = std::max(policy.min_calls, static_cast<int>(2 * cold));
+    policy.max_calls = 100000;
+    policy.target_s = 0.5;
+  }
+  return policy;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -474,15 +493,14 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
   probes.Probe(LimitProbes::kInt8Peak, plan.peak_reps);
   probes.Probe(LimitProbes::kFmaPeak, plan.peak_reps);
 
-  // 2. GEMV and GEMM per shape and type; the q8 GEMM figures are kept for the oneDNN rows.
+  // 2. GEMV and GEMM per shape and type.
   const bool bf16_dot = std::string(simd::Bf16KernelName()).find("bf16") != std::string::npos;
   for (const shapes::MatShape& ms : plan.shapes) {
     const std::string shape = ShapeName(ms.rows, ms.cols);
-    const double ops = 2.0 * static_cast<double>(ms.rows) * static_cast<double>(ms.cols) * plan.gemm_tokens;
     for (WeightFormat f : {WeightFormat::kQ4, WeightFormat::kQ8, WeightFormat::kBF16Tiled}) {
       const WeightRef geometry = simd::TiledShape(f, ms.rows, ms.cols);
       const size_t bytes = simd::TiledCodeBytes(geometry) + simd::TiledScaleBytes(geometry);
-      const size_t count = std::max<size_t>(2, (plan.working_set + bytes - 1) / bytes);
+      const size_t count = ColdCount(plan, geometry);
       MatrixSet set(geometry, count, ThreadConfig{max_threads});
       const size_t max_tokens = std::max(plan.gemm_tokens, plan.gemv_tokens.back());
       MatMulRunner runner(geometry, max_tokens);
@@ -556,12 +574,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       for (const bool expert : {false, true}) {
         const size_t n_tok = expert ? plan.expert_tokens : plan.gemm_tokens;
         const double n_ops = 2.0 * static_cast<double>(ms.rows) * static_cast<double>(ms.cols) * n_tok;
-        CallPolicy policy = plan.gemm;
-        if (expert) {  // many short calls: at least two cycles over the matrices, ~0.5 s
-          policy.min_calls = std::max(policy.min_calls, static_cast<int>(2 * count));
-          policy.max_calls = 100000;
-          policy.target_s = 0.5;
-        }
+        const CallPolicy policy = GemmPolicy(plan, expert, count);
         for (int t : thread_counts) {
           const ThreadConfig tc{t};
           const std::vector<double> secs =
@@ -581,52 +594,68 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       }
     }
 
-    // 3. oneDNN's int8 matmul on the same shape and thread counts.
+    // 3. oneDNN's int8 matmul on the same shapes and thread counts: the prompt on one matrix, and
+    // an expert's share with every call's weights cold, ours and oneDNN's each round robin over
+    // copies of their own (as many as the GEMV set: >= 8x L3).
     if (!OneDnnAvailable()) continue;
-    for (int t : thread_counts) {
-      std::string error;
-      const std::unique_ptr<OneDnnInt8MatMul> od =
-          OneDnnInt8MatMul::Create(plan.gemm_tokens, ms.cols, ms.rows, t, &error);
-      if (!od) {
-        std::fprintf(log, "m3 bench: onednn_int8 %s, %d threads: %s\n", shape.c_str(), t, error.c_str());
-        continue;
+    const WeightRef q8_shape = simd::TiledShape(WeightFormat::kQ8, ms.rows, ms.cols);
+    MatMulRunner q8_runner(q8_shape, plan.gemm_tokens);
+    for (const bool expert : {false, true}) {
+      const size_t n_tok = expert ? plan.expert_tokens : plan.gemm_tokens;
+      const size_t copies = expert ? ColdCount(plan, q8_shape) : 1;
+      const double n_ops = 2.0 * static_cast<double>(ms.rows) * static_cast<double>(ms.cols) * n_tok;
+      MatrixSet q8_set(q8_shape, copies, ThreadConfig{max_threads});
+      for (int t : thread_counts) {
+        std::string error;
+        const std::unique_ptr<OneDnnInt8MatMul> od = OneDnnInt8MatMul::Create(n_tok, ms.cols, ms.rows, t, copies, &error);
+        if (!od) {
+          std::fprintf(log, "m3 bench: onednn_int8 %s, %d threads: %s\n", shape.c_str(), t, error.c_str());
+          continue;
+        }
+        // Ours and oneDNN's alternately, call by call, so that noise from other processes hits
+        // both alike; both rows report the medians of these paired calls. Ours is timed in two
+        // parts: the activation quantization and the int8 matmul itself, which starts from int8
+        // activations as oneDNN's does.
+        const ThreadConfig tc{t};
+        std::vector<double> quant, matmul, ours, peer;
+        size_t next_copy = 0;
+        const CallPolicy policy = GemmPolicy(plan, expert, copies);
+        TimeCalls(policy, [&] {
+          const auto t0 = Clock::now();
+          q8_runner.Quantize(tc, n_tok);
+          const auto t1 = Clock::now();
+          q8_runner.Multiply(tc, q8_set.at(next_copy++ % copies), n_tok);
+          const auto t2 = Clock::now();
+          od->Run();
+          quant.push_back(Seconds(t0, t1));
+          matmul.push_back(Seconds(t1, t2));
+          ours.push_back(Seconds(t0, t2));
+          peer.push_back(Seconds(t2, Clock::now()));
+        });
+        const size_t skip = std::min<size_t>(static_cast<size_t>(policy.warmup), ours.size() - 1);
+        for (auto* v : {&quant, &matmul, &ours, &peer})
+          v->erase(v->begin(), v->begin() + static_cast<std::ptrdiff_t>(skip));
+        const double gops = n_ops / Median(peer) / 1e9, ours_gops = n_ops / Median(ours) / 1e9;
+        const double matmul_gops = n_ops / Median(matmul) / 1e9;
+        const std::string weights = expert ? "cold, round robin over " + std::to_string(copies) + " copies each" : "one matrix";
+        report.Add({"onednn_int8", "q8", shape, n_tok, t, gops, "GOP/s", 0, "int8_peak", od->impl(),
+                    {{"seconds", Median(peer)},
+                     {"calls", peer.size()},
+                     {"ops", n_ops},
+                     {"src", "u8"},
+                     {"wei", "s8"},
+                     {"weights", weights}}});
+        report.Add({"gemm", "q8", shape, n_tok, t, ours_gops, "GOP/s", gops, "onednn", simd::QuantKernelName(),
+                    {{"peer", od->impl()},
+                     {"paired_calls", ours.size()},
+                     {"seconds", Median(ours)},
+                     {"includes", "activation quantization (oneDNN gets int8 input)"},
+                     {"quantize_seconds", Median(quant)},
+                     {"matmul_seconds", Median(matmul)},
+                     {"matmul_gops", matmul_gops},
+                     {"matmul_ratio", matmul_gops / gops},
+                     {"weights", weights}}});
       }
-      // Ours and oneDNN's alternately, call by call, so that noise from other processes hits both
-      // alike; both rows report the medians of these paired calls.
-      const ThreadConfig tc{t};
-      const WeightRef q8_shape = simd::TiledShape(WeightFormat::kQ8, ms.rows, ms.cols);
-      MatrixSet q8_set(q8_shape, 1, tc);
-      MatMulRunner q8_runner(q8_shape, plan.gemm_tokens);
-      // Ours timed in two parts: the activation quantization and the int8 matmul itself, which
-      // starts from int8 activations as oneDNN's does.
-      std::vector<double> quant, matmul, ours, peer;
-      TimeCalls(plan.gemm, [&] {
-        const auto t0 = Clock::now();
-        q8_runner.Quantize(tc, plan.gemm_tokens);
-        const auto t1 = Clock::now();
-        q8_runner.Multiply(tc, q8_set.at(0), plan.gemm_tokens);
-        const auto t2 = Clock::now();
-        od->Run();
-        quant.push_back(Seconds(t0, t1));
-        matmul.push_back(Seconds(t1, t2));
-        ours.push_back(Seconds(t0, t2));
-        peer.push_back(Seconds(t2, Clock::now()));
-      });
-      const size_t skip = std::min<size_t>(static_cast<size_t>(plan.gemm.warmup), ours.size() - 1);
-      for (auto* v : {&quant, &matmul, &ours, &peer})
-        v->erase(v->begin(), v->begin() + static_cast<std::ptrdiff_t>(skip));
-      const double gops = ops / Median(peer) / 1e9, ours_gops = ops / Median(ours) / 1e9;
-      const double matmul_gops = ops / Median(matmul) / 1e9;
-      report.Add({"onednn_int8", "q8", shape, plan.gemm_tokens, t, gops, "GOP/s", 0, "int8_peak", od->impl(),
-                  {{"seconds", Median(peer)}, {"calls", peer.size()}, {"ops", ops}, {"src", "u8"}, {"wei", "s8"}}});
-      report.Add({"gemm", "q8", shape, plan.gemm_tokens, t, ours_gops, "GOP/s", gops, "onednn",
-                  simd::QuantKernelName(),
-                  {{"peer", od->impl()}, {"paired_calls", ours.size()}, {"seconds", Median(ours)},
-                   {"includes", "activation quantization (oneDNN gets int8 input)"},
-                   {"quantize_seconds", Median(quant)},
-                   {"matmul_seconds", Median(matmul)},
-                   {"matmul_gops", matmul_gops},
-                   {"matmul_ratio", matmul_gops / gops}}});
     }
   }
   if (!OneDnnAvailable()) std::fprintf(log, "m3 bench: %s: onednn rows skipped\n", OneDnnDescription().c_str());

@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -39,6 +40,7 @@ struct OneDnnInt8MatMul::State {
   dnnl::stream strm{eng};
   dnnl::matmul prim;
   std::unordered_map<int, dnnl::memory> args;
+  std::vector<dnnl::memory> weights;  // the copies, in oneDNN's layout
 };
 
 bool OneDnnAvailable() { return true; }
@@ -48,7 +50,7 @@ std::string OneDnnDescription() {
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
 }
 
-std::unique_ptr<OneDnnInt8MatMul> OneDnnInt8MatMul::Create(size_t m, size_t k, size_t n, int threads,
+std::unique_ptr<OneDnnInt8MatMul> OneDnnInt8MatMul::Create(size_t m, size_t k, size_t n, int threads, size_t copies,
                                                            std::string* error) {
   using dnnl::memory;
   using dt = memory::data_type;
@@ -74,18 +76,20 @@ std::unique_ptr<OneDnnInt8MatMul> OneDnnInt8MatMul::Create(size_t m, size_t k, s
 
     // Our weights are row-major [n, k]: oneDNN's [k, n] with tag ba. Symmetric int8 like our codes.
     memory user_wei({{K, N}, dt::s8, tag::ba}, s.eng);
-    FillRandomBytes(user_wei.get_data_handle(), k * n, 2);
-    int8_t* w = static_cast<int8_t*>(user_wei.get_data_handle());
-    for (size_t i = 0; i < k * n; ++i)
-      if (w[i] == -128) w[i] = -127;
-    memory wei(pd.weights_desc(), s.eng);
-    dnnl::reorder(user_wei, wei).execute(s.strm, user_wei, wei);
+    for (size_t c = 0; c < std::max<size_t>(copies, 1); ++c) {
+      FillRandomBytes(user_wei.get_data_handle(), k * n, 2 + c);
+      int8_t* w = static_cast<int8_t*>(user_wei.get_data_handle());
+      for (size_t i = 0; i < k * n; ++i)
+        if (w[i] == -128) w[i] = -127;
+      s.weights.emplace_back(pd.weights_desc(), s.eng);
+      dnnl::reorder(user_wei, s.weights.back()).execute(s.strm, user_wei, s.weights.back());
+    }
     memory src(pd.src_desc(), s.eng);
     FillRandomBytes(src.get_data_handle(), pd.src_desc().get_size(), 1);
     memory dst(pd.dst_desc(), s.eng);
     s.strm.wait();
     s.prim = dnnl::matmul(pd);
-    s.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
+    s.args = {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, s.weights[0]}, {DNNL_ARG_DST, dst}};
   } catch (const std::exception& e) {
     *error = std::string("oneDNN int8 matmul unavailable: ") + e.what();
     return nullptr;  // the destructor restores the thread count
@@ -95,6 +99,7 @@ std::unique_ptr<OneDnnInt8MatMul> OneDnnInt8MatMul::Create(size_t m, size_t k, s
 
 void OneDnnInt8MatMul::Run() {
   omp_set_num_threads(threads_);
+  state_->args[DNNL_ARG_WEIGHTS] = state_->weights[next_++ % state_->weights.size()];
   state_->prim.execute(state_->strm, state_->args);
   state_->strm.wait();
 }
@@ -111,7 +116,7 @@ std::string OneDnnDescription() {
   return "m3 was built without oneDNN 2.x (libdnnl-dev not found by cmake/Dependencies.cmake)";
 }
 
-std::unique_ptr<OneDnnInt8MatMul> OneDnnInt8MatMul::Create(size_t, size_t, size_t, int, std::string* error) {
+std::unique_ptr<OneDnnInt8MatMul> OneDnnInt8MatMul::Create(size_t, size_t, size_t, int, size_t, std::string* error) {
   *error = OneDnnDescription();
   return nullptr;
 }

@@ -11,12 +11,14 @@ namespace m3::bench {
 
 // y[m, n] = f32(scale[n] * sum_k src[m, k] * wei[k, n]) with src u8 [m, k] row-major, weights s8
 // [k, n] in the layout oneDNN prefers (format_tag::any; reordered once at creation from our
-// row-major [n, k]) and per-output-channel scales. oneDNN runs on OpenMP: `threads` goes through
-// omp_set_num_threads before creation and before every Run (the previous value is restored when
-// the object is destroyed).
+// row-major [n, k]) and per-output-channel scales. `copies` weight matrices are made and each Run
+// uses the next one round robin, so that with enough of them every call's weights are cold (as a
+// MoE expert's are). oneDNN runs on OpenMP: `threads` goes through omp_set_num_threads before
+// creation and before every Run (the previous value is restored when the object is destroyed).
 class OneDnnInt8MatMul {
  public:
-  static std::unique_ptr<OneDnnInt8MatMul> Create(size_t m, size_t k, size_t n, int threads, std::string* error);
+  static std::unique_ptr<OneDnnInt8MatMul> Create(size_t m, size_t k, size_t n, int threads, size_t copies,
+                                                  std::string* error);
   ~OneDnnInt8MatMul();
   void Run();                              // one matmul, returns when it is done
   const std::string& impl() const { return impl_; }  // "oneDNN 2.6.3 brg:avx512_core_vnni"
@@ -27,6 +29,7 @@ class OneDnnInt8MatMul {
   std::unique_ptr<State> state_;
   std::string impl_;
   int threads_ = 1, saved_threads_ = 1;
+  size_t next_ = 0;  // the weight copy of the next Run
 };
 
 bool OneDnnAvailable();

@@ -61,6 +61,12 @@ for t in (1, 2):
 if "onednn rows skipped" not in p.stderr:
     check(("onednn_int8", "q8", "int8_peak", 1) in kinds, "no onednn_int8 row")
     check(("gemm", "q8", "onednn", 1) in kinds, "no gemm q8 vs onednn row")
+    # Against oneDNN at both GEMM sizes: the prompt on one matrix, the expert share on cold copies.
+    vs = [r for r in rows if r.get("kernel") == "gemm" and r.get("limit_kind") == "onednn"]
+    for t in (1, 2):
+        sizes = {(r.get("tokens"), r.get("weights", "").split(",")[0]) for r in vs if r.get("threads") == t}
+        check(len(sizes) == 2 and ("cold" in {w for _, w in sizes}) and ("one matrix" in {w for _, w in sizes}),
+              f"gemm vs onednn rows for {t} threads: {sorted(sizes)}")
     for n, row in enumerate(rows):
         if row.get("kernel") == "gemm" and row.get("limit_kind") == "onednn":
             q, mm, s, mr = (row.get(f) for f in ("quantize_seconds", "matmul_seconds", "seconds", "matmul_ratio"))
