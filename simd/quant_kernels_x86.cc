@@ -421,8 +421,9 @@ M3_AVX512BF16 void Bf16DispatchT(int t, const uint8_t* tile, const uint32_t* xhi
 
 constexpr int kBf16Tok = 8;
 
-M3_AVX512BF16 void RunBf16(const WeightRef& w, const uint32_t* xhi, const uint32_t* xlo, size_t n_tok, size_t pairs, size_t ldp,
-                           size_t tile_begin, size_t tile_end, float* y, size_t ldy) {
+// xhi / xlo rows are ldp words apart (pairs of them used).
+M3_AVX512BF16 void RunBf16(const WeightRef& w, const uint32_t* xhi, const uint32_t* xlo, size_t n_tok, size_t pairs,
+                           size_t ldp, size_t tile_begin, size_t tile_end, float* y, size_t ldy) {
   const auto* data = static_cast<const uint8_t*>(w.data);
   for (size_t tile = tile_begin; tile < tile_end; ++tile) {
     const size_t rows = std::min(w.rows, (tile + 1) * kTileRows) - tile * kTileRows;
