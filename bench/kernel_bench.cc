@@ -53,6 +53,8 @@ struct Rng {  // SplitMix64
 
 constexpr size_t kPage = 4096;
 size_t RoundUp(size_t n, size_t m) { return (n + m - 1) / m * m; }
+// Codes and scales of one packed matrix.
+size_t MatrixBytes(const WeightRef& w) { return simd::TiledCodeBytes(w) + simd::TiledScaleBytes(w); }
 
 // `count` random packed matrices of one geometry, each page-aligned (like experts in a packed file).
 class MatrixSet {
@@ -70,7 +72,6 @@ class MatrixSet {
     });
   }
   size_t count() const { return count_; }
-  size_t matrix_bytes() const { return simd::TiledCodeBytes(shape_) + simd::TiledScaleBytes(shape_); }
   WeightRef at(size_t i) {
     WeightRef w = shape_;
     w.data = codes_.data() + i * code_stride_;
@@ -302,7 +303,7 @@ Plan MakePlan(bool quick, size_t l3) {
 // Matrices of this geometry that fill the plan's working set: cycled through, every call's
 // weights are cold.
 size_t ColdCount(const Plan& plan, const WeightRef& geometry) {
-  const size_t bytes = simd::TiledCodeBytes(geometry) + simd::TiledScaleBytes(geometry);
+  const size_t bytes = MatrixBytes(geometry);
   return std::max<size_t>(2, (plan.working_set + bytes - 1) / bytes);
 }
 
@@ -499,7 +500,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
     const std::string shape = ShapeName(ms.rows, ms.cols);
     for (WeightFormat f : {WeightFormat::kQ4, WeightFormat::kQ8, WeightFormat::kBF16Tiled}) {
       const WeightRef geometry = simd::TiledShape(f, ms.rows, ms.cols);
-      const size_t bytes = simd::TiledCodeBytes(geometry) + simd::TiledScaleBytes(geometry);
+      const size_t bytes = MatrixBytes(geometry);
       const size_t count = ColdCount(plan, geometry);
       MatrixSet set(geometry, count, ThreadConfig{max_threads});
       const size_t max_tokens = std::max(plan.gemm_tokens, plan.gemv_tokens.back());
@@ -604,7 +605,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       const size_t n_tok = expert ? plan.expert_tokens : plan.gemm_tokens;
       const size_t copies = expert ? ColdCount(plan, q8_shape) : 1;
       // Ours and oneDNN's copies side by side (the probe buffer is already counted).
-      const size_t copy_bytes = simd::TiledCodeBytes(q8_shape) + simd::TiledScaleBytes(q8_shape) + ms.rows * ms.cols;
+      const size_t copy_bytes = MatrixBytes(q8_shape) + ms.rows * ms.cols;
       const double need = static_cast<double>(copies) * static_cast<double>(copy_bytes);
       const uint64_t available = MemAvailable();
       if (available > 0 && need > static_cast<double>(available) / 2) {
