@@ -437,6 +437,12 @@ TEST_CASE("damaged packed files are refused with clear errors", "[pack]") {
     WriteBytes(file, b);
     RequireError(m3::PackFile::Open(path), StatusCode::kCorrupt, {path, "header hash mismatch"});
   }
+  SECTION("a reserved header byte not zero") {
+    std::string b = bytes;
+    b[100] = 1;  // outside the hashed fields
+    WriteBytes(file, b);
+    RequireError(m3::PackFile::Open(path), StatusCode::kCorrupt, {path, "header byte 100 is not zero"});
+  }
   SECTION("directory hash mismatch") {
     std::string b = bytes;
     b[U64At(b, 24) + 3] ^= 0x20;
