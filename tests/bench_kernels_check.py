@@ -65,7 +65,8 @@ if "onednn rows skipped" not in p.stderr:
     vs = [r for r in rows if r.get("kernel") == "gemm" and r.get("limit_kind") == "onednn"]
     for t in (1, 2):
         sizes = {(r.get("tokens"), r.get("weights", "").split(",")[0]) for r in vs if r.get("threads") == t}
-        check(sorted(w for _, w in sizes) == ["cold", "one matrix"], f"gemm vs onednn rows for {t} threads: {sorted(sizes)}")
+        check(sorted(w for _, w in sizes) == ["cold", "one matrix"],
+              f"gemm vs onednn rows for {t} threads: {sorted(sizes)}")
     for n, row in enumerate(rows):
         if row.get("kernel") == "gemm" and row.get("limit_kind") == "onednn":
             q, mm, s, mr = (row.get(f) for f in ("quantize_seconds", "matmul_seconds", "seconds", "matmul_ratio"))

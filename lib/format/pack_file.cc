@@ -325,11 +325,11 @@ StatusOr<std::unique_ptr<PackFile>> PackFile::Open(const std::string& path) {
     return Corrupt(path, ": header hash mismatch (the header is damaged)");
   // The hash covers the fields only; the rest of the header is zero by the format, so a damaged
   // byte there is caught too.
-  const uint8_t* reserved = base + kPackHeaderHashOffset + 8;
-  if (const uint8_t* nz = std::find_if(reserved, base + kPackHeaderBytes, [](uint8_t b) { return b != 0; });
+  const size_t reserved = kPackHeaderHashOffset + 8;  // after the hash field
+  if (const uint8_t* nz = std::find_if(base + reserved, base + kPackHeaderBytes, [](uint8_t b) { return b != 0; });
       nz != base + kPackHeaderBytes)
-    return Corrupt(path, ": header byte ", nz - base, " is not zero (bytes ", kPackHeaderHashOffset + 8, "-",
-                   kPackHeaderBytes - 1, " are reserved; the header is damaged)");
+    return Corrupt(path, ": header byte ", nz - base, " is not zero (bytes ", reserved, "-", kPackHeaderBytes - 1,
+                   " are reserved; the header is damaged)");
   PackHeader h;
   h.header_bytes = GetU32(base + 12);
   h.file_size = GetU64(base + 16);
