@@ -45,7 +45,9 @@ void KeyScores(const float* q, size_t ldq, size_t n_q, const float* kt, size_t l
 // Storage codecs of one vector of n values.
 void EncodeBf16(const float* x, size_t n, uint16_t* out);        // round to nearest even
 void DecodeBf16(const uint16_t* x, size_t n, float* out);
-float EncodeInt8(const float* x, size_t n, int8_t* out);         // returns the scale (0 for all zeros)
+// Returns the scale: 0 for all zeros; NaN (codes 0) where x holds a NaN or inf, so that the row
+// decodes to NaN and is never silently finite.
+float EncodeInt8(const float* x, size_t n, int8_t* out);
 void DecodeInt8(const int8_t* x, size_t n, float scale, float* out);
 
 namespace ref {

@@ -69,7 +69,13 @@ void DecodeBf16(const uint16_t* x, size_t n, float* out) {
 
 float EncodeInt8(const float* x, size_t n, int8_t* out) {
   float amax = 0.0f;
-  for (size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) {  // NaN scale: the row decodes to NaN, never to finite garbage
+      std::fill(out, out + n, int8_t{0});
+      return std::numeric_limits<float>::quiet_NaN();
+    }
+    amax = std::max(amax, std::fabs(x[i]));
+  }
   const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
   return amax / 127.0f;

@@ -280,6 +280,21 @@ float ExpShiftSumImpl(float* x, size_t n, float shift) {
   return s;
 }
 
+size_t FindNonFiniteImpl(const float* x, size_t n) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const size_t N = hn::Lanes(df);
+  const auto exponent = hn::Set(du, 0x7F800000u);  // all ones: inf or NaN
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto bits = hn::And(hn::BitCast(du, hn::LoadU(df, x + i)), exponent);
+    if (!hn::AllFalse(du, hn::Eq(bits, exponent))) break;  // the scalar loop finds the lane
+  }
+  for (; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return n;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace m3::simd
 HWY_AFTER_NAMESPACE();
@@ -297,6 +312,7 @@ HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(MulScaledImpl);
 HWY_EXPORT(MaxValueImpl);
 HWY_EXPORT(ExpShiftSumImpl);
+HWY_EXPORT(FindNonFiniteImpl);
 
 void DecodeRows(const WeightRef& w, size_t row0, size_t n_rows, float* out) {
   HWY_DYNAMIC_DISPATCH(DecodeRowsImpl)(w, row0, n_rows, out);
@@ -320,6 +336,7 @@ float MaxValue(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(MaxValueI
 float ExpShiftSum(float* x, size_t n, float shift) {
   return HWY_DYNAMIC_DISPATCH(ExpShiftSumImpl)(x, n, shift);
 }
+size_t FindNonFinite(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(FindNonFiniteImpl)(x, n); }
 
 std::string TargetName(int64_t target) { return hwy::TargetName(target); }
 

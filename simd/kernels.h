@@ -39,6 +39,7 @@ float SumSquares(const float* x, size_t n);
 void MulScaled(const float* x, const float* w, float s, float* y, size_t n);  // y = x * s * w
 float MaxValue(const float* x, size_t n);                    // -inf for n == 0
 float ExpShiftSum(float* x, size_t n, float shift);          // x = exp(x - shift); returns sum
+size_t FindNonFinite(const float* x, size_t n);              // index of the first NaN or +-inf; n if none
 
 namespace ref {
 void DecodeRows(const WeightRef& w, size_t row0, size_t n_rows, float* out);
@@ -53,6 +54,7 @@ float SumSquares(const float* x, size_t n);
 void MulScaled(const float* x, const float* w, float s, float* y, size_t n);
 float MaxValue(const float* x, size_t n);
 float ExpShiftSum(float* x, size_t n, float shift);
+size_t FindNonFinite(const float* x, size_t n);
 }  // namespace ref
 
 // The SIMD target the dispatcher picks on this CPU (e.g. "AVX3", "AVX2", "NEON").

@@ -81,5 +81,11 @@ float ExpShiftSum(float* x, size_t n, float shift) {
   return static_cast<float>(s);
 }
 
+size_t FindNonFinite(const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return n;
+}
+
 }  // namespace ref
 }  // namespace m3::simd

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -38,20 +39,27 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
   const bool prefetch_rows = n_tok * cols * sizeof(float) > detail::kCoreL2Bytes;
   for (size_t t = 0; t < n_tok; ++t) {
     const float* xt = x + t * ldx;
-    float amax_t = 0.0f;
+    // amax as the integer max of |x|'s bits: the float max for finite x, and inf or NaN as soon
+    // as one value is (a float max may drop a NaN, depending on the operand order).
+    int32_t amax_t_bits = 0;
     for (size_t g = 0; g < groups; ++g) {
       const size_t begin = g * group, end = std::min(cols, begin + group);
-      auto vmax = hn::Zero(df), vmax2 = hn::Zero(df);  // two chains
+      auto vmax = hn::Zero(di), vmax2 = hn::Zero(di);  // two chains
       size_t c = begin;
       for (; c + 2 * N <= end; c += 2 * N) {
-        vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xt + c)));
-        vmax2 = hn::Max(vmax2, hn::Abs(hn::LoadU(df, xt + c + N)));
+        vmax = hn::Max(vmax, hn::BitCast(di, hn::Abs(hn::LoadU(df, xt + c))));
+        vmax2 = hn::Max(vmax2, hn::BitCast(di, hn::Abs(hn::LoadU(df, xt + c + N))));
       }
-      for (; c + N <= end; c += N) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, xt + c)));
-      float amax = hn::GetLane(hn::MaxOfLanes(df, hn::Max(vmax, vmax2)));
-      for (; c < end; ++c) amax = std::max(amax, std::fabs(xt[c]));
-      group_amax[g] = amax;
-      amax_t = std::max(amax_t, amax);
+      for (; c + N <= end; c += N) vmax = hn::Max(vmax, hn::BitCast(di, hn::Abs(hn::LoadU(df, xt + c))));
+      int32_t amax_bits = hn::GetLane(hn::MaxOfLanes(di, hn::Max(vmax, vmax2)));
+      for (; c < end; ++c) amax_bits = std::max(amax_bits, detail::AbsBits(xt[c]));
+      group_amax[g] = BitsToF32(static_cast<uint32_t>(amax_bits));
+      amax_t_bits = std::max(amax_t_bits, amax_bits);
+    }
+    const float amax_t = BitsToF32(static_cast<uint32_t>(amax_t_bits));
+    if (shift && !std::isfinite(amax_t)) {
+      detail::SetNonFiniteQ8Token(t, padded, groups, q, scale, sum, shift);
+      continue;
     }
     if (shift) scale[t] = amax_t / 127.0f;
     // Inputs larger than L2 come from memory: while the second pass reads this token from L1,
@@ -68,9 +76,9 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
       const float amax = group_amax[g];
       const int e = shift ? Q8ActivationShift(amax, amax_t) : 0;
       if (shift) shift[t * groups + g] = static_cast<uint8_t>(e);
-      if (amax == 0.0f) {
+      if (amax == 0.0f || !std::isfinite(amax)) {  // q4 only reaches a non-finite group here
         std::memset(qg, 0, group);
-        if (!shift) scale[t * groups + g] = 0.0f;
+        if (!shift) scale[t * groups + g] = amax == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
         sum[t * groups + g] = 0;
         continue;
       }

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -45,14 +46,15 @@ struct QuantizedActivations {
 };
 
 // Quantizes x [n_tok, cols] (row stride ldx) for a weight with the given group (padded_cols =
-// round_up(cols, group)); x must be finite. Output buffers: q [n_tok * padded_cols], sum
-// [n_tok * groups], and
+// round_up(cols, group)). Output buffers: q [n_tok * padded_cols], sum [n_tok * groups], and
 // - shift == nullptr (q4 weights): scale [n_tok * groups], per group d = amax_g / 127 and
 //   q = round_half_even(x * (127 / amax_g)) clamped to [-127, 127];
 // - shift != nullptr (q8 weights): scale [n_tok] s = amax_t / 127 over the token's row, shift
 //   [n_tok * groups] e = Q8ActivationShift(amax_g, amax_t) and
 //   q = round_half_even(x * ldexp(127 / amax_t, e)) clamped (the group's step is s 2^-e).
-// Both give 0 codes (and scale 0) where the amax is 0.
+// Both give 0 codes (and scale 0) where the amax is 0. A NaN or inf makes the scale of its group
+// (q4) or token (q8) NaN, with codes, sums and shifts 0: QuantMatMul's outputs for that token are
+// then NaN, so a damaged value shows downstream instead of turning into finite codes.
 void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
                          float* scale, int32_t* sum, uint8_t* shift);
 
@@ -73,6 +75,27 @@ inline int Q8ActivationShift(float amax_g, float amax_t) {
   }
   return std::clamp(e, 0, kQ8MaxShift);
 }
+
+namespace detail {
+
+// |x|'s bits as an int32: ordered as |x| for finite x, and at least 0x7F800000 for inf and NaN,
+// so an integer max over them keeps any non-finite value (a float max may drop a NaN).
+inline int32_t AbsBits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return static_cast<int32_t>(b & 0x7FFFFFFFu);
+}
+
+// Token t's q8 activations when its row holds a NaN or inf: scale NaN, everything else 0.
+inline void SetNonFiniteQ8Token(size_t t, size_t padded_cols, size_t groups, int8_t* q, float* scale, int32_t* sum,
+                                uint8_t* shift) {
+  std::memset(q + t * padded_cols, 0, padded_cols);
+  scale[t] = std::numeric_limits<float>::quiet_NaN();
+  std::fill(sum + t * groups, sum + (t + 1) * groups, 0);
+  std::memset(shift + t * groups, 0, groups);
+}
+
+}  // namespace detail
 
 // x * 2^e for 0 <= e <= 127, exactly as std::ldexp (a product with a power of two: exact unless
 // it overflows, to inf alike), without the library call.

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "quant_kernels.h"
@@ -13,6 +14,13 @@ void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, 
   const size_t padded = (cols + group - 1) / group * group, groups = padded / group;
   for (size_t t = 0; t < n_tok; ++t) {
     const float* xt = x + t * ldx;
+    const auto finite = [&](size_t begin, size_t end) {
+      return std::all_of(xt + begin, xt + end, [](float v) { return std::isfinite(v); });
+    };
+    if (shift && !finite(0, cols)) {
+      detail::SetNonFiniteQ8Token(t, padded, groups, q, scale, sum, shift);
+      continue;
+    }
     float amax_t = 0.0f;
     for (size_t c = 0; c < cols; ++c) amax_t = std::max(amax_t, std::fabs(xt[c]));
     if (shift) scale[t] = amax_t / 127.0f;
@@ -24,7 +32,10 @@ void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, 
       int32_t s = 0;
       const int e = shift ? Q8ActivationShift(amax, amax_t) : 0;
       if (shift) shift[t * groups + g] = static_cast<uint8_t>(e);
-      if (amax == 0.0f) {
+      if (!shift && !finite(begin, end)) {  // q4: this group's scale NaN
+        std::fill(qg, qg + group, int8_t{0});
+        scale[t * groups + g] = std::numeric_limits<float>::quiet_NaN();
+      } else if (amax == 0.0f) {
         std::fill(qg, qg + group, int8_t{0});
         if (!shift) scale[t * groups + g] = 0.0f;
       } else {

@@ -2,6 +2,7 @@
 // over shapes with tails (sizes that are not multiples of any vector width).
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -169,6 +170,30 @@ TEST_CASE("vector kernels match their references", "[kernels]") {
   CHECK(std::isinf(MaxValue(nullptr, 0)));
 }
 
+TEST_CASE("FindNonFinite finds the first NaN or inf at every position and length", "[kernels]") {
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  for (size_t n : kSizes) {
+    INFO("n " << n);
+    auto x = RandomVec(n, 7, 1e30f);  // large finite values: 3.4e38 is still finite
+    x[n / 2] = std::numeric_limits<float>::max();
+    x[0] = -std::numeric_limits<float>::max();
+    if (n > 2) x[1] = std::numeric_limits<float>::denorm_min();
+    ForEachTarget([&] {
+      CHECK(FindNonFinite(x.data(), n) == n);
+      for (float b : bad)
+        for (size_t at : {size_t{0}, n / 3, n - 1}) {
+          auto y = x;
+          y[at] = b;
+          if (at + 1 < n) y[n - 1] = b;  // a later one does not hide the first
+          CHECK(FindNonFinite(y.data(), n) == at);
+          CHECK(ref::FindNonFinite(y.data(), n) == at);
+        }
+    });
+  }
+  CHECK(FindNonFinite(nullptr, 0) == 0);
+}
+
 TEST_CASE("IndexScoreMax matches the reference for every storage type, key count and query count", "[kernels]") {
   std::mt19937 rng(5);
   for (CacheType type : {CacheType::kF32, CacheType::kBF16, CacheType::kInt8}) {
@@ -289,6 +314,12 @@ TEST_CASE("cache codecs: bf16 and int8 round trips match the references", "[kern
   std::vector<int8_t> q(5, 1);
   CHECK(EncodeInt8(zeros.data(), 5, q.data()) == 0.0f);
   CHECK(q == std::vector<int8_t>(5, 0));
+  // A non-finite value makes the row's scale NaN (every decoded value NaN, none silently finite).
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = {1.0f, -2.0f, bad, 0.5f, 3.0f};
+    CHECK(std::isnan(EncodeInt8(x.data(), 5, q.data())));
+    CHECK(q == std::vector<int8_t>(5, 0));
+  }
   CacheType t{};
   CHECK(ParseCacheType("bf16", &t));
   CHECK(t == CacheType::kBF16);

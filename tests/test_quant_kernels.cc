@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -247,6 +248,59 @@ TEST_CASE("QuantizeActivations on inputs over 1 MiB (next-row prefetch) is bit-e
       CHECK(shift == want.shift);
     });
   }
+}
+
+TEST_CASE("a NaN or inf activation gives a NaN scale and NaN outputs for its token on every path", "[quant]") {
+  const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4})
+    for (size_t group : {32, 128})
+      for (size_t n_tok : {1, 5, 13})  // GEMV and GEMM paths
+        for (float bad : bad_values) {
+          const size_t rows = 37, cols = 300, ldx = cols + 1;
+          INFO(WeightFormatName(f) << " group " << group << " tokens " << n_tok << " value " << bad);
+          const Packed p = PackFloats(f, rows, cols, RandomVec(rows * cols, 3), group);
+          auto x = RandomVec(n_tok * ldx, 4);
+          const Acts clean = Quantize(f, x, ldx, n_tok, cols, group);
+          // The last token: one bad value in its first group; token 1 (if any): in its tail
+          // (the scalar end of a row, 300 = 2 x 128 + 44).
+          const size_t last = n_tok - 1;
+          x[last * ldx + 5] = bad;
+          if (n_tok > 2) x[1 * ldx + cols - 1] = bad;
+          const auto is_bad = [&](size_t t) { return t == last || (n_tok > 2 && t == 1); };
+          const Acts acts = Quantize(f, x, ldx, n_tok, cols, group);
+          const size_t groups = acts.a.groups();
+          for (size_t t = 0; t < n_tok; ++t) {
+            if (!is_bad(t)) continue;
+            const size_t g = t == last ? 0 : (cols - 1) / group;  // the bad value's group
+            CHECK(std::isnan(f == WeightFormat::kQ8 ? acts.scale[t] : acts.scale[t * groups + g]));
+            for (size_t c = g * group; c < (g + 1) * group; ++c) CHECK(acts.q[t * acts.a.padded_cols + c] == 0);
+            CHECK(acts.sum[t * groups + g] == 0);
+          }
+          ForEachImpl([&](const std::string&) {
+            std::vector<int8_t> q(acts.q.size(), 99);
+            std::vector<float> scale(acts.scale.size(), -1.0f);
+            std::vector<int32_t> sum(acts.sum.size(), -1);
+            std::vector<uint8_t> shift(acts.shift.size(), 99);
+            QuantizeActivations(x.data(), ldx, n_tok, cols, group, q.data(), scale.data(), sum.data(),
+                                acts.shift.empty() ? nullptr : shift.data());
+            CHECK(q == acts.q);
+            CHECK(std::memcmp(scale.data(), acts.scale.data(), scale.size() * 4) == 0);
+            CHECK(sum == acts.sum);
+            CHECK(shift == acts.shift);
+            const size_t ldy = rows + 2;
+            std::vector<float> want(n_tok * ldy, -1.0f), got(n_tok * ldy, -1.0f);
+            QuantMatMul(p.w, clean.a, 0, p.w.row_tiles(), want.data(), ldy);
+            QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), got.data(), ldy);
+            size_t wrong = 0;  // counted: one CHECK per element would dominate the run time
+            for (size_t t = 0; t < n_tok; ++t)
+              for (size_t r = 0; r < rows; ++r) {
+                const float gv = got[t * ldy + r], wv = want[t * ldy + r];
+                wrong += is_bad(t) ? !std::isnan(gv) : std::memcmp(&gv, &wv, 4) != 0;
+              }
+            CHECK(wrong == 0);
+          });
+        }
 }
 
 // Checks QuantMatMul for one weight and activation set against the reference on every
