@@ -268,7 +268,8 @@ float ExpShiftSumImpl(float* x, size_t n, float shift) {
   auto acc = hn::Zero(df);
   size_t i = 0;
   for (; i + N <= n; i += N) {
-    const auto e = hn::Exp(df, hn::Sub(hn::LoadU(df, x + i), vs));
+    const auto d = hn::Sub(hn::LoadU(df, x + i), vs);
+    const auto e = hn::IfThenElse(hn::IsNaN(d), d, hn::Exp(df, d));  // hn::Exp(NaN) is 0, std::exp's NaN
     hn::StoreU(e, df, x + i);
     acc = hn::Add(acc, e);
   }

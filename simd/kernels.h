@@ -38,7 +38,7 @@ void Scale(float* y, float s, size_t n);                     // y *= s
 float SumSquares(const float* x, size_t n);
 void MulScaled(const float* x, const float* w, float s, float* y, size_t n);  // y = x * s * w
 float MaxValue(const float* x, size_t n);                    // -inf for n == 0
-float ExpShiftSum(float* x, size_t n, float shift);          // x = exp(x - shift); returns sum
+float ExpShiftSum(float* x, size_t n, float shift);          // x = exp(x - shift) (NaN stays); returns sum
 size_t FindNonFinite(const float* x, size_t n);              // index of the first NaN or +-inf; n if none
 
 namespace ref {

@@ -165,6 +165,11 @@ TEST_CASE("vector kernels match their references", "[kernels]") {
       const float s1 = ExpShiftSum(e1.data(), n, mx), s2 = ref::ExpShiftSum(e2.data(), n, mx);
       CHECK(std::fabs(s1 - s2) <= 1e-5f * s2);
       for (size_t i = 0; i < n; ++i) CHECK(std::fabs(e1[i] - e2[i]) <= 2e-6f * (1 + e2[i]));
+      // A NaN score stays NaN (as std::exp keeps it), and so does the sum.
+      auto e3 = a;
+      e3[n - 1] = std::numeric_limits<float>::quiet_NaN();
+      CHECK(std::isnan(ExpShiftSum(e3.data(), n, mx)));
+      CHECK(std::isnan(e3[n - 1]));
     });
   }
   CHECK(std::isinf(MaxValue(nullptr, 0)));

@@ -136,6 +136,11 @@ TEST_CASE("SwiGLU-OAI clamps the gate above only and the up projection both ways
   CHECK(act(12.0f, 0.0f) == Approx(7.0 * sig(1.702 * 7)).epsilon(1e-6));    // gate 12 -> 7
   CHECK(act(1.0f, 12.0f) == Approx(1.0 * sig(1.702) * 8.0).epsilon(1e-6));  // up 12 -> 7, +1
   CHECK(act(1.0f, -12.0f) == Approx(1.0 * sig(1.702) * -6.0).epsilon(1e-6));
+  // A NaN or infinite input gives NaN (never a clamped, finite value).
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    CHECK(std::isnan(act(bad, 1.0f)));
+    CHECK(std::isnan(act(1.0f, bad)));
+  }
 }
 
 TEST_CASE("router: bias chooses, unbiased sigmoid weighs, ties go to the lower id", "[ops]") {
@@ -157,6 +162,16 @@ TEST_CASE("router: bias chooses, unbiased sigmoid weighs, ties go to the lower i
   RouteToken(flat.data(), zero, p, ids, w);
   CHECK(ids[0] == 0);
   CHECK(ids[1] == 1);
+  // A NaN logit or bias: chosen as if -inf, and every weight NaN (never a quiet finite result).
+  for (int where = 0; where < 2; ++where) {
+    std::vector<float> l = logits, b = bias;
+    (where == 0 ? l : b)[0] = NAN;
+    RouteToken(l.data(), b, p, ids, w);
+    CHECK(ids[0] == 3);
+    CHECK(ids[1] == 1);
+    CHECK(std::isnan(w[0]));
+    CHECK(std::isnan(w[1]));
+  }
 }
 
 SparseParams Sparse(int B, int topk, int init, int local) {

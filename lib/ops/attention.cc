@@ -202,7 +202,7 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
           float* dst = out + (t0 + i) * H * D + (grp.j0 + h) * D;
           const float* o = acc.data() + (i * nh + h) * D;
           const float l = run_sum[i * nh + h];
-          if (l > 0.0f) {
+          if (l != 0.0f) {  // NaN included: a NaN score must not turn into zeros
             for (size_t c = 0; c < D; ++c) dst[c] = o[c] / l;
           } else {
             std::fill_n(dst, D, 0.0f);  // no visible key (a sparse setting without the local block)

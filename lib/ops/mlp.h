@@ -28,7 +28,7 @@ struct SwigluParams {
 void MlpForward(const ThreadConfig& tc, const MlpWeights& w, const SwigluParams& act, const float* x, size_t n,
                 float* out);
 
-// In place: g[i] = swiglu_oai(g[i], u[i]) for i < n.
+// In place: g[i] = swiglu_oai(g[i], u[i]) for i < n; NaN where g[i] or u[i] is NaN or infinite.
 void SwigluOai(float* g, const float* u, size_t n, const SwigluParams& p);
 
 }  // namespace m3

@@ -16,10 +16,11 @@ void RouteToken(const float* logits, const std::vector<float>& bias, const MoePa
                 float* weights) {
   const size_t e = bias.size();
   std::vector<float> score(e), choice(e);
+  bool any_nan = false;
   for (size_t i = 0; i < e; ++i) {
     score[i] = 1.0f / (1.0f + std::exp(-logits[i]));
     choice[i] = p.use_bias ? score[i] + bias[i] : score[i];
-    if (std::isnan(choice[i])) choice[i] = -INFINITY;
+    if (std::isnan(choice[i])) choice[i] = -INFINITY, any_nan = true;  // sortable
   }
   std::vector<int32_t> order(e);
   std::iota(order.begin(), order.end(), 0);
@@ -32,6 +33,9 @@ void RouteToken(const float* logits, const std::vector<float>& bias, const MoePa
   for (int k = 0; k < p.top_k; ++k) {
     ids[k] = order[k];
     weights[k] = score[order[k]] / sum * p.routed_scaling;  // unbiased sigmoid, renormalized
+    // A NaN score (damaged router weights or bias) makes the token's output NaN, which the
+    // model's check after the block reports, instead of quietly never routing to that expert.
+    if (any_nan) weights[k] = NAN;
   }
 }
 

@@ -52,6 +52,7 @@ struct MoeParams {
 };
 
 // Router decision for one token: ids[k] and weights[k] (scaled), from fp32 router logits [E].
+// A NaN logit or bias gives the chosen ids as if it were -inf and every weight NaN.
 void RouteToken(const float* logits, const std::vector<float>& bias, const MoeParams& p, int32_t* ids,
                 float* weights);
 
