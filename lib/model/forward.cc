@@ -4,6 +4,7 @@
 //   for each layer: h += Attn(RMSNorm(h)); h += (MoE or MLP)(RMSNorm(h))
 //   logits = RMSNorm(h) . lm_head^T
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -63,8 +64,21 @@ void StoreRows(Pages& dst, size_t row0, const float* src, size_t n, size_t width
 
 }  // namespace
 
-void Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,
-                           float* out, ForwardObserver* observer) const {
+// NaN or inf anywhere in a token's values is reported where it first shows instead of flowing
+// on into garbage logits. The kernels keep such values non-finite (quantizers give NaN scales,
+// the router NaN weights), so one look at each block's output catches every source in it.
+Status Model::CheckFinite(const float* x, size_t n, size_t width, int64_t pos0, const char* what, int layer) const {
+  const size_t at = simd::FindNonFinite(x, n * width);
+  if (at == n * width) return Status::Ok();
+  const std::string where = layer < 0 ? std::string(what) : Str("layer ", layer, "'s ", what);
+  const char* value = std::isnan(x[at]) ? "NaN" : x[at] > 0 ? "+inf" : "-inf";
+  return Corrupt(where, " gave a non-finite value (", value, ") at position ", pos0 + static_cast<int64_t>(at / width),
+                 ": the model's weights are damaged or overflow fp32",
+                 pack_ ? " (`m3 inspect --verify` checks every tensor of a packed model against its hash)" : "");
+}
+
+Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,
+                             float* out, ForwardObserver* observer) const {
   const ModelConfig& c = config_;
   const AttentionWeights& w = weights_.layers[layer].attn;
   const size_t H = c.hidden_size, Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
@@ -94,6 +108,9 @@ void Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, si
     const SparseAttentionConfig& s = c.sparse;
     NormRope(*rope_, iq.data(), n, Hi, Di, w.index_q_norm, c.rms_norm_eps, pos0);
     NormRope(*rope_, ik.data(), n, 1, Di, w.index_k_norm, c.rms_norm_eps, pos0);
+    // The indexer only chooses blocks: a NaN here would change the choice, not the values.
+    M3_RETURN_IF_ERROR(CheckFinite(iq.data(), n, Hi * Di, pos0, "indexer queries", layer));
+    M3_RETURN_IF_ERROR(CheckFinite(ik.data(), n, Di, pos0, "indexer keys", layer));
     StoreRows(cache->index_k(layer), static_cast<size_t>(pos0), ik.data(), n, Di);
     SelectBlocks(tc, s, iq.data(), cache->index_k(layer), pos0, n, &selection);
     if (observer) observer->OnBlockSelection(layer, pos0, selection);
@@ -104,10 +121,11 @@ void Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, si
   AlignedBuffer<float> core(n * Hq * D);
   Attention(tc, ap, q.data(), cache->k(layer), cache->v(layer), pos0, n, sel, core.data());
   MatMul(tc, w.o, core.data(), Hq * D, n, out, H);
+  return Status::Ok();
 }
 
-void Model::Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
-                    float* logits, ForwardObserver* observer) const {
+Status Model::Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
+                      float* logits, ForwardObserver* observer) const {
   const ModelConfig& c = config_;
   const size_t H = c.hidden_size;
   const int64_t pos0 = static_cast<int64_t>(cache->length());
@@ -115,14 +133,16 @@ void Model::Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCach
 
   AlignedBuffer<float> h(n * H), x(n * H), delta(n * H);
   GatherRows(weights_.embed, ids, n, h.data());  // no embedding scale (spec G25)
+  M3_RETURN_IF_ERROR(CheckFinite(h.data(), n, H, pos0, "the token embedding", -1));
   const MoeParams moe_params{c.experts_per_token, c.routed_scaling_factor, c.use_routing_bias,
                              {c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta}};
   std::vector<int32_t> routed;
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
     RmsNormRows(h.data(), H, n, H, L.input_norm.data(), c.rms_norm_eps, x.data(), H);
-    AttentionBlock(tc, l, x.data(), n, pos0, cache, delta.data(), observer);
+    M3_RETURN_IF_ERROR(AttentionBlock(tc, l, x.data(), n, pos0, cache, delta.data(), observer));
     simd::Axpy(1.0f, delta.data(), h.data(), n * H);
+    M3_RETURN_IF_ERROR(CheckFinite(h.data(), n, H, pos0, "attention", l));
 
     RmsNormRows(h.data(), H, n, H, L.post_norm.data(), c.rms_norm_eps, x.data(), H);
     if (L.is_moe) {
@@ -133,14 +153,19 @@ void Model::Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCach
       MlpForward(tc, L.mlp, moe_params.act, x.data(), n, delta.data());
     }
     simd::Axpy(1.0f, delta.data(), h.data(), n * H);
+    M3_RETURN_IF_ERROR(CheckFinite(h.data(), n, H, pos0, L.is_moe ? "MoE block" : "MLP", l));
+  }
+
+  if (mode != LogitsMode::kNone) {
+    const size_t first = mode == LogitsMode::kAllRows ? 0 : n - 1;
+    const size_t rows = n - first;
+    RmsNormRows(h.data() + first * H, H, rows, H, weights_.final_norm.data(), c.rms_norm_eps, x.data(), H);
+    MatMul(tc, weights_.lm_head, x.data(), H, rows, logits, c.vocab_size);
+    M3_RETURN_IF_ERROR(CheckFinite(logits, rows, c.vocab_size, pos0 + static_cast<int64_t>(first),
+                                   "the final norm and lm_head", -1));
   }
   cache->SetLength(static_cast<size_t>(pos0) + n);
-
-  if (mode == LogitsMode::kNone) return;
-  const size_t first = mode == LogitsMode::kAllRows ? 0 : n - 1;
-  const size_t rows = n - first;
-  RmsNormRows(h.data() + first * H, H, rows, H, weights_.final_norm.data(), c.rms_norm_eps, x.data(), H);
-  MatMul(tc, weights_.lm_head, x.data(), H, rows, logits, c.vocab_size);
+  return Status::Ok();
 }
 
 }  // namespace m3

@@ -63,8 +63,11 @@ class Model {
   // Runs tokens ids[0..n) at positions cache->length() + t and appends them to the cache (one
   // matrix-matrix pass for a prompt, n = 1 for decode). Logits: [n, vocab] (kAllRows) or
   // [1, vocab] for the last token (kLastRow). Ids and context are checked by the caller (Session).
-  void Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
-               float* logits, ForwardObserver* observer = nullptr) const;
+  // A NaN or inf in a block's output (damaged weights, fp32 overflow) is a kCorrupt error naming
+  // the layer, block and position; the cache then holds rows past its length that the next call
+  // overwrites (its length is unchanged).
+  Status Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
+                 float* logits, ForwardObserver* observer = nullptr) const;
 
   // Memory placement, before the model is shared (Engine::Open).
   // --numa split: copies each node's row slices of every MoE layer's experts into memory local to
@@ -80,8 +83,11 @@ class Model {
  private:
   Model() = default;
   Status SplitExperts(const Topology& topology, int nodes);  // the expert part of PlaceOnNodes
-  void AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,
-                      float* out, ForwardObserver* observer) const;
+  Status AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,
+                        float* out, ForwardObserver* observer) const;
+  // Ok when x [n, width] (positions pos0...) is all finite; else the error for `what` (of `layer`
+  // when >= 0).
+  Status CheckFinite(const float* x, size_t n, size_t width, int64_t pos0, const char* what, int layer) const;
 
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<PackFile> pack_;

@@ -100,6 +100,10 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
   const size_t vocab = static_cast<size_t>(c.vocab_size);
   const size_t rows = mode == LogitsMode::kAllRows ? ids.size() : (mode == LogitsMode::kLastRow ? 1 : 0);
   const size_t before = position();
+  const auto undo = [&] {  // a failed call leaves the session as it was
+    cache_.Truncate(before);
+    tokens_.resize(before);
+  };
   try {
     if (logits) logits->resize(rows * vocab);
     cache_.Reserve(before + ids.size());  // the whole context before any work
@@ -110,15 +114,18 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
       const bool last = i + n == ids.size();
       const LogitsMode chunk_mode = mode == LogitsMode::kAllRows || last ? mode : LogitsMode::kNone;
       float* out = mode == LogitsMode::kAllRows ? logits->data() + i * vocab : logits ? logits->data() : nullptr;
-      engine_.model().Forward(engine_.threads(), ids.data() + i, n, &cache_, chunk_mode, out, observer);
+      const Status st = engine_.model().Forward(engine_.threads(), ids.data() + i, n, &cache_, chunk_mode, out,
+                                                observer);
+      if (!st.ok()) {
+        undo();
+        return st;
+      }
     }
   } catch (const std::bad_alloc&) {
-    cache_.Truncate(before);
-    tokens_.resize(before);
+    undo();
     return Status(StatusCode::kOutOfMemory, Str("out of memory evaluating ", ids.size(), " tokens at position ", before));
   } catch (...) {
-    cache_.Truncate(before);
-    tokens_.resize(before);
+    undo();
     throw;
   }
   tokens_.insert(tokens_.end(), ids.begin(), ids.end());
