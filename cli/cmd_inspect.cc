@@ -1,5 +1,6 @@
 // m3 inspect -m DIR [--verify]: config summary, layer kinds, tensors, bytes by dtype (or by packed
-// format, with the pack type), parameter counts, SIMD target; --verify hashes a packed file.
+// format, with the pack type), parameter counts, SIMD target; --verify hashes a packed file, or
+// checks that every value of a checkpoint is finite.
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -83,20 +84,24 @@ int RunInspect(const std::string& dir, bool verify) {
   std::printf("mtp modules      %d bound (config declares %d)\n", s.mtp_depths, c.num_mtp_modules);
   std::printf("simd target      %s\n", simd::ActiveTargetName().c_str());
   if (!verify) return 0;
-  if (!m.pack()) {
-    std::fprintf(stderr, "m3 inspect: --verify needs a packed model folder (model.m3w); %s has none\n", dir.c_str());
-    return 1;
-  }
   const auto start = std::chrono::steady_clock::now();
-  const Status st = m.pack()->Verify(ThreadConfig{DefaultThreadCount()});
+  const ThreadConfig tc{DefaultThreadCount()};
+  const Status st = m.pack() ? m.pack()->Verify(tc) : VerifyFiniteValues(*m.checkpoint(), tc);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!st.ok()) {
     std::printf("verify           FAILED\n");
     std::fprintf(stderr, "m3 inspect: %s\n", st.ToString().c_str());
     return 1;
   }
-  std::printf("verify           ok: %zu tensor hashes match (%s in %.2f s)\n", m.pack()->tensors().size(),
-              Human(static_cast<double>(m.pack()->file().size()), "B").c_str(), secs);
+  if (m.pack()) {
+    std::printf("verify           ok: %zu tensor hashes match (%s in %.2f s)\n", m.pack()->tensors().size(),
+                Human(static_cast<double>(m.pack()->file().size()), "B").c_str(), secs);
+  } else {
+    uint64_t bytes = 0;
+    for (const auto& [name, t] : m.checkpoint()->text_tensors()) bytes += t->nbytes;
+    std::printf("verify           ok: every value of %zu tensors is finite (%s in %.2f s)\n",
+                m.checkpoint()->text_tensors().size(), Human(static_cast<double>(bytes), "B").c_str(), secs);
+  }
   return 0;
 }
 
@@ -107,7 +112,8 @@ void AddInspectCommand(CLI::App& app, int* rc) {
   auto dir = std::make_shared<std::string>();
   auto verify = std::make_shared<bool>(false);
   cmd->add_option("-m,--model", *dir, "HuggingFace checkpoint folder or packed folder (m3 pack)")->required();
-  cmd->add_flag("--verify", *verify, "packed folders: hash every tensor and compare with the directory");
+  cmd->add_flag("--verify", *verify,
+                "read every tensor: a packed folder's hashes must match its directory, a checkpoint's values be finite");
   cmd->callback([dir, verify, rc] { *rc = RunInspect(*dir, *verify); });
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `m3 pack` end to end: packs golden cases, checks `m3 inspect --verify`, that a second pack
-# without --force is refused, and that `m3 logits` runs on the packed folder with finite logits.
+# `m3 pack` end to end: packs golden cases, checks `m3 inspect --verify` (source and pack), that a
+# second pack without --force is refused, that `m3 logits` runs on the packed folder with finite
+# logits, and that a damaged pack is refused.
 # (How close packed logits are to the fp32 engine is judged elsewhere.)
 # Usage: scripts/check-pack.sh [BUILD_DIR] [SHARED_DIR] [THREADS]
 set -euo pipefail
@@ -20,6 +21,8 @@ check() {  # name type
     { cat "$out/pack.log" "$out/pack.err"; echo "FAIL $name $type: pack"; return 1; }
   grep -q "bits per weight" "$out/pack.log" || { echo "FAIL $name $type: no summary"; return 1; }
   grep -q "100.0%" "$out/pack.err" || { echo "FAIL $name $type: no progress"; return 1; }
+  "$m3" inspect -m "$case_dir" --verify >"$out/inspect.log" 2>&1 || { cat "$out/inspect.log"; echo "FAIL $name: source verify"; return 1; }
+  grep -q "is finite" "$out/inspect.log" || { cat "$out/inspect.log"; echo "FAIL $name: source verify output"; return 1; }
   "$m3" inspect -m "$dst" --verify >"$out/inspect.log" 2>&1 || { cat "$out/inspect.log"; echo "FAIL $name $type: verify"; return 1; }
   grep -q "packed           $type" "$out/inspect.log" || { cat "$out/inspect.log"; echo "FAIL $name $type: inspect"; return 1; }
   if "$m3" pack -m "$case_dir" -o "$dst" --type "$type" >/dev/null 2>"$out/again.err"; then
@@ -40,8 +43,34 @@ EOF
   echo "PASS $name $type: $(grep '^time' "$out/pack.log")"
 }
 
+# A NaN row scale in the s1 q8 pack: `m3 logits` fails naming the layer and block (it used to
+# write all-zero logits), and `m3 inspect --verify` names the tensor.
+check_damaged() {
+  local dst="$out/s1_fp32_basic-q8" tensor=model.layers.0.self_attn.o_proj.weight
+  $py - "$dst/model.m3w" "$tensor" <<'EOF'
+import json, struct, sys
+path, name = sys.argv[1], sys.argv[2]
+b = bytearray(open(path, "rb").read())
+off, n = struct.unpack_from("<QQ", b, 24)
+t = next(t for t in json.loads(bytes(b[off:off + n]))["tensors"] if t["name"] == name)
+struct.pack_into("<f", b, t["scales_offset"] + 4 * 5, float("nan"))
+open(path, "wb").write(b)
+EOF
+  if "$m3" logits -m "$dst" --ids 1,2,3 -o "$out/damaged" -t "$threads" 2>"$out/damaged.err"; then
+    echo "FAIL damaged q8: logits succeeded"; return 1
+  fi
+  grep -q "layer 0's attention gave a non-finite value" "$out/damaged.err" ||
+    { cat "$out/damaged.err"; echo "FAIL damaged q8: logits message"; return 1; }
+  if "$m3" inspect -m "$dst" --verify >/dev/null 2>"$out/damaged.err"; then
+    echo "FAIL damaged q8: verify passed"; return 1
+  fi
+  grep -q "$tensor" "$out/damaged.err" || { cat "$out/damaged.err"; echo "FAIL damaged q8: verify message"; return 1; }
+  echo "PASS damaged q8: logits and verify refuse it"
+}
+
 for c in "s1_fp32_basic q8" "s5_realprop_mxfp8_vl q4-mixed" "s6_fp16_mha_top1_sharded3 q4"; do
   # shellcheck disable=SC2086
   check $c || fail=1
 done
+check_damaged || fail=1
 exit $fail

@@ -11,6 +11,7 @@
 #include "format/pack_file.h"
 #include "format/safetensors.h"
 #include "model/packer.h"
+#include "model/weights.h"
 #include "runtime/engine.h"
 #include "test_util.h"
 
@@ -147,6 +148,64 @@ TEST_CASE("a NaN or inf weight in a checkpoint is reported with its layer, block
     }
     Patch(file, offset, &kNaN, 4);
     ExpectReported(dir.string(), prompt, "layer 1's attention", 0, CacheType::kInt8);
+  }
+}
+
+TEST_CASE("VerifyFiniteValues (m3 inspect --verify) finds a NaN or inf in a checkpoint of any dtype", "[errors]") {
+  ThreadConfig tc{2};
+  for (const char* name : test::kGoldenCases) {
+    auto ck = Checkpoint::Open(test::GoldenDir(name));
+    REQUIRE(ck.ok());
+    INFO(name);
+    CHECK(VerifyFiniteValues(**ck, tc).ok());
+  }
+  struct Damage {
+    const char* golden;
+    std::string tensor;
+    size_t element;
+    std::vector<uint8_t> bytes;  // written at the element
+    std::string index;           // as the message prints it
+  };
+  const uint32_t nan32 = 0x7FC00000u, inf32 = 0xFF800000u;
+  std::vector<uint8_t> f32_nan(4), f32_inf(4);
+  std::memcpy(f32_nan.data(), &nan32, 4);
+  std::memcpy(f32_inf.data(), &inf32, 4);
+  const Damage cases[] = {
+      {"s1_fp32_basic", "lm_head.weight", 100 * 64 + 9, f32_nan, "[100, 9]"},
+      {"s1_fp32_basic", "model.norm.weight", 63, f32_inf, "[63]"},
+      {"s2_bf16_sharded_init1", "model.layers.1.self_attn.o_proj.weight", 130, {0xC0, 0x7F}, ""},  // bf16 NaN
+      {"s2_bf16_sharded_init1", "model.layers.0.self_attn.q_proj.weight", 0, {0x80, 0x7F}, "[0, 0]"},  // bf16 +inf
+      {"s3_mxfp8_mixed_layers_local2", "model.layers.0.self_attn.q_proj.weight", 77, {0xFF}, ""},  // E4M3 NaN
+      {"s3_mxfp8_mixed_layers_local2", "model.layers.0.self_attn.v_proj.weight_scale_inv", 1, {0xFF}, ""},
+      {"s6_fp16_mha_top1_sharded3", "model.embed_tokens.weight", 5, {0x00, 0x7C}, ""},  // fp16 +inf
+  };
+  test::TempDir tmp;
+  for (const Damage& d : cases) {
+    DYNAMIC_SECTION(d.golden << " " << d.tensor) {
+      const fs::path dir = tmp.path() / "model";
+      fs::remove_all(dir);
+      CopyFolder(test::GoldenDir(d.golden), dir);
+      std::string file;
+      size_t offset;
+      {
+        auto ck = Checkpoint::Open(dir.string());
+        REQUIRE(ck.ok());
+        const TensorInfo* t = (*ck)->Find(d.tensor);
+        REQUIRE(t != nullptr);
+        REQUIRE(d.bytes.size() == t->nbytes / static_cast<size_t>(t->numel()));
+        file = t->file->path();
+        offset = static_cast<size_t>(t->data - t->file->data()) + d.bytes.size() * d.element;
+      }
+      Patch(file, offset, d.bytes.data(), d.bytes.size());
+      auto ck = Checkpoint::Open(dir.string());
+      REQUIRE(ck.ok());
+      const Status st = VerifyFiniteValues(**ck, tc);
+      INFO("message: " << st.message());
+      REQUIRE_FALSE(st.ok());
+      CHECK(st.code() == StatusCode::kCorrupt);
+      CHECK_THAT(st.message(), Contains(file) && Contains("'" + d.tensor + "'") && Contains("damaged"));
+      if (!d.index.empty()) CHECK_THAT(st.message(), Contains("at " + d.index + ":"));
+    }
   }
 }
 

@@ -73,8 +73,7 @@ Status Model::CheckFinite(const float* x, size_t n, size_t width, int64_t pos0, 
   const std::string where = layer < 0 ? std::string(what) : Str("layer ", layer, "'s ", what);
   const char* value = std::isnan(x[at]) ? "NaN" : x[at] > 0 ? "+inf" : "-inf";
   return Corrupt(where, " gave a non-finite value (", value, ") at position ", pos0 + static_cast<int64_t>(at / width),
-                 ": the model's weights are damaged or overflow fp32",
-                 pack_ ? " (`m3 inspect --verify` checks every tensor of a packed model against its hash)" : "");
+                 ": the model's weights are damaged or overflow fp32 (`m3 inspect --verify` finds a damaged tensor)");
 }
 
 Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,

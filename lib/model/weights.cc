@@ -1,6 +1,10 @@
 #include "model/weights.h"
 
+#include <algorithm>
+#include <limits>
 #include <set>
+
+#include "kernels.h"
 
 namespace m3 {
 namespace {
@@ -291,6 +295,48 @@ StatusOr<WeightStats> BindPackedWeights(const ModelConfig& cfg, const PackFile& 
     if (w->mtp[d].layer.is_moe) bind_expert_memory(cfg.num_layers + static_cast<int>(d), &w->mtp[d].layer.moe);
   FinishBinding(cfg, w, &stats);
   return stats;
+}
+
+Status VerifyFiniteValues(const Checkpoint& ck, const ThreadConfig& tc) {
+  constexpr size_t kChunk = size_t{1} << 20;  // values per step and thread
+  for (const auto& [name, t] : ck.text_tensors()) {
+    const bool e8m0 = t->dtype == DType::kF8E8M0 ||
+                      (t->dtype == DType::kU8 && name.size() > 10 && name.ends_with("_scale_inv"));
+    const bool e4m3 = t->dtype == DType::kF8E4M3;
+    const auto fmt = MatrixFormat(t->dtype);
+    if (!e8m0 && !e4m3 && !fmt.ok()) continue;  // integer tensors: every bit pattern is a value
+    const size_t n = static_cast<size_t>(t->numel()), bytes_per = t->nbytes / std::max<size_t>(1, n);
+    const size_t chunks = (n + kChunk - 1) / kChunk;
+    const size_t none = std::numeric_limits<size_t>::max();
+    std::vector<size_t> first(static_cast<size_t>(std::max(1, tc.threads)), none);
+    std::vector<std::vector<float>> buffers(first.size());
+    ParallelFor(tc, chunks, 1, [&](size_t c0, size_t c1, int th) {
+      for (size_t c = c0; c < c1 && first[th] == none; ++c) {
+        const size_t b = c * kChunk, len = std::min(kChunk, n - b);
+        size_t at = len;
+        if (e8m0 || e4m3) {
+          const uint8_t* v = t->data + b;
+          at = static_cast<size_t>(std::find_if(v, v + len, [&](uint8_t x) {
+                                     return e8m0 ? x == 0xFF : (x & 0x7F) == 0x7F;
+                                   }) - v);
+        } else {
+          buffers[th].resize(len);
+          simd::DecodeRows(WeightRef{fmt.value(), t->data + b * bytes_per, nullptr, 1, len}, 0, 1, buffers[th].data());
+          at = simd::FindNonFinite(buffers[th].data(), len);
+        }
+        t->file->DontNeed(static_cast<size_t>(t->data - t->file->data()) + b * bytes_per, len * bytes_per);
+        if (at < len) first[th] = b + at;
+      }
+    });
+    const size_t at = *std::min_element(first.begin(), first.end());
+    if (at == none) continue;
+    std::string index = std::to_string(at);
+    if (t->shape.size() == 2) index = Str(at / t->shape[1], ", ", at % t->shape[1]);
+    return Corrupt(t->file->path(), ": tensor '", t->name, "' holds a non-finite value at [", index, "]",
+                   e8m0 ? " (an E8M0 scale of 255)" : e4m3 ? " (the E4M3 NaN code)" : "",
+                   ": the checkpoint is damaged");
+  }
+  return Status::Ok();
 }
 
 }  // namespace m3

@@ -12,6 +12,7 @@
 #include "format/pack_file.h"
 #include "format/safetensors.h"
 #include "model/config.h"
+#include "platform/parallel.h"
 #include "ops/mlp.h"
 #include "ops/moe.h"
 #include "weight_format.h"
@@ -82,5 +83,11 @@ StatusOr<WeightStats> BindPackedWeights(const ModelConfig& cfg, const PackFile& 
 
 // The weight format a checkpoint dtype is read as (F32, BF16, F16, F8_E4M3 -> MXFP8).
 StatusOr<simd::WeightFormat> CheckpointWeightFormat(DType d);
+
+// `m3 inspect --verify` for a checkpoint (which carries no hashes): every value of every text
+// tensor is finite (F32/BF16/F16 not NaN or inf, F8_E4M3 not its NaN code, `_scale_inv` E8M0
+// scales not 255); else a kCorrupt error naming the first such tensor and element. Reads each
+// byte once and releases the pages behind it.
+Status VerifyFiniteValues(const Checkpoint& ck, const ThreadConfig& tc);
 
 }  // namespace m3
