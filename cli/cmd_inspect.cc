@@ -113,7 +113,8 @@ void AddInspectCommand(CLI::App& app, int* rc) {
   auto verify = std::make_shared<bool>(false);
   cmd->add_option("-m,--model", *dir, "HuggingFace checkpoint folder or packed folder (m3 pack)")->required();
   cmd->add_flag("--verify", *verify,
-                "read every tensor: a packed folder's hashes must match its directory, a checkpoint's values be finite");
+                "read every tensor: a packed folder's hashes must match its directory, a checkpoint's "
+                "values must be finite");
   cmd->callback([dir, verify, rc] { *rc = RunInspect(*dir, *verify); });
 }
 

@@ -21,8 +21,8 @@ check() {  # name type
     { cat "$out/pack.log" "$out/pack.err"; echo "FAIL $name $type: pack"; return 1; }
   grep -q "bits per weight" "$out/pack.log" || { echo "FAIL $name $type: no summary"; return 1; }
   grep -q "100.0%" "$out/pack.err" || { echo "FAIL $name $type: no progress"; return 1; }
-  "$m3" inspect -m "$case_dir" --verify >"$out/inspect.log" 2>&1 || { cat "$out/inspect.log"; echo "FAIL $name: source verify"; return 1; }
-  grep -q "is finite" "$out/inspect.log" || { cat "$out/inspect.log"; echo "FAIL $name: source verify output"; return 1; }
+  "$m3" inspect -m "$case_dir" --verify >"$out/inspect.log" 2>&1 && grep -q "is finite" "$out/inspect.log" ||
+    { cat "$out/inspect.log"; echo "FAIL $name: source verify"; return 1; }
   "$m3" inspect -m "$dst" --verify >"$out/inspect.log" 2>&1 || { cat "$out/inspect.log"; echo "FAIL $name $type: verify"; return 1; }
   grep -q "packed           $type" "$out/inspect.log" || { cat "$out/inspect.log"; echo "FAIL $name $type: inspect"; return 1; }
   if "$m3" pack -m "$case_dir" -o "$dst" --type "$type" >/dev/null 2>"$out/again.err"; then

@@ -300,8 +300,7 @@ StatusOr<WeightStats> BindPackedWeights(const ModelConfig& cfg, const PackFile& 
 Status VerifyFiniteValues(const Checkpoint& ck, const ThreadConfig& tc) {
   constexpr size_t kChunk = size_t{1} << 20;  // values per step and thread
   for (const auto& [name, t] : ck.text_tensors()) {
-    const bool e8m0 = t->dtype == DType::kF8E8M0 ||
-                      (t->dtype == DType::kU8 && name.size() > 10 && name.ends_with("_scale_inv"));
+    const bool e8m0 = t->dtype == DType::kF8E8M0 || (t->dtype == DType::kU8 && name.ends_with("_scale_inv"));
     const bool e4m3 = t->dtype == DType::kF8E4M3;
     const auto fmt = MatrixFormat(t->dtype);
     if (!e8m0 && !e4m3 && !fmt.ok()) continue;  // integer tensors: every bit pattern is a value
