@@ -162,6 +162,22 @@ TEST_CASE("quant kernel registry", "[quant]") {
   if (__builtin_cpu_supports("avx512vnni")) CHECK(std::string(QuantKernelName()) == "avx512-vnni");
 }
 
+// The active implementation's QuantizeActivations of x equals the reference's `want`, bit for
+// bit (every output buffer starts filled with other values).
+void CheckQuantizeEquals(const Acts& want, const std::vector<float>& x, size_t ldx, size_t n_tok, size_t cols,
+                         size_t group) {
+  std::vector<int8_t> q(want.q.size(), 99);
+  std::vector<float> scale(want.scale.size(), -1.0f);
+  std::vector<int32_t> sum(want.sum.size(), -1);
+  std::vector<uint8_t> shift(want.shift.size(), 99);
+  QuantizeActivations(x.data(), ldx, n_tok, cols, group, q.data(), scale.data(), sum.data(),
+                      want.shift.empty() ? nullptr : shift.data());
+  CHECK(q == want.q);
+  CHECK(std::memcmp(scale.data(), want.scale.data(), scale.size() * 4) == 0);
+  CHECK(sum == want.sum);
+  CHECK(shift == want.shift);
+}
+
 TEST_CASE("QuantizeActivations is bit-exact against the reference", "[quant]") {
   std::mt19937 rng(5);
   for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4})
@@ -180,18 +196,7 @@ TEST_CASE("QuantizeActivations is bit-exact against the reference", "[quant]") {
       }
       INFO(WeightFormatName(f) << " group " << group << " cols " << cols);
       const Acts want = Quantize(f, x, ldx, n_tok, cols, group);
-      ForEachImpl([&](const std::string&) {
-        std::vector<int8_t> q(want.q.size(), 99);
-        std::vector<float> scale(want.scale.size(), -1.0f);
-        std::vector<int32_t> sum(want.sum.size(), -1);
-        std::vector<uint8_t> shift(want.shift.size(), 99);
-        QuantizeActivations(x.data(), ldx, n_tok, cols, group, q.data(), scale.data(), sum.data(),
-                            want.shift.empty() ? nullptr : shift.data());
-        CHECK(q == want.q);
-        CHECK(std::memcmp(scale.data(), want.scale.data(), scale.size() * 4) == 0);
-        CHECK(sum == want.sum);
-        CHECK(shift == want.shift);
-      });
+      ForEachImpl([&](const std::string&) { CheckQuantizeEquals(want, x, ldx, n_tok, cols, group); });
       // q8: each group's codes reach at least 64 (its shift is the largest that fits) unless the
       // shift is at its cap, and dequantize within half a step.
       if (f == WeightFormat::kQ8) {
@@ -235,18 +240,7 @@ TEST_CASE("QuantizeActivations on inputs over 1 MiB (next-row prefetch) is bit-e
   for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
     INFO(WeightFormatName(f));
     const Acts want = Quantize(f, x, ldx, n_tok, cols, 128);
-    ForEachImpl([&](const std::string&) {
-      std::vector<int8_t> q(want.q.size(), 99);
-      std::vector<float> scale(want.scale.size(), -1.0f);
-      std::vector<int32_t> sum(want.sum.size(), -1);
-      std::vector<uint8_t> shift(want.shift.size(), 99);
-      QuantizeActivations(x.data(), ldx, n_tok, cols, 128, q.data(), scale.data(), sum.data(),
-                          want.shift.empty() ? nullptr : shift.data());
-      CHECK(q == want.q);
-      CHECK(std::memcmp(scale.data(), want.scale.data(), scale.size() * 4) == 0);
-      CHECK(sum == want.sum);
-      CHECK(shift == want.shift);
-    });
+    ForEachImpl([&](const std::string&) { CheckQuantizeEquals(want, x, ldx, n_tok, cols, 128); });
   }
 }
 
@@ -278,16 +272,7 @@ TEST_CASE("a NaN or inf activation gives a NaN scale and NaN outputs for its tok
             CHECK(acts.sum[t * groups + g] == 0);
           }
           ForEachImpl([&](const std::string&) {
-            std::vector<int8_t> q(acts.q.size(), 99);
-            std::vector<float> scale(acts.scale.size(), -1.0f);
-            std::vector<int32_t> sum(acts.sum.size(), -1);
-            std::vector<uint8_t> shift(acts.shift.size(), 99);
-            QuantizeActivations(x.data(), ldx, n_tok, cols, group, q.data(), scale.data(), sum.data(),
-                                acts.shift.empty() ? nullptr : shift.data());
-            CHECK(q == acts.q);
-            CHECK(std::memcmp(scale.data(), acts.scale.data(), scale.size() * 4) == 0);
-            CHECK(sum == acts.sum);
-            CHECK(shift == acts.shift);
+            CheckQuantizeEquals(acts, x, ldx, n_tok, cols, group);
             const size_t ldy = rows + 2;
             std::vector<float> want(n_tok * ldy, -1.0f), got(n_tok * ldy, -1.0f);
             QuantMatMul(p.w, clean.a, 0, p.w.row_tiles(), want.data(), ldy);
