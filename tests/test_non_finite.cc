@@ -39,6 +39,29 @@ void Patch(const fs::path& file, size_t offset, const void* bytes, size_t n) {
   test::WriteBytes(file, b);
 }
 
+// A fresh copy of golden checkpoint `golden` in `dir` with `bytes` (one element's worth) written
+// over element `element` of each named tensor; returns the file of the last one.
+std::string DamagedCopy(const std::string& golden, const fs::path& dir, const std::vector<std::string>& tensors,
+                        size_t element, const void* bytes, size_t n) {
+  fs::remove_all(dir);
+  CopyFolder(golden, dir);
+  std::vector<std::pair<std::string, size_t>> patches;  // file, byte offset
+  {
+    auto ck = Checkpoint::Open(dir.string());
+    REQUIRE(ck.ok());
+    for (const std::string& name : tensors) {
+      const TensorInfo* t = (*ck)->Find(name);
+      INFO(name);
+      REQUIRE(t != nullptr);
+      REQUIRE(element < static_cast<size_t>(t->numel()));
+      REQUIRE(n == t->nbytes / static_cast<size_t>(t->numel()));
+      patches.emplace_back(t->file->path(), static_cast<size_t>(t->data - t->file->data()) + n * element);
+    }
+  }
+  for (const auto& [file, offset] : patches) Patch(file, offset, bytes, n);
+  return patches.back().first;
+}
+
 // Runs the prompt (chunks of 7, so that later chunks see a damaged cache too) and expects the
 // error to name `where` (and the position, when >= 0); the session is left at position 0.
 void ExpectReported(const std::string& dir, const std::vector<int32_t>& prompt, const std::string& where,
@@ -69,85 +92,55 @@ TEST_CASE("a NaN or inf weight in a checkpoint is reported with its layer, block
   const std::string golden = test::GoldenDir("s1_fp32_basic");
   const auto prompt = Prompt(golden);
   struct Damage {
-    std::string tensor;
-    size_t element;  // flat index into the tensor
+    std::vector<std::string> tensors;  // each gets the same damage
+    size_t element;                    // flat index into the tensor
     float value;
     std::string where;
     int64_t position;  // -1: not checked
+    CacheType kv = CacheType::kF32;
   };
   const std::string l0 = "model.layers.0.", l1 = "model.layers.1.", moe = l1 + "block_sparse_moe.";
   std::vector<Damage> cases = {
-      {"model.embed_tokens.weight", static_cast<size_t>(prompt[4]) * 64 + 5, kNaN, "the token embedding", -1},
-      {l0 + "input_layernorm.weight", 3, kNaN, "layer 0's attention", 0},
-      {l0 + "self_attn.q_proj.weight", 7 * 64 + 3, kInf, "layer 0's attention", 0},
-      {l0 + "self_attn.k_proj.weight", 9 * 64 + 1, kNaN, "layer 0's attention", 0},
-      {l0 + "self_attn.v_proj.weight", 2 * 64 + 60, -kInf, "layer 0's attention", 0},
-      {l0 + "self_attn.q_norm.weight", 4, kNaN, "layer 0's attention", 0},
-      {l0 + "self_attn.k_norm.weight", 4, kNaN, "layer 0's attention", 0},
-      {l0 + "self_attn.o_proj.weight", 5 * 128 + 100, kNaN, "layer 0's attention", 0},
-      {l0 + "post_attention_layernorm.weight", 0, kNaN, "layer 0's MLP", 0},
-      {l0 + "mlp.gate_proj.weight", 11 * 64 + 2, kNaN, "layer 0's MLP", 0},
-      {l0 + "mlp.up_proj.weight", 11 * 64 + 2, kInf, "layer 0's MLP", 0},
-      {l0 + "mlp.down_proj.weight", 3 * 96 + 50, kNaN, "layer 0's MLP", 0},
-      {l1 + "self_attn.index_q_proj.weight", 1 * 64 + 1, kNaN, "layer 1's indexer queries", 0},
-      {l1 + "self_attn.index_k_proj.weight", 1 * 64 + 1, kNaN, "layer 1's indexer keys", 0},
-      {l1 + "self_attn.index_k_norm.weight", 6, kInf, "layer 1's indexer keys", 0},
-      {moe + "gate.weight", 2 * 64 + 7, kNaN, "layer 1's MoE block", 0},
-      {moe + "e_score_correction_bias", 5, kNaN, "layer 1's MoE block", 0},
-      {moe + "shared_experts.gate_proj.weight", 0, kNaN, "layer 1's MoE block", 0},
-      {moe + "shared_experts.down_proj.weight", 64 * 32 - 1, -kInf, "layer 1's MoE block", 0},
-      {"model.norm.weight", 63, kNaN, "the final norm and lm_head", 0},
-      {"lm_head.weight", 100 * 64 + 9, kNaN, "the final norm and lm_head", 0},
+      {{"model.embed_tokens.weight"}, static_cast<size_t>(prompt[4]) * 64 + 5, kNaN, "the token embedding", -1},
+      {{l0 + "input_layernorm.weight"}, 3, kNaN, "layer 0's attention", 0},
+      {{l0 + "self_attn.q_proj.weight"}, 7 * 64 + 3, kInf, "layer 0's attention", 0},
+      {{l0 + "self_attn.k_proj.weight"}, 9 * 64 + 1, kNaN, "layer 0's attention", 0},
+      {{l0 + "self_attn.v_proj.weight"}, 2 * 64 + 60, -kInf, "layer 0's attention", 0},
+      {{l0 + "self_attn.q_norm.weight"}, 4, kNaN, "layer 0's attention", 0},
+      {{l0 + "self_attn.k_norm.weight"}, 4, kNaN, "layer 0's attention", 0},
+      {{l0 + "self_attn.o_proj.weight"}, 5 * 128 + 100, kNaN, "layer 0's attention", 0},
+      {{l0 + "post_attention_layernorm.weight"}, 0, kNaN, "layer 0's MLP", 0},
+      {{l0 + "mlp.gate_proj.weight"}, 11 * 64 + 2, kNaN, "layer 0's MLP", 0},
+      {{l0 + "mlp.up_proj.weight"}, 11 * 64 + 2, kInf, "layer 0's MLP", 0},
+      {{l0 + "mlp.down_proj.weight"}, 3 * 96 + 50, kNaN, "layer 0's MLP", 0},
+      {{l1 + "self_attn.index_q_proj.weight"}, 1 * 64 + 1, kNaN, "layer 1's indexer queries", 0},
+      {{l1 + "self_attn.index_k_proj.weight"}, 1 * 64 + 1, kNaN, "layer 1's indexer keys", 0},
+      {{l1 + "self_attn.index_k_norm.weight"}, 6, kInf, "layer 1's indexer keys", 0},
+      {{moe + "gate.weight"}, 2 * 64 + 7, kNaN, "layer 1's MoE block", 0},
+      {{moe + "e_score_correction_bias"}, 5, kNaN, "layer 1's MoE block", 0},
+      {{moe + "shared_experts.gate_proj.weight"}, 0, kNaN, "layer 1's MoE block", 0},
+      {{moe + "shared_experts.down_proj.weight"}, 64 * 32 - 1, -kInf, "layer 1's MoE block", 0},
+      {{"model.norm.weight"}, 63, kNaN, "the final norm and lm_head", 0},
+      {{"lm_head.weight"}, 100 * 64 + 9, kNaN, "the final norm and lm_head", 0},
+      // An int8 K/V cache quantizes k's rows on the way in.
+      {{l1 + "self_attn.k_proj.weight"}, 70, kNaN, "layer 1's attention", 0, CacheType::kInt8},
   };
   // Every routed expert's w1 / w2 / w3 at once (whichever the router picks).
   for (const char* m : {"w1", "w2", "w3"}) {
-    Damage d{"", 33, kNaN, "layer 1's MoE block", 0};
-    for (int e = 0; e < 8; ++e) d.tensor += (e ? "|" : "") + moe + "experts." + std::to_string(e) + "." + m + ".weight";
+    Damage d{{}, 33, kNaN, "layer 1's MoE block", 0};
+    for (int e = 0; e < 8; ++e) d.tensors.push_back(moe + "experts." + std::to_string(e) + "." + m + ".weight");
     cases.push_back(d);
   }
   test::TempDir tmp;
   for (const Damage& d : cases) {
-    DYNAMIC_SECTION(d.tensor.substr(0, d.tensor.find('|')) << " = " << d.value) {
+    DYNAMIC_SECTION(d.tensors[0] << " = " << d.value << " kv " << CacheTypeName(d.kv)) {
       const fs::path dir = tmp.path() / "model";
-      fs::remove_all(dir);
-      CopyFolder(golden, dir);
-      std::vector<std::pair<std::string, size_t>> patches;  // file, byte offset
-      {
-        auto ck = Checkpoint::Open(dir.string());
-        REQUIRE(ck.ok());
-        for (size_t b = 0, e; b <= d.tensor.size(); b = e + 1) {
-          e = d.tensor.find('|', b);
-          if (e == std::string::npos) e = d.tensor.size();
-          const TensorInfo* t = (*ck)->Find(d.tensor.substr(b, e - b));
-          REQUIRE(t != nullptr);
-          REQUIRE(t->dtype == DType::kF32);
-          REQUIRE(d.element < static_cast<size_t>(t->numel()));
-          patches.emplace_back(t->file->path(), static_cast<size_t>(t->data - t->file->data()) + 4 * d.element);
-        }
-      }
-      for (const auto& [file, offset] : patches) Patch(file, offset, &d.value, 4);
+      DamagedCopy(golden, dir, d.tensors, d.element, &d.value, 4);
       int64_t position = d.position;
       if (d.where == "the token embedding")  // the first position of the damaged token id
         position = std::find(prompt.begin(), prompt.end(), prompt[4]) - prompt.begin();
-      ExpectReported(dir.string(), prompt, d.where, position);
+      ExpectReported(dir.string(), prompt, d.where, position, d.kv);
     }
-  }
-  SECTION("k_proj damaged, int8 K/V cache (its rows are quantized on the way in)") {
-    const fs::path dir = tmp.path() / "model";
-    fs::remove_all(dir);
-    CopyFolder(golden, dir);
-    size_t offset;
-    std::string file;
-    {
-      auto ck = Checkpoint::Open(dir.string());
-      REQUIRE(ck.ok());
-      const TensorInfo* t = (*ck)->Find(l1 + "self_attn.k_proj.weight");
-      REQUIRE(t != nullptr);
-      file = t->file->path();
-      offset = static_cast<size_t>(t->data - t->file->data()) + 4 * 70;
-    }
-    Patch(file, offset, &kNaN, 4);
-    ExpectReported(dir.string(), prompt, "layer 1's attention", 0, CacheType::kInt8);
   }
 }
 
@@ -183,20 +176,8 @@ TEST_CASE("VerifyFiniteValues (m3 inspect --verify) finds a NaN or inf in a chec
   for (const Damage& d : cases) {
     DYNAMIC_SECTION(d.golden << " " << d.tensor) {
       const fs::path dir = tmp.path() / "model";
-      fs::remove_all(dir);
-      CopyFolder(test::GoldenDir(d.golden), dir);
-      std::string file;
-      size_t offset;
-      {
-        auto ck = Checkpoint::Open(dir.string());
-        REQUIRE(ck.ok());
-        const TensorInfo* t = (*ck)->Find(d.tensor);
-        REQUIRE(t != nullptr);
-        REQUIRE(d.bytes.size() == t->nbytes / static_cast<size_t>(t->numel()));
-        file = t->file->path();
-        offset = static_cast<size_t>(t->data - t->file->data()) + d.bytes.size() * d.element;
-      }
-      Patch(file, offset, d.bytes.data(), d.bytes.size());
+      const std::string file =
+          DamagedCopy(test::GoldenDir(d.golden), dir, {d.tensor}, d.element, d.bytes.data(), d.bytes.size());
       auto ck = Checkpoint::Open(dir.string());
       REQUIRE(ck.ok());
       const Status st = VerifyFiniteValues(**ck, tc);

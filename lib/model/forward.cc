@@ -62,12 +62,11 @@ void StoreRows(Pages& dst, size_t row0, const float* src, size_t n, size_t width
   for (size_t t = 0; t < n; ++t) dst.Write(row0 + t, src + t * width);
 }
 
-}  // namespace
-
-// NaN or inf anywhere in a token's values is reported where it first shows instead of flowing
-// on into garbage logits. The kernels keep such values non-finite (quantizers give NaN scales,
-// the router NaN weights), so one look at each block's output catches every source in it.
-Status Model::CheckFinite(const float* x, size_t n, size_t width, int64_t pos0, const char* what, int layer) const {
+// Ok when x [n, width] (positions pos0...) is all finite; else the error for `what` (of `layer`
+// when >= 0). NaN or inf anywhere in a token's values is reported where it first shows instead
+// of flowing on into garbage logits. The kernels keep such values non-finite (quantizers give NaN
+// scales, the router NaN weights), so one look at each block's output catches every source in it.
+Status CheckFinite(const float* x, size_t n, size_t width, int64_t pos0, const char* what, int layer) {
   const size_t at = simd::FindNonFinite(x, n * width);
   if (at == n * width) return Status::Ok();
   const std::string where = layer < 0 ? std::string(what) : Str("layer ", layer, "'s ", what);
@@ -75,6 +74,8 @@ Status Model::CheckFinite(const float* x, size_t n, size_t width, int64_t pos0, 
   return Corrupt(where, " gave a non-finite value (", value, ") at position ", pos0 + static_cast<int64_t>(at / width),
                  ": the model's weights are damaged or overflow fp32 (`m3 inspect --verify` finds a damaged tensor)");
 }
+
+}  // namespace
 
 Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,
                              float* out, ForwardObserver* observer) const {

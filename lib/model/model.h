@@ -85,9 +85,6 @@ class Model {
   Status SplitExperts(const Topology& topology, int nodes);  // the expert part of PlaceOnNodes
   Status AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,
                         float* out, ForwardObserver* observer) const;
-  // Ok when x [n, width] (positions pos0...) is all finite; else the error for `what` (of `layer`
-  // when >= 0).
-  Status CheckFinite(const float* x, size_t n, size_t width, int64_t pos0, const char* what, int layer) const;
 
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<PackFile> pack_;

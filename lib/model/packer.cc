@@ -137,8 +137,8 @@ class TensorPacker {
       const size_t nr = std::min(chunk_rows, rows - r0);
       buf.resize(nr * cols);
       simd::DecodeRows(ref, r0, nr, buf.data());
-      for (size_t i = 0; i < buf.size(); ++i)
-        if (!std::isfinite(buf[i])) return NonFinite(out->name, r0 + i / cols, i % cols, buf[i]);
+      const size_t bad = simd::FindNonFinite(buf.data(), buf.size());
+      if (bad < buf.size()) return NonFinite(out->name, r0 + bad / cols, bad % cols, buf[bad]);
       const size_t bytes = buf.size() * sizeof(float);
       M3_RETURN_IF_ERROR(writer_->Write(out->data.offset + r0 * cols * sizeof(float), buf.data(), bytes));
       data_hash.Update(buf.data(), bytes);
@@ -175,11 +175,9 @@ class TensorPacker {
             continue;
           TileFailure& f = failures[th];
           f = TileFailure{true, tile, r0, 0, 0, false};
-          for (size_t k = 0; k < nr * shape.cols; ++k)
-            if (!std::isfinite(rows[k])) {
-              f.row = r0 + k / shape.cols, f.col = k % shape.cols, f.value = rows[k], f.non_finite = true;
-              break;
-            }
+          const size_t k = simd::FindNonFinite(rows, nr * shape.cols);
+          if (k < nr * shape.cols)
+            f.row = r0 + k / shape.cols, f.col = k % shape.cols, f.value = rows[k], f.non_finite = true;
           return;
         }
       });

@@ -20,7 +20,10 @@ void RouteToken(const float* logits, const std::vector<float>& bias, const MoePa
   for (size_t i = 0; i < e; ++i) {
     score[i] = 1.0f / (1.0f + std::exp(-logits[i]));
     choice[i] = p.use_bias ? score[i] + bias[i] : score[i];
-    if (std::isnan(choice[i])) choice[i] = -INFINITY, any_nan = true;  // sortable
+    if (std::isnan(choice[i])) {
+      choice[i] = -INFINITY;  // sortable
+      any_nan = true;
+    }
   }
   std::vector<int32_t> order(e);
   std::iota(order.begin(), order.end(), 0);
