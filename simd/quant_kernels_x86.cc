@@ -62,12 +62,19 @@ constexpr int kGemvMaxTok = 8;
 // 512-token GEMM on Zen 4: ~1-2% faster).
 constexpr int kGemmTok = 6;
 
-// The 1-token q4 GEMV does ~2x the vector work per byte of q8 (nibble unpacking, an epilogue per
-// 32 inputs), so its out-of-order window covers fewer bytes ahead and the hardware prefetcher
-// alone leaves it at ~0.82 of one core's read bandwidth on Zen 4; prefetching every line 4 KiB
-// ahead into L1 lifts it to ~0.88-0.92 (two threads: unchanged at ~0.97-1.0). Shorter distances
-// did not help; q8 reads at the bandwidth limit without it.
-constexpr size_t kQ4GemvPrefetch = 4096;
+// The q4 GEMV does ~2x the vector work per byte of q8 (nibble unpacking, an epilogue per 32
+// inputs), so its out-of-order window covers fewer bytes ahead and the hardware prefetcher alone
+// leaves it well below the read bandwidth; it prefetches every line of its tiles ahead. 1 token:
+// 4 KiB ahead into L1, ~0.82 -> ~0.88-0.92 of one core's read bandwidth on Zen 4 (two threads:
+// unchanged at ~0.97-1.0; shorter distances did not help). 2-3 tokens: 8 KiB ahead into L2,
+// 1.45-1.8x against none and 1.1-1.35x against 4 KiB into L1. 4-8 tokens (compute bound): 4 KiB
+// into L1, +5-13% against none (8 KiB into L2 within +-3% of it). Measured paired call by call,
+// weights cycling through 2.5 GiB, both expert shapes. q8 reads at the bandwidth limit without
+// it, and prefetching slowed its 2-7 token GEMV by 3-20%.
+template <int T>
+constexpr size_t kQ4GemvPrefetch = T == 2 || T == 3 ? 8192 : 4096;
+template <int T>
+constexpr int kQ4GemvPrefetchHint = T == 2 || T == 3 ? _MM_HINT_T1 : _MM_HINT_T0;
 
 // A prompt block prefetches its share of the next step's weights into L1 while at most this many
 // lines per group (the kernel's ~400 cycles of a q8 group); more, as with a prompt of a few token
@@ -94,6 +101,7 @@ struct Block {
   size_t rows;  // valid rows from the first one (the last tile may be partial)
   const uint8_t* prefetch;  // prompts: this block's share of the next step's codes, spread over its groups
   size_t prefetch_lines, prefetch_per_group;
+  bool gemv;    // a decode block (kGemvMaxTok tokens or fewer): its own tiles are read from memory
   bool stream;  // write full tiles with non-temporal stores (outputs too large to stay in cache)
 };
 
@@ -122,7 +130,9 @@ inline int32_t Load32(const int8_t* p) {
 // Never inlined: each shape is compiled alone, so its register allocation does not depend on
 // the dispatch code around it (inlined into the dispatcher, the q8 4-token kernel ran a 16-token
 // prompt 3.5% slower).
-template <int R, int T, int C, bool kQ4, size_t kG, bool kPrefetch>
+// kPrefetch: the prompt block's share of the next step; kAhead: q4 GEMV, its own tiles' lines
+// kQ4GemvPrefetch ahead.
+template <int R, int T, int C, bool kQ4, size_t kG, bool kPrefetch, bool kAhead>
 M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
   // q4: high nibbles in accumulators of their own, left in place (16 x code, one exact >> 4 per
   // group instead of a shift per chunk) while registers allow; with many accumulators (8 tokens
@@ -168,9 +178,9 @@ M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
         __m512i lo[R], hi[R];
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
-          if constexpr (kQ4 && T == 1)
-            _mm_prefetch(reinterpret_cast<const char*>(wp + r * b.tile_bytes + (v + c) * 64 + kQ4GemvPrefetch),
-                         _MM_HINT_T0);
+          if constexpr (kAhead)
+            _mm_prefetch(reinterpret_cast<const char*>(wp + r * b.tile_bytes + (v + c) * 64 + kQ4GemvPrefetch<T>),
+                         static_cast<_mm_hint>(kQ4GemvPrefetchHint<T>));
           const __m512i raw = _mm512_loadu_si512(wp + r * b.tile_bytes + (v + c) * 64);
           lo[r] = kQ4 ? _mm512_and_si512(raw, nibble) : raw;
           hi[r] = !kQ4 ? raw : kHiApart ? _mm512_andnot_si512(nibble, raw)
@@ -246,17 +256,19 @@ struct GemvShape {
 
 // Compute-bound blocks (4+ tokens) with no share of the next step to prefetch, most of a prompt's,
 // run a copy of the kernel without the prefetch loop in its group loop (q8 512-token GEMM on Zen
-// 4: +0.5-1%, paired). The memory-bound 1-3 token kernels keep the one copy: without the loop
-// GCC schedules the q8 1-token GEMV's loads differently and it read 2-3% slower. Prompt blocks
-// have at most kGemmTok tokens.
+// 4: +0.5-1%, paired). The memory-bound 1-3 token kernels (always decode) keep the one copy:
+// without the loop GCC schedules the q8 1-token GEMV's loads differently and it read 2-3% slower.
+// Prompt blocks have 4 to kGemmTok tokens.
 template <int R, int T, int C, bool kQ4, size_t kG>
 M3_VNNI void GemvTilesPrefetchOrNot(const Block& b) {
   if constexpr (T < 4) {
-    GemvTiles<R, T, C, kQ4, kG, true>(b);
+    GemvTiles<R, T, C, kQ4, kG, true, kQ4>(b);
   } else {
     if constexpr (T <= kGemmTok)
-      if (b.prefetch_lines > 0) return GemvTiles<R, T, C, kQ4, kG, true>(b);
-    GemvTiles<R, T, C, kQ4, kG, false>(b);
+      if (b.prefetch_lines > 0) return GemvTiles<R, T, C, kQ4, kG, true, false>(b);
+    if constexpr (kQ4)
+      if (b.gemv) return GemvTiles<R, T, C, kQ4, kG, false, true>(b);
+    GemvTiles<R, T, C, kQ4, kG, false, false>(b);
   }
 }
 
@@ -360,6 +372,7 @@ M3_VNNI void RunTiles(const Job& j) {
       b.y = j.y + t0 * j.ldy + tile * kTileRows;
       b.ldy = j.ldy;
       b.rows = std::min(w.rows, (tile + static_cast<size_t>(r)) * kTileRows) - tile * kTileRows;
+      b.gemv = n <= kGemvMaxTok;
       b.stream = j.stream;
       if (q4)
         GemvDispatch<true, kGemvMaxTok>(nt, r, b);
