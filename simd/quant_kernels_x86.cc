@@ -248,10 +248,13 @@ M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
 }
 
 // Shapes per token count: R row tiles side by side share each activation broadcast; C chains.
+// One stream when memory bound; 4+ tokens are compute bound. q8 with 3 tokens runs two tiles
+// with one chain: +7-25% against one tile with two (paired, cold weights, both expert shapes;
+// with 2 tokens -6 to +5%, and q4 with 3 tokens 19-23% slower).
 template <bool kQ4, int T>
 struct GemvShape {
-  static constexpr int R = T >= 4 ? 2 : 1;  // one stream when memory bound; 4+ tokens are compute bound
-  static constexpr int C = T == 1 ? (kQ4 ? 1 : 4) : T <= 3 ? 2 : 1;
+  static constexpr int R = T >= 4 || (!kQ4 && T == 3) ? 2 : 1;
+  static constexpr int C = T == 1 ? (kQ4 ? 1 : 4) : R == 1 ? 2 : 1;
 };
 
 // Compute-bound blocks (4+ tokens) with no share of the next step to prefetch, most of a prompt's,
