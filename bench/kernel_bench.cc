@@ -408,14 +408,23 @@ class Report {
   void Print(const LimitProbes& probes, const std::string& header, bool json, FILE* out) {
     const std::string cpu = CpuModel(), simd_target = simd::ActiveTargetName();
     for (Row& r : rows_) {
+      if (r.extra.contains("peak_kind")) {  // GEMV: its compute against the peak too
+        // A few tokens can make a GEMV compute bound: at the peak its products take longer than
+        // reading its bytes at the row's limit. Then its ratio to the read bandwidth cannot reach
+        // 1, and its fraction of the peak says how close it is.
+        const double peak = PeakOf(probes, r.extra["peak_kind"].get<std::string>(), r.threads);
+        const double ops = r.extra["ops"].get<double>(), seconds = r.extra["seconds"].get<double>();
+        const double bytes = static_cast<double>(r.extra["bytes"].get<size_t>());
+        r.extra["gops"] = ops / seconds / 1e9;
+        r.extra["peak"] = peak;
+        r.extra["peak_ratio"] = peak > 0 ? ops / seconds / 1e9 / peak : 0.0;
+        r.extra["bound"] = peak > 0 && ops / (peak * 1e9) > bytes / (r.limit * 1e9) ? "compute" : "memory";
+      }
       if (r.limit > 0) {  // measured with the row (paired); the run's best read alongside
         if (r.limit_kind == "read_bw") r.extra["best_read_bw"] = probes.Best(LimitProbes::kReadBw, r.threads);
         continue;
       }
-      if (r.limit_kind == "read_bw") r.limit = probes.Best(LimitProbes::kReadBw, r.threads);
-      if (r.limit_kind == "int8_peak") r.limit = probes.Best(LimitProbes::kInt8Peak, r.threads);
-      if (r.limit_kind == "fma_peak") r.limit = probes.Best(LimitProbes::kFmaPeak, r.threads);
-      if (r.limit_kind == "fma_peak_x2") r.limit = 2 * probes.Best(LimitProbes::kFmaPeak, r.threads);
+      r.limit = PeakOf(probes, r.limit_kind, r.threads);
     }
     if (json) {
       for (const Row& r : rows_) {
@@ -449,12 +458,23 @@ class Report {
                    r.impl.c_str());
       if (r.extra.contains("matmul_ratio"))  // the GEMM vs oneDNN rows: also without our quantization
         std::fprintf(out, " (matmul alone %.3f)", r.extra["matmul_ratio"].get<double>());
+      if (r.extra.value("bound", "") == "compute")
+        std::fprintf(out, " (compute bound: %.3f of %s)", r.extra["peak_ratio"].get<double>(),
+                     r.extra["peak_kind"].get<std::string>().c_str());
       std::fprintf(out, "\n");
     }
   }
 
  private:
   static double Ratio(const Row& r) { return r.limit > 0 ? r.value / r.limit : 0.0; }
+  // A peak's best sample of the run; 0 for a kind that is not a peak.
+  static double PeakOf(const LimitProbes& probes, const std::string& kind, int threads) {
+    if (kind == "read_bw") return probes.Best(LimitProbes::kReadBw, threads);
+    if (kind == "int8_peak") return probes.Best(LimitProbes::kInt8Peak, threads);
+    if (kind == "fma_peak") return probes.Best(LimitProbes::kFmaPeak, threads);
+    if (kind == "fma_peak_x2") return 2 * probes.Best(LimitProbes::kFmaPeak, threads);
+    return 0;
+  }
   static int Section(const Row& r) {
     static const char* const kOrder[] = {"read_bw", "int8_peak", "fma_peak", "gemv", "gemm", "onednn_int8"};
     if (r.kernel == "gemm" && r.limit_kind == "onednn") return 6;
@@ -465,6 +485,12 @@ class Report {
 
   std::vector<Row> rows_;
 };
+
+// The compute limit of a weight type's matmul: vdpbf16ps does two products per fp32 lane where
+// an FMA does one, twice the FMA peak.
+const char* PeakKind(WeightFormat f, bool bf16_dot) {
+  return f != WeightFormat::kBF16Tiled ? "int8_peak" : bf16_dot ? "fma_peak_x2" : "fma_peak";
+}
 
 const char* TypeName(WeightFormat f) {
   return f == WeightFormat::kQ8 ? "q8" : f == WeightFormat::kQ4 ? "q4" : "bf16";
@@ -555,6 +581,8 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
           const double s = Median(secs);
           report.Add({"gemv", type, shape, n_tok, t, gb / s, "GB/s", paired.read_gbps, "read_bw", impl,
                       {{"seconds", s},
+                       {"ops", 2.0 * static_cast<double>(ms.rows) * static_cast<double>(ms.cols) * n_tok},
+                       {"peak_kind", PeakKind(f, bf16_dot)},
                        {"best_seconds", *std::min_element(secs.begin(), secs.end())},
                        {"calls", secs.size()},
                        {"bytes", bytes},
@@ -582,9 +610,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
               TimeCalls(policy, [&] { runner.Run(tc, set.at(expert ? next++ % count : 0), n_tok); });
           const double s = Median(secs);
           const double gops = n_ops / s / 1e9;
-          // vdpbf16ps does two products per fp32 lane where an FMA does one: twice the FMA peak.
-          const char* kind = f != WeightFormat::kBF16Tiled ? "int8_peak" : bf16_dot ? "fma_peak_x2" : "fma_peak";
-          report.Add({"gemm", type, shape, n_tok, t, gops, "GOP/s", 0, kind, impl,
+          report.Add({"gemm", type, shape, n_tok, t, gops, "GOP/s", 0, PeakKind(f, bf16_dot), impl,
                       {{"seconds", s},
                        {"best_seconds", *std::min_element(secs.begin(), secs.end())},
                        {"calls", secs.size()},

@@ -5,12 +5,15 @@
 //               patterns, best sample of the run)
 //   int8_peak   int8 dot-product peak (simd::Int8DotPeakLoop on every thread, summed, best of reps)
 //   fma_peak    fp32 FMA peak (simd::FmaPeakLoop, likewise), the limit of the bf16 GEMM
-//   gemv        q4/q8/bf16, 1/4/8 tokens: GB/s of weights read (codes + scales) vs read_bw; the
+//   gemv        q4/q8/bf16, 1/2/4/8 tokens: GB/s of weights read (codes + scales) vs read_bw; the
 //               weights cycle through enough distinct matrices (>= 8x L3) that every call is cold.
 //               Each call is paired with a probe read of as many cold bytes right after it, and
 //               the row's limit is the median of those (faster pattern): on a shared VM the
 //               bandwidth swings by 30% from second to second, and a best-of-run limit set in a
 //               quiet second would judge the kernel by noise. The best of the run is given too.
+//               Also its GOP/s against the compute peak (`peak_ratio`), and `bound`: "compute"
+//               where the products at the peak take longer than the read at the limit (q4 from
+//               ~3 tokens, q8 from ~8), so that the read-bandwidth ratio cannot reach 1.
 //   gemm        q4/q8/bf16, 512 tokens: GOP/s (2*rows*cols*tokens) vs int8_peak (fma_peak for bf16),
 //               and q8 again vs oneDNN's int8 matmul on the same shape and threads; and at 16
 //               tokens (a 512-token prefill's share per routed expert) with the weights cycling

@@ -53,7 +53,7 @@ inline constexpr MatShape kIndexKProj{kIndexDim, kHidden};              // 128x6
 inline constexpr MatShape kLmHead{kVocab, kHidden};                     // 200064x6144
 
 // Token counts of the kernel benchmarks: decode (one sequence, a few drafts) and a prefill chunk.
-inline constexpr size_t kDecodeTokens[] = {1, 4, 8};
+inline constexpr size_t kDecodeTokens[] = {1, 2, 4, 8};
 inline constexpr size_t kPrefillTokens = 512;
 // A prefill's tokens per routed expert on average (512 x top-4 / 128 experts): the size of the
 // GEMM each chosen expert runs, its weights read from memory.

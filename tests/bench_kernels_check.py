@@ -50,6 +50,19 @@ for n, line in enumerate(p.stdout.splitlines(), 1):
     if row.get("kernel") == "gemv":  # limit measured call by call with the kernel, the run's best alongside
         check(row.get("limit_stat") == "median of paired probe reads", f"line {n}: gemv limit_stat")
         check(isinstance(row.get("best_read_bw"), (int, float)) and row["best_read_bw"] > 0, f"line {n}: best_read_bw")
+        # Its compute against the peak: GOP/s from its ops and seconds, and compute bound exactly
+        # when the products at the peak take longer than reading its bytes at the row's limit.
+        ops, secs, peak, nbytes = (row.get(f) for f in ("ops", "seconds", "peak", "bytes"))
+        if all(isinstance(x, (int, float)) and x > 0 for x in (ops, secs, peak, nbytes)):
+            gops = ops / secs / 1e9
+            check(math.isclose(row.get("gops", 0), gops, rel_tol=1e-9), f"line {n}: gops")
+            check(math.isclose(row.get("peak_ratio", 0), gops / peak, rel_tol=1e-9), f"line {n}: peak_ratio")
+            want = "compute" if ops / peak > nbytes / row["limit"] else "memory"
+            check(row.get("bound") == want, f"line {n}: bound {row.get('bound')}, want {want}")
+            kinds_ok = ("fma_peak", "fma_peak_x2") if row["type"] == "bf16" else ("int8_peak",)
+            check(row.get("peak_kind") in kinds_ok, f"line {n}: peak_kind {row.get('peak_kind')}")
+        else:
+            check(False, f"line {n}: gemv row without ops, seconds, peak and bytes")
 
 kinds = {(r.get("kernel"), r.get("type"), r.get("limit_kind"), r.get("threads")) for r in rows}
 for t in (1, 2):
@@ -57,6 +70,9 @@ for t in (1, 2):
         check(any(x[0] == k and x[3] == t for x in kinds), f"no {k} row for {t} threads")
     for ty in ("q4", "q8", "bf16"):
         check(("gemv", ty, "read_bw", t) in kinds, f"no gemv {ty} row for {t} threads")
+        gemv_tokens = sorted(r.get("tokens") for r in rows
+                             if r.get("kernel") == "gemv" and r.get("type") == ty and r.get("threads") == t)
+        check(len(gemv_tokens) >= 2 and gemv_tokens[0] == 1, f"gemv {ty} token counts for {t} threads: {gemv_tokens}")
         check(any(x[0] == "gemm" and x[1] == ty and x[3] == t for x in kinds), f"no gemm {ty} row for {t} threads")
 if "onednn rows skipped" not in p.stderr:
     check(("onednn_int8", "q8", "int8_peak", 1) in kinds, "no onednn_int8 row")
