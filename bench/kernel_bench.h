@@ -13,7 +13,7 @@
 //               quiet second would judge the kernel by noise. The best of the run is given too.
 //               Also its GOP/s against the compute peak (`peak_ratio`), and `bound`: "compute"
 //               where the products at the peak take longer than the read at the limit (q4 from
-//               ~3 tokens, q8 from ~8), so that the read-bandwidth ratio cannot reach 1.
+//               ~4 tokens, q8 from ~7), so that the read-bandwidth ratio cannot reach 1.
 //   gemm        q4/q8/bf16, 512 tokens: GOP/s (2*rows*cols*tokens) vs int8_peak (fma_peak for bf16),
 //               and q8 again vs oneDNN's int8 matmul on the same shape and threads; and at 16
 //               tokens (a 512-token prefill's share per routed expert) with the weights cycling
