@@ -52,10 +52,11 @@ namespace {
 // every chunk of up to 8 tokens passes over it while it is in L2. Up to 8 tokens (decode) that is
 // a GEMV, at the memory bound with 1-2 tokens: one row tile at a time, one front-to-back stream
 // the hardware prefetcher follows (on Zen 4 ~30% faster than four tiles side by side with
-// software prefetch into L1, the earlier design tuned on Cascade Lake); GemvShape has the rest. For prompts it is compute bound and beat
-// the 4-tile x 6-token asm GEMM with repacked weights that it replaced at every size: Zen 4, one
-// 3072x6144 matrix in cache, GOP/s chunks vs GEMM, q4 16 tokens 283 vs 257, 64: 340 vs 302, 512:
-// 314-344 vs 329; q8 16: 321 vs 210, 128: 413 vs 381, 512: 415 vs 405.
+// software prefetch into L1, the earlier design tuned on Cascade Lake); GemvShape has the rest.
+// For prompts it is compute bound and beat the 4-tile x 6-token asm GEMM with repacked weights
+// that it replaced at every size: Zen 4, one 3072x6144 matrix in cache, GOP/s chunks vs GEMM, q4
+// 16 tokens 283 vs 257, 64: 340 vs 302, 512: 314-344 vs 329; q8 16: 321 vs 210, 128: 413 vs 381,
+// 512: 415 vs 405.
 constexpr int kGemvMaxTok = 8;
 // Prompts (more than kGemvMaxTok tokens) run in blocks of 6: 2 tiles x 6 tokens keep the 12 int32
 // and 12 fp32 accumulators in registers, where 2 x 8 spills the fp32 ones at every group (q8
