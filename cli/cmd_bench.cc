@@ -7,6 +7,7 @@
 //   --attention one sparse-attention layer at the real M3 shapes over contexts 1K..128K: indexer,
 //               selected-block and dense attention, decode and prefill (bench/attention_bench.h)
 // A new mode is one flag in BenchArgs and one entry in kModes.
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -202,7 +203,15 @@ void AddBenchCommand(CLI::App& app, int* rc) {
   cmd->add_option("-t,--threads", args->threads,
                   "Threads (default: all cores); --kernels takes a list, e.g. -t 1,8 (default: 1 and all cores)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {  // CLI::PositiveNumber's message quotes DBL_MAX
+            int n = 0;
+            const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+            if (ec != std::errc() || end != value.data() + value.size() || n < 1)
+              return "thread counts are whole numbers of 1 or more, got '" + value + "'";
+            return {};
+          },
+          "N>=1"));
   // End-to-end options; range checks are the benchmark's (clear messages for 0 or negatives).
   std::vector<CLI::Option*> end_to_end = {
       cmd->add_option("-m,--model", args->model, "Model folder to benchmark (default: the generated model)"),

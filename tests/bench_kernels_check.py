@@ -2,7 +2,7 @@
 """Smoke test of `m3 bench --kernels --quick --json`: every stdout line is a JSON object with the
 report fields, ratio == value / limit, the expected rows are there (limits, GEMV and GEMM for each
 type, oneDNN when built in) and every kernel result matched its scalar reference. No timing
-assertions. Also checks that `m3 bench` with an unknown option fails with a message.
+assertions. Also checks that `m3 bench` with an unknown option or a bad thread count fails with a message.
 Usage: bench_kernels_check.py M3_BINARY"""
 import json
 import math
@@ -93,6 +93,11 @@ if "onednn rows skipped" not in p.stderr:
 
 p = subprocess.run([m3, "bench", "--bogus"], capture_output=True, text=True, timeout=60)
 check(p.returncode != 0 and "--bogus" in p.stderr, f"`m3 bench --bogus`: rc {p.returncode}, {p.stderr!r}")
+for bad in ("0", "abc", "1,-2", "2x"):  # thread counts: a short message naming the bad value
+    p = subprocess.run([m3, "bench", "--kernels", "-t", bad], capture_output=True, text=True, timeout=60)
+    shown = bad.split(",")[-1]
+    check(p.returncode != 0 and f"1 or more, got '{shown}'" in p.stderr and len(p.stderr) < 300,
+          f"`m3 bench --kernels -t {bad}`: rc {p.returncode}, {p.stderr!r}")
 
 for f in failures:
     print("FAIL:", f)
