@@ -2,7 +2,8 @@
 """Smoke test of `m3 bench --kernels --quick --json`: every stdout line is a JSON object with the
 report fields, ratio == value / limit, the expected rows are there (limits, GEMV and GEMM for each
 type, oneDNN when built in) and every kernel result matched its scalar reference. No timing
-assertions. Also checks that `m3 bench` with an unknown option or a bad thread count fails with a message.
+assertions. Also checks that `m3 bench` with an unknown option or a bad thread count fails with a
+message.
 Usage: bench_kernels_check.py M3_BINARY"""
 import json
 import math
