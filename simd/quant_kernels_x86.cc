@@ -73,9 +73,12 @@ constexpr int kGemmTok = 6;
 // weights cycling through 2.5 GiB, both expert shapes. q8 reads at the bandwidth limit without
 // it, and prefetching slowed its 2-7 token GEMV by 3-20%.
 template <int T>
-constexpr size_t kQ4GemvPrefetch = T == 2 || T == 3 ? 8192 : 4096;
-template <int T>
-constexpr int kQ4GemvPrefetchHint = T == 2 || T == 3 ? _MM_HINT_T1 : _MM_HINT_T0;
+inline void PrefetchQ4GemvLine(const uint8_t* line) {
+  if constexpr (T == 2 || T == 3)
+    _mm_prefetch(reinterpret_cast<const char*>(line + 8192), _MM_HINT_T1);
+  else
+    _mm_prefetch(reinterpret_cast<const char*>(line + 4096), _MM_HINT_T0);
+}
 
 // A prompt block prefetches its share of the next step's weights into L1 while at most this many
 // lines per group (the kernel's ~400 cycles of a q8 group); more, as with a prompt of a few token
@@ -132,7 +135,7 @@ inline int32_t Load32(const int8_t* p) {
 // the dispatch code around it (inlined into the dispatcher, the q8 4-token kernel ran a 16-token
 // prompt 3.5% slower).
 // kPrefetch: the prompt block's share of the next step; kAhead: q4 GEMV, its own tiles' lines
-// kQ4GemvPrefetch ahead.
+// ahead (PrefetchQ4GemvLine).
 template <int R, int T, int C, bool kQ4, size_t kG, bool kPrefetch, bool kAhead>
 M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
   // q4: high nibbles in accumulators of their own, left in place (16 x code, one exact >> 4 per
@@ -187,10 +190,7 @@ M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) {
               if constexpr (kAhead)
-                if (h == 0)
-                  _mm_prefetch(
-                      reinterpret_cast<const char*>(wp + r * b.tile_bytes + (v + c) * 64 + kQ4GemvPrefetch<T>),
-                      static_cast<_mm_hint>(kQ4GemvPrefetchHint<T>));
+                if (h == 0) PrefetchQ4GemvLine<T>(wp + r * b.tile_bytes + (v + c) * 64);
               const __m512i raw = _mm512_loadu_si512(wp + r * b.tile_bytes + (v + c) * 64);
               half[r] = _mm512_and_si512(h == 0 ? raw : _mm512_srli_epi16(raw, 4), nibble);
             }
@@ -207,9 +207,7 @@ M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
         __m512i lo[R], hi[R];
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
-          if constexpr (kAhead)
-            _mm_prefetch(reinterpret_cast<const char*>(wp + r * b.tile_bytes + (v + c) * 64 + kQ4GemvPrefetch<T>),
-                         static_cast<_mm_hint>(kQ4GemvPrefetchHint<T>));
+          if constexpr (kAhead) PrefetchQ4GemvLine<T>(wp + r * b.tile_bytes + (v + c) * 64);
           const __m512i raw = _mm512_loadu_si512(wp + r * b.tile_bytes + (v + c) * 64);
           lo[r] = kQ4 ? _mm512_and_si512(raw, nibble) : raw;
           hi[r] = !kQ4 ? raw : kHiApart ? _mm512_andnot_si512(nibble, raw)
