@@ -486,6 +486,11 @@ class Report {
   std::vector<Row> rows_;
 };
 
+// Integer or fp operations of one matmul of `n_tok` tokens: a multiply and an add per weight and token.
+double MatMulOps(const shapes::MatShape& ms, size_t n_tok) {
+  return 2.0 * static_cast<double>(ms.rows) * static_cast<double>(ms.cols) * static_cast<double>(n_tok);
+}
+
 // The compute limit of a weight type's matmul: vdpbf16ps does two products per fp32 lane where
 // an FMA does one, twice the FMA peak.
 const char* PeakKind(WeightFormat f, bool bf16_dot) {
@@ -581,7 +586,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
           const double s = Median(secs);
           report.Add({"gemv", type, shape, n_tok, t, gb / s, "GB/s", paired.read_gbps, "read_bw", impl,
                       {{"seconds", s},
-                       {"ops", 2.0 * static_cast<double>(ms.rows) * static_cast<double>(ms.cols) * n_tok},
+                       {"ops", MatMulOps(ms, n_tok)},
                        {"peak_kind", PeakKind(f, bf16_dot)},
                        {"best_seconds", *std::min_element(secs.begin(), secs.end())},
                        {"calls", secs.size()},
@@ -602,7 +607,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       // round robin, each call's weights cold as a chosen expert's are.
       for (const bool expert : {false, true}) {
         const size_t n_tok = expert ? plan.expert_tokens : plan.gemm_tokens;
-        const double n_ops = 2.0 * static_cast<double>(ms.rows) * static_cast<double>(ms.cols) * n_tok;
+        const double n_ops = MatMulOps(ms, n_tok);
         const CallPolicy policy = GemmPolicy(plan, expert, count);
         for (int t : thread_counts) {
           const ThreadConfig tc{t};
@@ -641,7 +646,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
                      shape.c_str(), n_tok, copies, need / 1e9, static_cast<double>(available) / 1e9);
         continue;
       }
-      const double n_ops = 2.0 * static_cast<double>(ms.rows) * static_cast<double>(ms.cols) * n_tok;
+      const double n_ops = MatMulOps(ms, n_tok);
       MatrixSet q8_set(q8_shape, copies, ThreadConfig{max_threads});
       for (int t : thread_counts) {
         std::string error;
