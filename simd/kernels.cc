@@ -281,6 +281,28 @@ float ExpShiftSumImpl(float* x, size_t n, float shift) {
   return s;
 }
 
+void SwigluOaiImpl(float* HWY_RESTRICT g, const float* HWY_RESTRICT u, size_t n, float alpha, float limit,
+                   float beta) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const auto va = hn::Set(df, alpha), vl = hn::Set(df, limit), vb = hn::Set(df, beta), one = hn::Set(df, 1.0f);
+  const auto nan = hn::Set(df, std::numeric_limits<float>::quiet_NaN());
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto vg = hn::LoadU(df, g + i), vu = hn::LoadU(df, u + i);
+    const auto gc = hn::Min(vg, vl);
+    const auto uc = hn::Min(hn::Max(vu, hn::Neg(vl)), vl);
+    // sigmoid(z) from e = exp(-|z|) <= 1, which cannot overflow: 1 / (1 + e) for z >= 0, else e / (1 + e).
+    const auto z = hn::Mul(va, gc);
+    const auto e = hn::Exp(df, hn::Neg(hn::Abs(z)));
+    const auto sig = hn::Div(hn::IfThenElse(hn::Lt(z, hn::Zero(df)), e, one), hn::Add(one, e));
+    const auto a = hn::Mul(hn::Mul(gc, sig), hn::Add(uc, vb));
+    const auto finite = hn::And(hn::IsFinite(vg), hn::IsFinite(vu));
+    hn::StoreU(hn::IfThenElse(finite, a, nan), df, g + i);
+  }
+  ref::SwigluOai(g + i, u + i, n - i, alpha, limit, beta);
+}
+
 size_t FindNonFiniteImpl(const float* x, size_t n) {
   const DF df;
   const hn::RebindToUnsigned<DF> du;
@@ -314,6 +336,7 @@ HWY_EXPORT(MulScaledImpl);
 HWY_EXPORT(MaxValueImpl);
 HWY_EXPORT(ExpShiftSumImpl);
 HWY_EXPORT(FindNonFiniteImpl);
+HWY_EXPORT(SwigluOaiImpl);
 
 void DecodeRows(const WeightRef& w, size_t row0, size_t n_rows, float* out) {
   HWY_DYNAMIC_DISPATCH(DecodeRowsImpl)(w, row0, n_rows, out);
@@ -338,6 +361,9 @@ float ExpShiftSum(float* x, size_t n, float shift) {
   return HWY_DYNAMIC_DISPATCH(ExpShiftSumImpl)(x, n, shift);
 }
 size_t FindNonFinite(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(FindNonFiniteImpl)(x, n); }
+void SwigluOai(float* g, const float* u, size_t n, float alpha, float limit, float beta) {
+  HWY_DYNAMIC_DISPATCH(SwigluOaiImpl)(g, u, n, alpha, limit, beta);
+}
 
 std::string TargetName(int64_t target) { return hwy::TargetName(target); }
 

@@ -40,6 +40,9 @@ void MulScaled(const float* x, const float* w, float s, float* y, size_t n);  //
 float MaxValue(const float* x, size_t n);                    // -inf for n == 0
 float ExpShiftSum(float* x, size_t n, float shift);          // x = exp(x - shift) (NaN stays); returns sum
 size_t FindNonFinite(const float* x, size_t n);              // index of the first NaN or +-inf; n if none
+// SwiGLU-OAI in place: g[i] = min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, +-limit) + beta);
+// NaN where g[i] or u[i] is NaN or infinite (overflow or damaged weights, not a value to clamp).
+void SwigluOai(float* g, const float* u, size_t n, float alpha, float limit, float beta);
 
 namespace ref {
 void DecodeRows(const WeightRef& w, size_t row0, size_t n_rows, float* out);
@@ -55,6 +58,7 @@ void MulScaled(const float* x, const float* w, float s, float* y, size_t n);
 float MaxValue(const float* x, size_t n);
 float ExpShiftSum(float* x, size_t n, float shift);
 size_t FindNonFinite(const float* x, size_t n);
+void SwigluOai(float* g, const float* u, size_t n, float alpha, float limit, float beta);
 }  // namespace ref
 
 // The SIMD target the dispatcher picks on this CPU (e.g. "AVX3", "AVX2", "NEON").

@@ -175,6 +175,39 @@ TEST_CASE("vector kernels match their references", "[kernels]") {
   CHECK(std::isinf(MaxValue(nullptr, 0)));
 }
 
+TEST_CASE("SwigluOai matches its reference across the clamps, large values and non-finite inputs", "[kernels]") {
+  const float alpha = 1.702f, limit = 7.0f, beta = 1.0f;
+  for (size_t n : kSizes) {
+    INFO("n " << n);
+    // Gates and ups over [-20, 20] cross both clamps; a few huge values drive the sigmoid to 0 and 1.
+    auto g = RandomVec(n, 11, 20.0f), u = RandomVec(n, 12, 20.0f);
+    g[n / 2] = -1e30f;
+    g[n - 1] = 3e38f;
+    u[0] = -3e38f;
+    ForEachTarget([&] {
+      auto a1 = g, a2 = g;
+      SwigluOai(a1.data(), u.data(), n, alpha, limit, beta);
+      ref::SwigluOai(a2.data(), u.data(), n, alpha, limit, beta);
+      for (size_t i = 0; i < n; ++i) {
+        INFO("i " << i << " g " << g[i] << " u " << u[i]);
+        REQUIRE(std::isfinite(a2[i]));
+        CHECK(std::fabs(a1[i] - a2[i]) <= 4e-6f * (1 + std::fabs(a2[i])));
+      }
+      // A NaN or infinite gate or up at any lane (vector body or tail) gives NaN there only.
+      for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity()}) {
+        for (size_t at : {size_t{0}, n / 2, n - 1}) {
+          auto g2 = g, u2 = u;
+          (at % 2 ? g2 : u2)[at] = bad;
+          auto b1 = g2;
+          SwigluOai(b1.data(), u2.data(), n, alpha, limit, beta);
+          for (size_t i = 0; i < n; ++i) CHECK(std::isnan(b1[i]) == (i == at));
+        }
+      }
+    });
+  }
+}
+
 TEST_CASE("FindNonFinite finds the first NaN or inf at every position and length", "[kernels]") {
   const float bad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
                        std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};

@@ -10,14 +10,7 @@
 namespace m3 {
 
 void SwigluOai(float* g, const float* u, size_t n, const SwigluParams& p) {
-  for (size_t i = 0; i < n; ++i) {
-    const float gc = std::min(g[i], p.limit);  // gate: upper clamp only (spec G10); keeps NaN
-    const float uc = std::clamp(u[i], -p.limit, p.limit);
-    const float sig = 1.0f / (1.0f + std::exp(-p.alpha * gc));
-    // An infinite input is fp32 overflow or damaged weights, not a large value to clamp: NaN, so
-    // that the model's check reports it.
-    g[i] = std::isinf(g[i]) || std::isinf(u[i]) ? NAN : gc * sig * (uc + p.beta);
-  }
+  simd::SwigluOai(g, u, n, p.alpha, p.limit, p.beta);
 }
 
 void MlpForward(const ThreadConfig& tc, const MlpWeights& w, const SwigluParams& act, const float* x, size_t n,
