@@ -287,9 +287,8 @@ void SwigluOaiImpl(float* HWY_RESTRICT g, const float* HWY_RESTRICT u, size_t n,
   const size_t N = hn::Lanes(df);
   const auto va = hn::Set(df, alpha), vl = hn::Set(df, limit), vb = hn::Set(df, beta), one = hn::Set(df, 1.0f);
   const auto nan = hn::Set(df, std::numeric_limits<float>::quiet_NaN());
-  size_t i = 0;
-  for (; i + N <= n; i += N) {
-    const auto vg = hn::LoadU(df, g + i), vu = hn::LoadU(df, u + i);
+  auto swiglu = [&](float* gi, const float* ui) {
+    const auto vg = hn::LoadU(df, gi), vu = hn::LoadU(df, ui);
     const auto gc = hn::Min(vg, vl);
     const auto uc = hn::Min(hn::Max(vu, hn::Neg(vl)), vl);
     // sigmoid(z) from e = exp(-|z|) <= 1, which cannot overflow: 1 / (1 + e) for z >= 0, else e / (1 + e).
@@ -298,9 +297,19 @@ void SwigluOaiImpl(float* HWY_RESTRICT g, const float* HWY_RESTRICT u, size_t n,
     const auto sig = hn::Div(hn::IfThenElse(hn::Lt(z, hn::Zero(df)), e, one), hn::Add(one, e));
     const auto a = hn::Mul(hn::Mul(gc, sig), hn::Add(uc, vb));
     const auto finite = hn::And(hn::IsFinite(vg), hn::IsFinite(vu));
-    hn::StoreU(hn::IfThenElse(finite, a, nan), df, g + i);
+    hn::StoreU(hn::IfThenElse(finite, a, nan), df, gi);
+  };
+  size_t i = 0;
+  for (; i + N <= n; i += N) swiglu(g + i, u + i);
+  // The tail runs the same vector code on a padded copy: an element's result never depends on where
+  // a call's range starts (the MoE splits rows over threads; exp differs from std::exp in the ulps).
+  if (i < n) {
+    HWY_ALIGN float gt[HWY_MAX_BYTES / sizeof(float)] = {}, ut[HWY_MAX_BYTES / sizeof(float)] = {};
+    std::memcpy(gt, g + i, (n - i) * sizeof(float));
+    std::memcpy(ut, u + i, (n - i) * sizeof(float));
+    swiglu(gt, ut);
+    std::memcpy(g + i, gt, (n - i) * sizeof(float));
   }
-  ref::SwigluOai(g + i, u + i, n - i, alpha, limit, beta);
 }
 
 size_t FindNonFiniteImpl(const float* x, size_t n) {

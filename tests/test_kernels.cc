@@ -193,6 +193,12 @@ TEST_CASE("SwigluOai matches its reference across the clamps, large values and n
         REQUIRE(std::isfinite(a2[i]));
         CHECK(std::fabs(a1[i] - a2[i]) <= 4e-6f * (1 + std::fabs(a2[i])));
       }
+      // An element's result does not depend on where the call's range starts (threads split rows).
+      for (size_t from : {size_t{1}, n / 3}) {
+        auto part = g;
+        SwigluOai(part.data() + from, u.data() + from, n - from, alpha, limit, beta);
+        for (size_t i = from; i < n; ++i) CHECK(part[i] == a1[i]);
+      }
       // A NaN or infinite gate or up at any lane (vector body or tail) gives NaN there only.
       for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                         -std::numeric_limits<float>::infinity()}) {
