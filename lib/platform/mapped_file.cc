@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <utility>
+#include <vector>
 #include <cerrno>
 #include <cstring>
 
@@ -58,7 +59,20 @@ std::pair<uint8_t*, size_t> PageRange(const void* p, size_t bytes) {
 void AdviseWillNeed(const void* p, size_t bytes) {
   if (!p || bytes == 0) return;
   const auto [begin, len] = PageRange(p, bytes);
-  ::madvise(begin, len, MADV_WILLNEED);
+  // madvise walks the page cache page by page even when every page is resident (~20 ns a page:
+  // ~0.13 ms per 28 MiB expert, a few % of a decode step); mincore reads this process's page
+  // tables (~15 us per 28 MiB mapped). So advise only from the first page that is not resident to
+  // the last: Linux reads at most max(read_ahead_kb, max_sectors_kb) per call from where it starts
+  // (mm/readahead.c), and a resident head would use that up.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), pages = len / page;
+  thread_local std::vector<unsigned char> resident;
+  resident.assign(pages, 0);
+  if (::mincore(begin, len, resident.data()) != 0) std::fill(resident.begin(), resident.end(), 0);
+  size_t first = 0, last = pages;
+  while (first < pages && (resident[first] & 1)) ++first;
+  if (first == pages) return;
+  while (resident[last - 1] & 1) --last;
+  ::madvise(begin + first * page, (last - first) * page, MADV_WILLNEED);
 }
 
 Status LockInMemory(const void* p, size_t bytes) {
