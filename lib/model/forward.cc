@@ -57,6 +57,25 @@ void NormRope(const Rope& rope, float* x, size_t n, size_t heads, size_t dim, co
   for (size_t t = 0; t < n; ++t) rope.Apply(x + t * heads * dim, heads, dim, pos0 + static_cast<int64_t>(t));
 }
 
+// A forward pass's activations, reused by every later pass on the same thread (a session's).
+// A 512-token chunk's buffers take ~75 MB: fresh ones cost page faults and zeroing on the calling
+// thread at every layer while the other threads wait (~4% of a 1024-token prefill, 2 threads).
+// Every buffer is written in full before it is read.
+struct ForwardScratch {
+  AlignedBuffer<float> h, x, delta;            // Forward: residual stream, normed input, block output
+  AlignedBuffer<float> q, k, v, iq, ik, core;  // AttentionBlock
+};
+
+ForwardScratch& ThreadScratch() {
+  thread_local ForwardScratch scratch;
+  return scratch;
+}
+
+float* Sized(AlignedBuffer<float>& b, size_t n) {
+  b.EnsureSize(n);
+  return b.data();
+}
+
 template <class Pages>
 void StoreRows(Pages& dst, size_t row0, const float* src, size_t n, size_t width) {
   for (size_t t = 0; t < n; ++t) dst.Write(row0 + t, src + t * width);
@@ -88,17 +107,19 @@ Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, 
   // one parallel region for all five.
   const SparseAttentionConfig& sc = c.sparse;
   const size_t Hi = w.sparse ? sc.num_index_heads : 0, Di = w.sparse ? sc.index_dim : 0;
-  AlignedBuffer<float> q(n * Hq * D), k(n * Hkv * D), v(n * Hkv * D), iq(n * Hi * Di), ik(n * Di);
-  const MatMulTarget projections[] = {{&w.q, q.data(), Hq * D},
-                                      {&w.k, k.data(), Hkv * D},
-                                      {&w.v, v.data(), Hkv * D},
-                                      {&w.index_q, iq.data(), Hi * Di},
-                                      {&w.index_k, ik.data(), Di}};
+  ForwardScratch& scratch = ThreadScratch();
+  float* q = Sized(scratch.q, n * Hq * D);
+  float* k = Sized(scratch.k, n * Hkv * D);
+  float* v = Sized(scratch.v, n * Hkv * D);
+  float* iq = Sized(scratch.iq, n * Hi * Di);
+  float* ik = Sized(scratch.ik, n * Di);
+  const MatMulTarget projections[] = {
+      {&w.q, q, Hq * D}, {&w.k, k, Hkv * D}, {&w.v, v, Hkv * D}, {&w.index_q, iq, Hi * Di}, {&w.index_k, ik, Di}};
   MatMulSameInput(tc, std::span<const MatMulTarget>(projections, w.sparse ? 5 : 3), x, H, n);
-  NormRope(*rope_, q.data(), n, Hq, D, w.q_norm, c.rms_norm_eps, pos0);
-  NormRope(*rope_, k.data(), n, Hkv, D, w.k_norm, c.rms_norm_eps, pos0);
-  StoreRows(cache->k(layer), static_cast<size_t>(pos0), k.data(), n, Hkv * D);
-  StoreRows(cache->v(layer), static_cast<size_t>(pos0), v.data(), n, Hkv * D);
+  NormRope(*rope_, q, n, Hq, D, w.q_norm, c.rms_norm_eps, pos0);
+  NormRope(*rope_, k, n, Hkv, D, w.k_norm, c.rms_norm_eps, pos0);
+  StoreRows(cache->k(layer), static_cast<size_t>(pos0), k, n, Hkv * D);
+  StoreRows(cache->v(layer), static_cast<size_t>(pos0), v, n, Hkv * D);
 
   AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim, 1, 1};
   BlockSelection selection;
@@ -106,21 +127,21 @@ Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, 
   if (w.sparse) {
     // Lightning indexer: index q per index head, ONE shared index key head; selection only.
     const SparseAttentionConfig& s = c.sparse;
-    NormRope(*rope_, iq.data(), n, Hi, Di, w.index_q_norm, c.rms_norm_eps, pos0);
-    NormRope(*rope_, ik.data(), n, 1, Di, w.index_k_norm, c.rms_norm_eps, pos0);
+    NormRope(*rope_, iq, n, Hi, Di, w.index_q_norm, c.rms_norm_eps, pos0);
+    NormRope(*rope_, ik, n, 1, Di, w.index_k_norm, c.rms_norm_eps, pos0);
     // The indexer only chooses blocks: a NaN here would change the choice, not the values.
-    M3_RETURN_IF_ERROR(CheckFinite(iq.data(), n, Hi * Di, pos0, "indexer queries", layer));
-    M3_RETURN_IF_ERROR(CheckFinite(ik.data(), n, Di, pos0, "indexer keys", layer));
-    StoreRows(cache->index_k(layer), static_cast<size_t>(pos0), ik.data(), n, Di);
-    SelectBlocks(tc, s, iq.data(), cache->index_k(layer), pos0, n, &selection);
+    M3_RETURN_IF_ERROR(CheckFinite(iq, n, Hi * Di, pos0, "indexer queries", layer));
+    M3_RETURN_IF_ERROR(CheckFinite(ik, n, Di, pos0, "indexer keys", layer));
+    StoreRows(cache->index_k(layer), static_cast<size_t>(pos0), ik, n, Di);
+    SelectBlocks(tc, s, iq, cache->index_k(layer), pos0, n, &selection);
     if (observer) observer->OnBlockSelection(layer, pos0, selection);
     sel = &selection;
     ap.num_index_heads = s.num_index_heads;
     ap.block_size = s.block_size;
   }
-  AlignedBuffer<float> core(n * Hq * D);
-  Attention(tc, ap, q.data(), cache->k(layer), cache->v(layer), pos0, n, sel, core.data());
-  MatMul(tc, w.o, core.data(), Hq * D, n, out, H);
+  float* core = Sized(scratch.core, n * Hq * D);
+  Attention(tc, ap, q, cache->k(layer), cache->v(layer), pos0, n, sel, core);
+  MatMul(tc, w.o, core, Hq * D, n, out, H);
   return Status::Ok();
 }
 
@@ -131,36 +152,39 @@ Status Model::Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCa
   const int64_t pos0 = static_cast<int64_t>(cache->length());
   cache->Reserve(static_cast<size_t>(pos0) + n);
 
-  AlignedBuffer<float> h(n * H), x(n * H), delta(n * H);
-  GatherRows(weights_.embed, ids, n, h.data());  // no embedding scale (spec G25)
-  M3_RETURN_IF_ERROR(CheckFinite(h.data(), n, H, pos0, "the token embedding", -1));
+  ForwardScratch& scratch = ThreadScratch();
+  float* h = Sized(scratch.h, n * H);
+  float* x = Sized(scratch.x, n * H);
+  float* delta = Sized(scratch.delta, n * H);
+  GatherRows(weights_.embed, ids, n, h);  // no embedding scale (spec G25)
+  M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos0, "the token embedding", -1));
   const MoeParams moe_params{c.experts_per_token, c.routed_scaling_factor, c.use_routing_bias,
                              {c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta}};
   std::vector<int32_t> routed;
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
-    RmsNormRows(h.data(), H, n, H, L.input_norm.data(), c.rms_norm_eps, x.data(), H);
-    M3_RETURN_IF_ERROR(AttentionBlock(tc, l, x.data(), n, pos0, cache, delta.data(), observer));
-    simd::Axpy(1.0f, delta.data(), h.data(), n * H);
-    M3_RETURN_IF_ERROR(CheckFinite(h.data(), n, H, pos0, "attention", l));
+    RmsNormRows(h, H, n, H, L.input_norm.data(), c.rms_norm_eps, x, H);
+    M3_RETURN_IF_ERROR(AttentionBlock(tc, l, x, n, pos0, cache, delta, observer));
+    simd::Axpy(1.0f, delta, h, n * H);
+    M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos0, "attention", l));
 
-    RmsNormRows(h.data(), H, n, H, L.post_norm.data(), c.rms_norm_eps, x.data(), H);
+    RmsNormRows(h, H, n, H, L.post_norm.data(), c.rms_norm_eps, x, H);
     if (L.is_moe) {
       routed.resize(n * c.experts_per_token);
-      MoeForward(tc, L.moe, moe_params, x.data(), n, delta.data(), routed.data());
+      MoeForward(tc, L.moe, moe_params, x, n, delta, routed.data());
       if (observer) observer->OnRouting(l, pos0, n, c.experts_per_token, routed.data());
     } else {
-      MlpForward(tc, L.mlp, moe_params.act, x.data(), n, delta.data());
+      MlpForward(tc, L.mlp, moe_params.act, x, n, delta);
     }
-    simd::Axpy(1.0f, delta.data(), h.data(), n * H);
-    M3_RETURN_IF_ERROR(CheckFinite(h.data(), n, H, pos0, L.is_moe ? "MoE block" : "MLP", l));
+    simd::Axpy(1.0f, delta, h, n * H);
+    M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos0, L.is_moe ? "MoE block" : "MLP", l));
   }
 
   if (mode != LogitsMode::kNone) {
     const size_t first = mode == LogitsMode::kAllRows ? 0 : n - 1;
     const size_t rows = n - first;
-    RmsNormRows(h.data() + first * H, H, rows, H, weights_.final_norm.data(), c.rms_norm_eps, x.data(), H);
-    MatMul(tc, weights_.lm_head, x.data(), H, rows, logits, c.vocab_size);
+    RmsNormRows(h + first * H, H, rows, H, weights_.final_norm.data(), c.rms_norm_eps, x, H);
+    MatMul(tc, weights_.lm_head, x, H, rows, logits, c.vocab_size);
     M3_RETURN_IF_ERROR(CheckFinite(logits, rows, c.vocab_size, pos0 + static_cast<int64_t>(first),
                                    "the final norm and lm_head", -1));
   }
