@@ -14,6 +14,7 @@
 #include "ops/matmul.h"
 #include "ops/mlp.h"
 #include "ops/moe.h"
+#include "platform/parallel.h"
 
 namespace m3 {
 
@@ -50,11 +51,36 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
 
 namespace {
 
+// fn(t0, t1) over ranges of token rows [0, n): split over the threads for a prompt, and on the
+// calling thread alone for a decode step. For the per-token steps between the matmuls, which
+// would otherwise leave the other threads waiting.
+template <class Fn>
+void ForTokenRows(const ThreadConfig& tc, size_t n, Fn&& fn) {
+  constexpr size_t kMinRowsPerThread = 16;
+  ParallelFor(tc, n, kMinRowsPerThread, [&](size_t t0, size_t t1, int) { fn(t0, t1); });
+}
+
 // Per-head RMSNorm then RoPE for `heads` vectors of `dim` per token.
-void NormRope(const Rope& rope, float* x, size_t n, size_t heads, size_t dim, const std::vector<float>& norm,
-              float eps, int64_t pos0) {
-  if (!norm.empty()) RmsNormRows(x, dim, n * heads, dim, norm.data(), eps, x, dim);
-  for (size_t t = 0; t < n; ++t) rope.Apply(x + t * heads * dim, heads, dim, pos0 + static_cast<int64_t>(t));
+void NormRope(const ThreadConfig& tc, const Rope& rope, float* x, size_t n, size_t heads, size_t dim,
+              const std::vector<float>& norm, float eps, int64_t pos0) {
+  ForTokenRows(tc, n, [&](size_t t0, size_t t1) {
+    float* rows = x + t0 * heads * dim;
+    if (!norm.empty()) RmsNormRows(rows, dim, (t1 - t0) * heads, dim, norm.data(), eps, rows, dim);
+    for (size_t t = t0; t < t1; ++t) rope.Apply(x + t * heads * dim, heads, dim, pos0 + static_cast<int64_t>(t));
+  });
+}
+
+// out = RMSNorm(x) for n rows of `dim`.
+void NormRows(const ThreadConfig& tc, const float* x, size_t n, size_t dim, const std::vector<float>& scale,
+              float eps, float* out) {
+  ForTokenRows(tc, n, [&](size_t t0, size_t t1) {
+    RmsNormRows(x + t0 * dim, dim, t1 - t0, dim, scale.data(), eps, out + t0 * dim, dim);
+  });
+}
+
+// h += delta for n rows of `dim`.
+void AddRows(const ThreadConfig& tc, const float* delta, size_t n, size_t dim, float* h) {
+  ForTokenRows(tc, n, [&](size_t t0, size_t t1) { simd::Axpy(1.0f, delta + t0 * dim, h + t0 * dim, (t1 - t0) * dim); });
 }
 
 // A forward pass's activations, reused by every later pass on the same thread (a session's).
@@ -116,8 +142,8 @@ Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, 
   const MatMulTarget projections[] = {
       {&w.q, q, Hq * D}, {&w.k, k, Hkv * D}, {&w.v, v, Hkv * D}, {&w.index_q, iq, Hi * Di}, {&w.index_k, ik, Di}};
   MatMulSameInput(tc, std::span<const MatMulTarget>(projections, w.sparse ? 5 : 3), x, H, n);
-  NormRope(*rope_, q, n, Hq, D, w.q_norm, c.rms_norm_eps, pos0);
-  NormRope(*rope_, k, n, Hkv, D, w.k_norm, c.rms_norm_eps, pos0);
+  NormRope(tc, *rope_, q, n, Hq, D, w.q_norm, c.rms_norm_eps, pos0);
+  NormRope(tc, *rope_, k, n, Hkv, D, w.k_norm, c.rms_norm_eps, pos0);
   StoreRows(cache->k(layer), static_cast<size_t>(pos0), k, n, Hkv * D);
   StoreRows(cache->v(layer), static_cast<size_t>(pos0), v, n, Hkv * D);
 
@@ -127,8 +153,8 @@ Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, 
   if (w.sparse) {
     // Lightning indexer: index q per index head, ONE shared index key head; selection only.
     const SparseAttentionConfig& s = c.sparse;
-    NormRope(*rope_, iq, n, Hi, Di, w.index_q_norm, c.rms_norm_eps, pos0);
-    NormRope(*rope_, ik, n, 1, Di, w.index_k_norm, c.rms_norm_eps, pos0);
+    NormRope(tc, *rope_, iq, n, Hi, Di, w.index_q_norm, c.rms_norm_eps, pos0);
+    NormRope(tc, *rope_, ik, n, 1, Di, w.index_k_norm, c.rms_norm_eps, pos0);
     // The indexer only chooses blocks: a NaN here would change the choice, not the values.
     M3_RETURN_IF_ERROR(CheckFinite(iq, n, Hi * Di, pos0, "indexer queries", layer));
     M3_RETURN_IF_ERROR(CheckFinite(ik, n, Di, pos0, "indexer keys", layer));
@@ -156,19 +182,20 @@ Status Model::Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCa
   float* h = Sized(scratch.h, n * H);
   float* x = Sized(scratch.x, n * H);
   float* delta = Sized(scratch.delta, n * H);
-  GatherRows(weights_.embed, ids, n, h);  // no embedding scale (spec G25)
+  // No embedding scale (spec G25).
+  ForTokenRows(tc, n, [&](size_t t0, size_t t1) { GatherRows(weights_.embed, ids + t0, t1 - t0, h + t0 * H); });
   M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos0, "the token embedding", -1));
   const MoeParams moe_params{c.experts_per_token, c.routed_scaling_factor, c.use_routing_bias,
                              {c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta}};
   std::vector<int32_t> routed;
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
-    RmsNormRows(h, H, n, H, L.input_norm.data(), c.rms_norm_eps, x, H);
+    NormRows(tc, h, n, H, L.input_norm, c.rms_norm_eps, x);
     M3_RETURN_IF_ERROR(AttentionBlock(tc, l, x, n, pos0, cache, delta, observer));
-    simd::Axpy(1.0f, delta, h, n * H);
+    AddRows(tc, delta, n, H, h);
     M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos0, "attention", l));
 
-    RmsNormRows(h, H, n, H, L.post_norm.data(), c.rms_norm_eps, x, H);
+    NormRows(tc, h, n, H, L.post_norm, c.rms_norm_eps, x);
     if (L.is_moe) {
       routed.resize(n * c.experts_per_token);
       MoeForward(tc, L.moe, moe_params, x, n, delta, routed.data());
@@ -176,14 +203,14 @@ Status Model::Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCa
     } else {
       MlpForward(tc, L.mlp, moe_params.act, x, n, delta);
     }
-    simd::Axpy(1.0f, delta, h, n * H);
+    AddRows(tc, delta, n, H, h);
     M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos0, L.is_moe ? "MoE block" : "MLP", l));
   }
 
   if (mode != LogitsMode::kNone) {
     const size_t first = mode == LogitsMode::kAllRows ? 0 : n - 1;
     const size_t rows = n - first;
-    RmsNormRows(h + first * H, H, rows, H, weights_.final_norm.data(), c.rms_norm_eps, x, H);
+    NormRows(tc, h + first * H, rows, H, weights_.final_norm, c.rms_norm_eps, x);
     MatMul(tc, weights_.lm_head, x, H, rows, logits, c.vocab_size);
     M3_RETURN_IF_ERROR(CheckFinite(logits, rows, c.vocab_size, pos0 + static_cast<int64_t>(first),
                                    "the final norm and lm_head", -1));
