@@ -1,8 +1,5 @@
 #include "ops/mlp.h"
 
-#include <algorithm>
-#include <cmath>
-
 #include "base/aligned_buffer.h"
 #include "kernels.h"
 #include "ops/matmul.h"
