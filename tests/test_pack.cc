@@ -591,13 +591,12 @@ TEST_CASE("pack refuses to overwrite without force, and failures leave no model.
   }
 }
 
-TEST_CASE("AdviseWillNeed reads ahead from the first page that is not resident", "[pack]") {
-  // The MoE advises each chosen expert's range. Linux reads a limited span per advice from where
-  // it starts (8 MiB here, 128 KiB by default), so a resident head (an expert partly evicted) must
-  // not take it: after a 16 MiB resident head, the advice must still read pages past it.
+TEST_CASE("AdviseWillNeed reads ahead a range that is not resident", "[pack]") {
+  // The MoE advises each chosen expert's range; a resident one is skipped (mincore), one that is
+  // not must still be read ahead.
   m3::test::TempDir tmp;
   const fs::path path = tmp.path() / "data.bin";
-  std::string bytes(32 << 20, '\0');
+  std::string bytes(16 << 20, '\0');
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 2654435761u >> 24);
   WriteBytes(path, bytes);
   {
@@ -611,37 +610,26 @@ TEST_CASE("AdviseWillNeed reads ahead from the first page that is not resident",
   RequireOk(file);
   const m3::MappedFile& f = *file.value();
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), pages = f.size() / page;
-  auto resident_pages = [&](size_t from) {
+  auto resident_pages = [&] {
     std::vector<unsigned char> v(pages);
     REQUIRE(::mincore(const_cast<uint8_t*>(f.data()), f.size(), v.data()) == 0);
     size_t n = 0;
-    for (size_t i = from; i < pages; ++i) n += v[i] & 1;
+    for (unsigned char c : v) n += c & 1;
     return n;
   };
-  if (resident_pages(0) > pages / 2) {
+  if (resident_pages() > 0) {
     WARN("this file system kept the dropped test file resident: nothing to check here");
     return;
   }
-  // The head, faulted in without the kernel's own readahead past it.
-  uint8_t* map = const_cast<uint8_t*>(f.data());
-  REQUIRE(::madvise(map, f.size(), MADV_RANDOM) == 0);
-  volatile uint8_t sink = 0;
-  for (size_t off = 0; off < f.size() / 2; off += page) sink = sink + f.data()[off];
-  REQUIRE(::madvise(map, f.size(), MADV_NORMAL) == 0);
-  const size_t head = pages / 2;
-  ::usleep(200000);
-  const size_t before = resident_pages(head);
-  REQUIRE(before == 0);
   m3::AdviseWillNeed(f.data(), f.size());
-  size_t after = resident_pages(head);
-  for (int wait = 0; wait < 200 && after <= before; ++wait) {  // the readahead is asynchronous
+  size_t after = resident_pages();
+  for (int wait = 0; wait < 200 && after == 0; ++wait) {  // the readahead is asynchronous
     ::usleep(50000);
-    after = resident_pages(head);
+    after = resident_pages();
   }
-  INFO("resident pages past the head: " << before << " before the advice, " << after << " after");
-  CHECK(after > before);
-  // A resident range is left alone (and costs a page-table read, not a page cache walk).
-  m3::AdviseWillNeed(f.data(), f.size() / 2);
+  INFO("resident pages after the advice: " << after << " of " << pages);
+  CHECK(after > 0);
+  m3::AdviseWillNeed(f.data(), f.size());  // resident now, at least in part: no error either way
 }
 
 TEST_CASE("loading a large packed model maps it without reading it", "[pack]") {

@@ -11,8 +11,8 @@
 namespace m3 {
 
 // Hints that [p, p + bytes) (rounded out to whole pages) will be read soon: for file mappings the
-// kernel starts reading ahead at once from the first page that is not resident. Best effort; a
-// no-op for null or empty ranges and for resident ones.
+// kernel starts reading ahead at once. Best effort; a no-op for null or empty ranges and for
+// ranges whose every page is resident.
 void AdviseWillNeed(const void* p, size_t bytes);
 
 // Locks [p, p + bytes) (rounded out to whole pages) in memory, so that streaming other data
