@@ -64,7 +64,7 @@ void AdviseWillNeed(const void* p, size_t bytes) {
   // tables (~15 us per 28 MiB mapped). So a range that is all resident is not advised.
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), pages = len / page;
   thread_local std::vector<unsigned char> resident;
-  resident.assign(pages, 0);
+  resident.resize(pages);
   if (::mincore(begin, len, resident.data()) == 0 &&
       std::all_of(resident.begin(), resident.end(), [](unsigned char c) { return (c & 1) != 0; }))
     return;
