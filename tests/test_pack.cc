@@ -591,6 +591,16 @@ TEST_CASE("pack refuses to overwrite without force, and failures leave no model.
   }
 }
 
+// Pages of a mapping that are in memory (mincore).
+size_t ResidentPages(const m3::MappedFile& f) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> v((f.size() + page - 1) / page);
+  REQUIRE(::mincore(const_cast<uint8_t*>(f.data()), f.size(), v.data()) == 0);
+  size_t n = 0;
+  for (unsigned char c : v) n += c & 1;
+  return n;
+}
+
 TEST_CASE("AdviseWillNeed reads ahead a range that is not resident", "[pack]") {
   // The MoE advises each chosen expert's range; a resident one is skipped (mincore), one that is
   // not must still be read ahead.
@@ -609,27 +619,18 @@ TEST_CASE("AdviseWillNeed reads ahead a range that is not resident", "[pack]") {
   auto file = m3::MappedFile::Open(path.string());
   RequireOk(file);
   const m3::MappedFile& f = *file.value();
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), pages = f.size() / page;
-  auto resident_pages = [&] {
-    std::vector<unsigned char> v(pages);
-    REQUIRE(::mincore(const_cast<uint8_t*>(f.data()), f.size(), v.data()) == 0);
-    size_t n = 0;
-    for (unsigned char c : v) n += c & 1;
-    return n;
-  };
-  if (resident_pages() > 0) {
+  if (ResidentPages(f) > 0) {
     WARN("this file system kept the dropped test file resident: nothing to check here");
     return;
   }
   m3::AdviseWillNeed(f.data(), f.size());
-  size_t after = resident_pages();
+  size_t after = ResidentPages(f);
   for (int wait = 0; wait < 200 && after == 0; ++wait) {  // the readahead is asynchronous
     ::usleep(50000);
-    after = resident_pages();
+    after = ResidentPages(f);
   }
-  INFO("resident pages after the advice: " << after << " of " << pages);
+  INFO("resident pages after the advice: " << after);
   CHECK(after > 0);
-  m3::AdviseWillNeed(f.data(), f.size());  // resident now, at least in part: no error either way
 }
 
 TEST_CASE("loading a large packed model maps it without reading it", "[pack]") {
@@ -671,11 +672,7 @@ TEST_CASE("loading a large packed model maps it without reading it", "[pack]") {
   RequireOk(model);
   const size_t after = ResidentBytes();
   const m3::MappedFile& f = model.value()->pack()->file();
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> pages((f.size() + page - 1) / page);
-  REQUIRE(::mincore(const_cast<uint8_t*>(f.data()), f.size(), pages.data()) == 0);
-  size_t mapped_resident = 0;
-  for (unsigned char p : pages) mapped_resident += (p & 1) * page;
+  const size_t mapped_resident = ResidentPages(f) * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   INFO("file " << file_size << " bytes, resident growth " << after - before << ", mapping resident "
                << mapped_resident);
   CHECK(after - before < file_size / 10);
