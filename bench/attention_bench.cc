@@ -492,7 +492,7 @@ void PrintTable(const std::vector<Row>& rows, const std::string& header, FILE* o
 int RunAttentionBench(const AttentionBenchOptions& options, FILE* out, FILE* log) {
   const size_t l3 = SharedL3Bytes();
   const Plan plan = MakePlan(options, L3Bytes(), l3);
-  const int threads = options.threads > 0 ? options.threads : DefaultThreadCount();
+  const int threads = ResolveThreadCount(options.threads);
   const ThreadConfig tc{threads};
   std::vector<CacheType> index_types = options.index_types;
   if (index_types.empty()) index_types = {CacheType::kF32};

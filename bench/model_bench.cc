@@ -343,7 +343,7 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
                            " layers), got ", *o.layers);
   Result r;
   r.loadavg_start = LoadAverage();
-  r.threads = o.engine.threads > 0 ? o.engine.threads : DefaultThreadCount();
+  r.threads = ResolveThreadCount(o.engine.threads);
   const ThreadConfig tc{r.threads};
 
   // 1. The model: given, or the synthetic one (generated once).

@@ -422,7 +422,7 @@ StatusOr<SyntheticModel> EnsureSyntheticModel(const SyntheticModelOptions& optio
                  Size(SyntheticModelBytes(m.layers, options.tiny)).c_str());
   }
   const auto start = std::chrono::steady_clock::now();
-  const ThreadConfig tc{options.threads > 0 ? options.threads : DefaultThreadCount()};
+  const ThreadConfig tc{ResolveThreadCount(options.threads)};
   M3_RETURN_IF_ERROR(Generate(m.dir, m.layers, options.tiny, layout, tc, log));
   m.generated = true;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -102,6 +102,7 @@ int RunAttention(const BenchArgs& args) {
   if (args.threads.size() > 1)
     std::fprintf(stderr, "m3 bench: --attention uses one thread count: -t %d\n", args.threads[0]);
   opts.threads = args.threads.empty() ? 0 : args.threads[0];
+  NoteThreadCap(opts.threads);
   opts.chunk = args.chunk;
   opts.json = args.json;
   opts.quick = args.quick;

@@ -34,6 +34,7 @@ int RunPack(const PackArgs& a) {
   opt.type = *type;
   opt.force = a.force;
   opt.threads = a.threads;
+  NoteThreadCap(a.threads);
   opt.progress = [&meter](uint64_t done, uint64_t total) {
     if (!meter) meter = std::make_unique<ProgressMeter>("", total, ::isatty(STDERR_FILENO) != 0);
     std::fputs(meter->Update(done).c_str(), stderr);

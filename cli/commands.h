@@ -22,6 +22,9 @@ struct EngineArgs {
   Status Configure(SessionOptions* session) const;
 };
 void AddEngineOptions(CLI::App* cmd, EngineArgs* args);
+// Says on stderr when -t asks for more threads than the CPUs this process may run on (the
+// library caps them: ResolveThreadCount).
+void NoteThreadCap(int requested);
 
 // Each registers a subcommand whose callback stores the process exit code in *rc.
 void AddInspectCommand(CLI::App& app, int* rc);

@@ -1,9 +1,14 @@
 #include "cli/commands.h"
 
+#include <cstdio>
+
+#include "platform/parallel.h"
+
 namespace m3::cli {
 
 StatusOr<EngineOptions> EngineArgs::Options() const {
   if (threads < 0) return InvalidArgument("-t must be >= 0 (0 = all cores), got ", threads);
+  NoteThreadCap(threads);
   EngineOptions o;
   o.threads = threads;
   M3_ASSIGN_OR_RETURN(o.numa, ParseNumaMode(numa));
@@ -24,6 +29,13 @@ Status EngineArgs::Configure(SessionOptions* session) const {
   M3_ASSIGN_OR_RETURN(session->cache.index_keys, ParseCacheTypeArg("--index-cache", index_cache));
   session->prefill_chunk = prefill_chunk;
   return Status::Ok();
+}
+
+void NoteThreadCap(int requested) {
+  const int used = ResolveThreadCount(requested);
+  if (requested > used)
+    std::fprintf(stderr, "m3: -t %d is more than the %d CPUs this process may run on; using %d threads\n", requested,
+                 used, used);
 }
 
 void AddEngineOptions(CLI::App* cmd, EngineArgs* args) {

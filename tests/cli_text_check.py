@@ -81,6 +81,10 @@ try:
                         "--kv-cache", "bf16", "--index-cache", "int8", "--prefill-chunk", "3"])
     check(rc == 0 and re.search(r"generated \d+ tokens", err) is not None,
           f"run with --kv-cache bf16 --index-cache int8 --prefill-chunk 3 (exit {rc}): {err}")
+    rc, out, err = run(["run", "-m", model, "-p", "x", "--raw", "--temp", "0", "-n", "1", "-t", "100000"])
+    cpus = len(os.sched_getaffinity(0))
+    check(rc == 0 and f"-t 100000 is more than the {cpus} CPUs this process may run on; using {cpus} threads" in err,
+          f"-t above the CPU count is capped, with a note (exit {rc}): {err}")
     for flag in ("--kv-cache", "--index-cache"):
         rc, out, err = run(["run", "-m", model, "-p", "x", "--raw", "-n", "1", flag, "fp8"])
         check(rc != 0 and f"{flag} must be f32, bf16 or int8, got 'fp8'" in err, f"bad {flag} is refused: {err}")

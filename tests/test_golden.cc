@@ -13,6 +13,7 @@
 
 #include "format/npy.h"
 #include "format/safetensors.h"
+#include "platform/parallel.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "test_util.h"
@@ -178,6 +179,17 @@ TEST_CASE("mlock-dense locks the dense weights and changes no logit", "[golden]"
   const RunResult a = RunCase(dir, prompt, 2, locked), b = RunCase(dir, prompt, 2, EngineOptions{2});
   CHECK(a.prefill == b.prefill);
   CHECK(a.decode == b.decode);
+}
+
+TEST_CASE("an engine runs at most as many threads as the process has CPUs", "[golden][threads]") {
+  // More would only wait on one another at every barrier (ResolveThreadCount).
+  const std::string dir = test::GoldenDir("s1_fp32_basic");
+  const int cpus = DefaultThreadCount();
+  for (const auto& [asked, runs] : {std::pair{0, cpus}, {cpus + 3, cpus}, {1000000, cpus}, {1, 1}}) {
+    auto engine = Engine::Open(dir, EngineOptions{asked});
+    REQUIRE(engine.ok());
+    CHECK((*engine)->threads().threads == runs);
+  }
 }
 
 TEST_CASE("chunked prefill equals one prefill", "[golden]") {

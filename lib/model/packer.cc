@@ -278,7 +278,7 @@ PackLayout PlanPackLayout(const ModelConfig& cfg, int mtp_depths, PackType type)
 
 StatusOr<PackSummary> PackModel(const PackOptions& opt) {
   const auto start = std::chrono::steady_clock::now();
-  const ThreadConfig tc{opt.threads > 0 ? opt.threads : DefaultThreadCount()};
+  const ThreadConfig tc{ResolveThreadCount(opt.threads)};
   const fs::path out_dir(opt.output_dir);
   const fs::path final_path = out_dir / kPackFileName;
   const fs::path partial_path = out_dir / (std::string(kPackFileName) + ".partial");

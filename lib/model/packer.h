@@ -31,7 +31,7 @@ struct PackOptions {
   std::string output_dir;
   PackType type = PackType::kQ4Mixed;
   bool force = false;  // replace an existing model.m3w in output_dir
-  int threads = 0;     // 0: every core
+  int threads = 0;     // 0: every core; more: capped to them (ResolveThreadCount)
   // Called after each written chunk (and once at 0) with output bytes done and in total.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };

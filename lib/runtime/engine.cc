@@ -14,7 +14,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, con
   if (options.threads < 0) return InvalidArgument("threads must be >= 0 (0 = all cores), got ", options.threads);
   std::unique_ptr<Engine> e(new Engine());
   M3_ASSIGN_OR_RETURN(e->model_, Model::Load(model_dir));
-  e->threads_.threads = options.threads > 0 ? options.threads : DefaultThreadCount();
+  e->threads_.threads = ResolveThreadCount(options.threads);
   e->placement_ = std::string("numa ") + NumaModeName(options.numa);
   if (options.numa != NumaMode::kOff) {
     M3_ASSIGN_OR_RETURN(const Topology topology, DetectTopology());

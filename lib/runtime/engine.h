@@ -15,7 +15,7 @@
 namespace m3 {
 
 struct EngineOptions {
-  int threads = 0;                 // 0: all cores
+  int threads = 0;                 // 0: all cores; more than the CPUs: capped (ResolveThreadCount)
   NumaMode numa = NumaMode::kOff;  // ops/moe_numa.h
   bool mlock_dense = false;        // lock all weights but the routed experts in memory
 };

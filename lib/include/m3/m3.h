@@ -40,7 +40,7 @@ typedef enum m3_cache_type {
 
 typedef struct m3_engine_options {
   size_t struct_size; /* sizeof(m3_engine_options); set by m3_engine_options_init */
-  int32_t threads;    /* 0: all cores */
+  int32_t threads;    /* 0: all cores; more than the process may run on: capped to them */
   /* Fields below were added later; callers built against the first version (struct_size ending
    * after `threads`) get their defaults. */
   int32_t numa_mode;   /* m3_numa_mode; default M3_NUMA_OFF */
