@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Golden parity beyond the shared cases: builds the configurations of tests/golden_variants.json
-# (no shared expert, odd and non-multiple-of-32 sizes, MXFP8 partial blocks, several init/local
-# blocks, one or all index heads, no sparse layers, a one-token prompt...) with the oracle's own
-# generator and judge, then checks `m3 logits` on each with check-golden.sh, and that every one
-# packs as q4-mixed and runs with finite logits.
+# (no shared expert or two, sizes that are not multiples of 32, MXFP8 partial blocks, init/local
+# blocks, 1 to 8 index heads, MHA, no sparse layer or no MoE, a one-token prompt, a prompt over two
+# prefill chunks...) with the oracle's own generator, then judges `m3 logits` on each with
+# check-golden.sh (the oracle's check_case.py), and checks that every one packs as q4-mixed and
+# runs with finite logits.
 # Usage: scripts/check-variants.sh [BUILD_DIR] [SHARED_DIR] [THREADS]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
