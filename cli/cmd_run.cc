@@ -11,10 +11,7 @@
 
 #include "cli/commands.h"
 #include "ops/sampling.h"
-#include "runtime/generate.h"
-#include "text/chat_template.h"
-#include "text/output_parser.h"
-#include "text/tokenizer.h"
+#include "runtime/chat.h"
 
 namespace m3::cli {
 namespace {
@@ -36,10 +33,8 @@ struct Runner {
   RunArgs args;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Session> session;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::optional<ChatTemplate> chat_template;
+  std::unique_ptr<ChatText> text;
   std::unique_ptr<Sampler> sampler;
-  std::vector<int32_t> stop_ids;
   bool color = isatty(STDOUT_FILENO);
 
   Status Open() {
@@ -51,23 +46,19 @@ struct Runner {
     session_options.max_context = args.context;
     M3_RETURN_IF_ERROR(args.engine_args.Configure(&session_options));
     const std::string tok_dir = args.tokenizer.empty() ? args.model : args.tokenizer;
-    M3_ASSIGN_OR_RETURN(tokenizer, Tokenizer::Load(tok_dir));
-    if (!args.raw) {
-      auto t = ChatTemplate::Load(tok_dir);
-      if (!t.ok()) return Status(t.status().code(), t.status().message() + " (use --raw for plain completion)");
-      chat_template = std::move(t).value();
+    auto t = ChatText::Load(tok_dir, /*require_template=*/!args.raw);
+    if (!t.ok()) {
+      if (args.raw) return t.status();
+      return Status(t.status().code(), t.status().message() + " (use --raw for plain completion)");
     }
+    text = std::move(t).value();
     M3_ASSIGN_OR_RETURN(engine, Engine::Open(args.model, engine_options));
     session = std::make_unique<Session>(*engine, session_options);
     sampler = std::make_unique<Sampler>(args.sampling);
-    for (const char* s : {"[e~[", "]~b]", "]~!b["}) {  // end of turn, plus defensive stops (§5)
-      const int32_t id = tokenizer->TokenId(s);
-      if (id >= 0) stop_ids.push_back(id);
-    }
     const size_t model_vocab = engine->model().config().vocab_size;
-    if (tokenizer->vocab_size() > model_vocab)
+    if (text->tokenizer().vocab_size() > model_vocab)
       std::fprintf(stderr, "warning: the tokenizer has %zu ids but the model only %zu; prompts using higher ids are refused\n",
-                   tokenizer->vocab_size(), model_vocab);
+                   text->tokenizer().vocab_size(), model_vocab);
     return Status::Ok();
   }
 
@@ -79,74 +70,45 @@ struct Runner {
     std::fflush(stdout);
   }
 
-  // Generates one assistant turn for `prompt_ids`, streaming it; returns the parsed output.
-  StatusOr<ParsedOutput> Turn(const std::vector<int32_t>& prompt_ids, const ojson& tools) {
-    const ThinkState start = !args.raw && args.think == "enabled" ? ThinkState::kInside : ThinkState::kOutside;
-    StreamingDecoder decoder(*tokenizer, /*skip_special_tokens=*/false);
-    StreamingOutputParser parser(start, nlohmann::json::parse(tools.dump()));
-    ParsedOutput all;
+  // Generates one assistant turn for `prompt`, streaming it; returns the parsed output.
+  StatusOr<ParsedOutput> Turn(const std::vector<int32_t>& prompt, ThinkState start) {
     bool in_reasoning = false;
-    auto show = [&](const StreamingOutputParser::Delta& d) {
+    auto show = [&](const TurnDelta& d) {
       if (!d.reasoning.empty()) {
         if (!in_reasoning) Print("[reasoning]\n", "\x1b[2m");
         in_reasoning = true;
         Print(d.reasoning, "\x1b[2m");
-        all.reasoning += d.reasoning;
       }
       if (!d.content.empty()) {
         if (in_reasoning) Print("\n[answer]\n", "\x1b[1m");
         in_reasoning = false;
         Print(d.content, nullptr);
-        all.content += d.content;
       }
-      for (const auto& call : d.tool_calls) {
+      for (const auto& call : d.tool_calls)
         Print("\n[tool call] " + call.name + " " + SerializeArguments(call.arguments) + "\n", "\x1b[36m");
-        all.tool_calls.push_back(call);
-      }
+      return true;
     };
+    TurnOptions options;
+    options.raw = args.raw;
+    options.start = start;
+    options.generate = GenerateOptions{args.max_tokens, text->stop_ids()};
     GenerateStats stats;
-    Status s = Generate(*session, prompt_ids, GenerateOptions{args.max_tokens, stop_ids}, *sampler,
-                        [&](int32_t id) {
-                          const std::string text = decoder.Push(id);
-                          if (args.raw) Print(text, nullptr), all.content += text;
-                          else show(parser.Push(text));
-                          return true;
-                        },
-                        &stats);
-    if (!s.ok()) return s;
-    const std::string tail = decoder.Flush();
-    if (args.raw) {
-      Print(tail, nullptr);
-      all.content += tail;
-    } else {
-      show(parser.Push(tail));
-      show(parser.Finish());
-    }
+    auto out = GenerateTurn(*session, text->tokenizer(), prompt, options, *sampler, show, &stats);
+    if (!out.ok()) return out;
     std::printf("\n");
     std::fprintf(stderr, "[prompt %zu tokens (%zu reused from cache, %zu prefilled) at %.1f tok/s | generated %zu tokens at %.1f tok/s | stop: %s]\n",
                  stats.prompt_tokens, stats.reused_tokens, stats.prompt_tokens - stats.reused_tokens,
                  stats.prefill_tok_s(), stats.generated_tokens, stats.decode_tok_s(), stats.stop_reason.c_str());
-    return all;
+    return out;
   }
 
-  StatusOr<std::vector<int32_t>> Encode(const ojson& messages, const ojson& tools) {
-    if (args.raw) return tokenizer->Encode(args.prompt);
-    ojson options = {{"add_generation_prompt", true}, {"thinking_mode", args.think}};
-    M3_ASSIGN_OR_RETURN(std::string rendered, chat_template->Render(messages, tools, options));
-    return tokenizer->Encode(rendered);
+  // Renders and runs one turn of `messages` (or the raw prompt).
+  StatusOr<ParsedOutput> Reply(const ojson& messages) {
+    if (args.raw) return Turn(text->tokenizer().Encode(args.prompt), ThinkState::kOutside);
+    M3_ASSIGN_OR_RETURN(std::string rendered, text->RenderPrompt(messages, nullptr, {{"thinking_mode", args.think}}));
+    return Turn(text->tokenizer().Encode(rendered), OutputStart(rendered));
   }
 };
-
-ojson AssistantMessage(const ParsedOutput& out) {
-  ojson m = {{"role", "assistant"}, {"content", out.content}};
-  if (!out.reasoning.empty()) m["reasoning_content"] = out.reasoning;
-  if (!out.tool_calls.empty()) {
-    m["tool_calls"] = ojson::array();
-    for (const auto& c : out.tool_calls)
-      m["tool_calls"].push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-  }
-  return m;
-}
 
 int Fail(const char* cmd, const Status& s) {
   std::fprintf(stderr, "m3 %s: %s\n", cmd, s.ToString().c_str());
@@ -159,9 +121,7 @@ int RunOnce(const RunArgs& args) {
   ojson messages = ojson::array();
   if (!args.system.empty()) messages.push_back({{"role", "system"}, {"content", args.system}});
   messages.push_back({{"role", "user"}, {"content", args.prompt}});
-  auto ids = r.Encode(messages, nullptr);
-  if (!ids.ok()) return Fail("run", ids.status());
-  auto out = r.Turn(*ids, nullptr);
+  auto out = r.Reply(messages);
   return out.ok() ? 0 : Fail("run", out.status());
 }
 
@@ -183,9 +143,7 @@ int RunChat(const RunArgs& args) {
     }
     if (line.empty()) continue;
     messages.push_back({{"role", "user"}, {"content", line}});
-    auto ids = r.Encode(messages, nullptr);
-    if (!ids.ok()) return Fail("chat", ids.status());
-    auto out = r.Turn(*ids, nullptr);
+    auto out = r.Reply(messages);
     if (!out.ok()) return Fail("chat", out.status());
     messages.push_back(AssistantMessage(*out));
   }

@@ -1,0 +1,77 @@
+// One assistant turn in text (CHAT_FORMAT.md): a conversation rendered by the model folder's chat
+// template, generated with prefix reuse, decoded as a UTF-8 stream and split into reasoning,
+// content and tool calls as it arrives. Shared by `m3 run` / `m3 chat` and the C API.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "runtime/generate.h"
+#include "text/chat_template.h"
+#include "text/output_parser.h"
+#include "text/tokenizer.h"
+
+namespace m3 {
+
+// The text side of a folder: its tokenizer, its chat template when it has one, and the ids that
+// end an assistant turn. Immutable once loaded: one may serve several sessions and threads.
+class ChatText {
+ public:
+  // tokenizer.json is required; the chat template (chat_template.jinja or tokenizer_config.json)
+  // only when `require_template`, else it is loaded when present. A template that is present but
+  // does not load is an error either way.
+  static StatusOr<std::unique_ptr<ChatText>> Load(const std::string& dir, bool require_template);
+
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  bool has_template() const { return template_.has_value(); }
+  // Renders `messages` (and `tools`, null for none) with add_generation_prompt set: the prompt of
+  // the next assistant turn. `options` (an object or null) become template variables
+  // (thinking_mode, ...). NotFound when the folder has no template.
+  StatusOr<std::string> RenderPrompt(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                     nlohmann::ordered_json options) const;
+  // The end of an assistant turn and the defensive stops of CHAT_FORMAT.md §5, those that exist.
+  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
+
+ private:
+  ChatText() = default;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> template_;
+  Status template_error_;  // why there is no template (NotFound), for RenderPrompt
+  std::vector<int32_t> stop_ids_;
+};
+
+// Where the model's output starts for a rendered prompt: inside reasoning when it ends with
+// `<mm:think>` (CHAT_FORMAT.md §3, thinking_mode "enabled").
+ThinkState OutputStart(std::string_view rendered_prompt);
+
+struct TurnOptions {
+  bool raw = false;  // plain completion: all text is content, no markup parsed
+  ThinkState start = ThinkState::kOutside;
+  nlohmann::json tools;  // the request's tools array (types tool-call arguments), or null
+  GenerateOptions generate;
+};
+
+using TurnDelta = StreamingOutputParser::Delta;
+
+// Generates one turn for `prompt` (the whole conversation's ids: the session's cached prefix is
+// reused), streaming every non-empty delta to on_delta as it is decoded; on_delta returning false
+// stops generation. Returns everything generated, parsed.
+StatusOr<ParsedOutput> GenerateTurn(Session& session, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
+                                    const TurnOptions& options, Sampler& sampler,
+                                    const std::function<bool(const TurnDelta&)>& on_delta, GenerateStats* stats);
+
+// The OpenAI-style assistant message of a turn, to append to the conversation's messages:
+// {"role": "assistant", "content", "reasoning_content"?, "tool_calls"?}.
+nlohmann::ordered_json AssistantMessage(const ParsedOutput& out);
+// One tool call as it appears in an assistant message's tool_calls (arguments as an object).
+nlohmann::ordered_json ToolCallJson(const ToolCall& call);
+
+}  // namespace m3
