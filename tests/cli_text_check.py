@@ -2,17 +2,15 @@
 """End-to-end checks of the text commands through the `m3` binary:
 tokenize / detokenize every case of golden.jsonl, render + encode every case of
 chat_golden.jsonl, and `m3 run` / `m3 chat` on a tiny random model with the real
-vocabulary size (made by the oracle's make_tiny.py) with the real tokenizer files.
-Usage: cli_text_check.py M3_BINARY SHARED_DIR"""
+vocabulary and tokenizer files (ctest's fixture, tests/make_real_vocab_model.sh).
+Usage: cli_text_check.py M3_BINARY SHARED_DIR REAL_VOCAB_MODEL_DIR"""
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 
-m3, shared = sys.argv[1], sys.argv[2]
+m3, shared, model = sys.argv[1], sys.argv[2], sys.argv[3]
 tok_dir = os.path.join(shared, "tokenizer", "minimax-m3")
 failures = []
 
@@ -62,41 +60,31 @@ for c, g in zip(chats, [json.loads(l) for l in out.rstrip("\n").split("\n")]):
         check(g.get("ids") == c["ids"], f"template {c['id']} ids")
 
 # 3. run / chat on a tiny model with the real vocabulary
-tmp = tempfile.mkdtemp()
-try:
-    model = os.path.join(tmp, "model")
-    subprocess.run([sys.executable, os.path.join(shared, "oracle", "make_tiny.py"), "--out", model,
-                    "--set", "vocab_size=200064", "--set", 'dtype="bf16"', "--set", "seed=11"],
-                   check=True, capture_output=True)
-    for f in ("tokenizer.json", "chat_template.jinja"):
-        shutil.copy(os.path.join(tok_dir, f), model)
-    rc, out1, err = run(["run", "-m", model, "-p", "Hello! Who are you?", "-n", "12", "--seed", "5", "-t", "2"])
-    check(rc == 0 and len(out1.strip()) > 0, f"run streams text (exit {rc}): {err}")
-    check(re.search(r"generated 12 tokens at [0-9.]+ tok/s", err) is not None, f"run timing line: {err}")
-    rc, out2, _ = run(["run", "-m", model, "-p", "Hello! Who are you?", "-n", "12", "--seed", "5", "-t", "1"])
-    check(out1 == out2, "same seed, same text (any thread count)")
-    rc, out, err = run(["run", "-m", model, "-p", "x", "--raw", "--temp", "0", "-n", "4", "--think", "sideways"])
-    check(rc != 0 and "--think" in err, "bad --think is refused")
-    rc, out, err = run(["run", "-m", model, "-p", "Hello! Who are you?", "--raw", "--temp", "0", "-n", "4", "-t", "2",
-                        "--kv-cache", "bf16", "--index-cache", "int8", "--prefill-chunk", "3"])
-    check(rc == 0 and re.search(r"generated \d+ tokens", err) is not None,
-          f"run with --kv-cache bf16 --index-cache int8 --prefill-chunk 3 (exit {rc}): {err}")
-    rc, out, err = run(["run", "-m", model, "-p", "x", "--raw", "--temp", "0", "-n", "1", "-t", "100000"])
-    cpus = len(os.sched_getaffinity(0))
-    check(rc == 0 and f"-t 100000 is more than the {cpus} CPUs this process may run on; using {cpus} threads" in err,
-          f"-t above the CPU count is capped, with a note (exit {rc}): {err}")
-    for flag in ("--kv-cache", "--index-cache"):
-        rc, out, err = run(["run", "-m", model, "-p", "x", "--raw", "-n", "1", flag, "fp8"])
-        check(rc != 0 and f"{flag} must be f32, bf16 or int8, got 'fp8'" in err, f"bad {flag} is refused: {err}")
-    rc, out, err = run(["chat", "-m", model, "-n", "6", "--seed", "2"], "Hi there\nAnd a second question?\n")
-    stats = re.findall(r"prompt (\d+) tokens \((\d+) reused from cache, (\d+) prefilled\)", err)
-    check(rc == 0 and len(stats) == 2, f"chat ran two turns: {err}")
-    if len(stats) == 2:
-        total, reused, prefilled = map(int, stats[1])
-        check(reused > 0 and prefilled == total - reused and prefilled < int(stats[0][0]),
-              f"second chat turn reuses the cached prefix: {stats}")
-finally:
-    shutil.rmtree(tmp)
+rc, out1, err = run(["run", "-m", model, "-p", "Hello! Who are you?", "-n", "12", "--seed", "5", "-t", "2"])
+check(rc == 0 and len(out1.strip()) > 0, f"run streams text (exit {rc}): {err}")
+check(re.search(r"generated 12 tokens at [0-9.]+ tok/s", err) is not None, f"run timing line: {err}")
+rc, out2, _ = run(["run", "-m", model, "-p", "Hello! Who are you?", "-n", "12", "--seed", "5", "-t", "1"])
+check(out1 == out2, "same seed, same text (any thread count)")
+rc, out, err = run(["run", "-m", model, "-p", "x", "--raw", "--temp", "0", "-n", "4", "--think", "sideways"])
+check(rc != 0 and "--think" in err, "bad --think is refused")
+rc, out, err = run(["run", "-m", model, "-p", "Hello! Who are you?", "--raw", "--temp", "0", "-n", "4", "-t", "2",
+                    "--kv-cache", "bf16", "--index-cache", "int8", "--prefill-chunk", "3"])
+check(rc == 0 and re.search(r"generated \d+ tokens", err) is not None,
+      f"run with --kv-cache bf16 --index-cache int8 --prefill-chunk 3 (exit {rc}): {err}")
+rc, out, err = run(["run", "-m", model, "-p", "x", "--raw", "--temp", "0", "-n", "1", "-t", "100000"])
+cpus = len(os.sched_getaffinity(0))
+check(rc == 0 and f"-t 100000 is more than the {cpus} CPUs this process may run on; using {cpus} threads" in err,
+      f"-t above the CPU count is capped, with a note (exit {rc}): {err}")
+for flag in ("--kv-cache", "--index-cache"):
+    rc, out, err = run(["run", "-m", model, "-p", "x", "--raw", "-n", "1", flag, "fp8"])
+    check(rc != 0 and f"{flag} must be f32, bf16 or int8, got 'fp8'" in err, f"bad {flag} is refused: {err}")
+rc, out, err = run(["chat", "-m", model, "-n", "6", "--seed", "2"], "Hi there\nAnd a second question?\n")
+stats = re.findall(r"prompt (\d+) tokens \((\d+) reused from cache, (\d+) prefilled\)", err)
+check(rc == 0 and len(stats) == 2, f"chat ran two turns: {err}")
+if len(stats) == 2:
+    total, reused, prefilled = map(int, stats[1])
+    check(reused > 0 and prefilled == total - reused and prefilled < int(stats[0][0]),
+          f"second chat turn reuses the cached prefix: {stats}")
 
 for f in failures[:30]:
     print("FAIL:", f)

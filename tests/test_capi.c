@@ -1,4 +1,6 @@
-/* The C API from plain C: open a golden model, evaluate, check errors. Exits non-zero on failure. */
+/* The C API from plain C: open a golden model, evaluate, check errors; generate; the tokenizer and a
+ * chat turn on a tiny model with the real vocabulary. Exits non-zero on failure.
+ * Usage: test_capi_c GOLDEN_CASE_DIR TOKENIZER_DIR REAL_VOCAB_MODEL_DIR */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -15,8 +17,138 @@
     }                                                             \
   } while (0)
 
+enum { kSteps = 6 };
+struct Ids {
+  int32_t ids[kSteps];
+  int n;
+};
+
+static int CollectId(int32_t id, void* user) {
+  struct Ids* got = user;
+  if (got->n < kSteps) got->ids[got->n++] = id;
+  return 0;
+}
+
+struct Text {
+  char reasoning[4096];
+  size_t reasoning_len;
+  int parts;
+};
+
+static int CollectText(m3_chat_part part, const char* text, size_t len, void* user) {
+  struct Text* t = user;
+  t->parts++;
+  if (part == M3_PART_REASONING && t->reasoning_len + len < sizeof(t->reasoning)) {
+    memcpy(t->reasoning + t->reasoning_len, text, len);
+    t->reasoning_len += len;
+  }
+  return 0;
+}
+
+/* Greedy ids from m3_session_generate equal an m3_session_eval + argmax loop. */
+static int CheckGenerate(m3_engine* engine, int32_t vocab) {
+  const int32_t prompt[] = {110, 454, 294, 36, 7};
+  m3_session* a = NULL;
+  m3_session* b = NULL;
+  EXPECT(m3_session_new(engine, &a) == M3_OK && m3_session_new(engine, &b) == M3_OK);
+  m3_generate_options o;
+  m3_generate_options_init(&o);
+  EXPECT(o.max_tokens == 512 && o.temperature == 1.0f && o.top_k == 40);
+  o.temperature = 0.0f;
+  o.max_tokens = kSteps;
+  struct Ids got = {{0}, 0};
+  m3_generate_stats st;
+  memset(&st, 0, sizeof(st));
+  st.struct_size = sizeof(st);
+  EXPECT(m3_session_generate(a, prompt, 5, &o, CollectId, &got, &st) == M3_OK);
+  EXPECT(got.n == kSteps && st.generated_tokens == kSteps && st.stop_reason == M3_STOP_LENGTH);
+
+  float* logits = malloc(sizeof(float) * (size_t)vocab);
+  EXPECT(m3_session_eval(b, prompt, 5, logits) == M3_OK);
+  for (int i = 0; i < kSteps; ++i) {
+    int32_t best = 0;
+    for (int32_t v = 1; v < vocab; ++v)
+      if (logits[v] > logits[best]) best = v;
+    EXPECT(best == got.ids[i]);
+    if (i + 1 < kSteps) EXPECT(m3_session_eval(b, &best, 1, logits) == M3_OK);
+  }
+  free(logits);
+  m3_session_free(a);
+  m3_session_free(b);
+  return 0;
+}
+
+/* The tokenizer: encode, decode, the size protocol, special tokens. */
+static int CheckTokenizer(const char* dir) {
+  m3_tokenizer* tok = NULL;
+  EXPECT(m3_tokenizer_open("/nonexistent/tokenizer", &tok) == M3_ERR_NOT_FOUND && tok == NULL);
+  EXPECT(m3_tokenizer_open(dir, &tok) == M3_OK);
+  EXPECT(m3_tokenizer_vocab_size(tok) == 200061);
+  EXPECT(m3_tokenizer_token_id(tok, "]~b]") >= 0);
+  const char* text = "Hello world";
+  int32_t ids[33];
+  size_t n = 0;
+  EXPECT(m3_tokenize(tok, text, strlen(text), ids, 33, &n) == M3_OK);
+  EXPECT(n == 2 && ids[0] == 19739 && ids[1] == 2035); /* golden prose-000 */
+  char out[64];
+  size_t len = 0;
+  EXPECT(m3_detokenize(tok, ids, n, 0, out, sizeof(out), &len) == M3_OK);
+  EXPECT(len == strlen(text) && strcmp(out, text) == 0);
+  EXPECT(m3_detokenize(tok, ids, n, 0, out, 3, &len) == M3_ERR_OUT_OF_RANGE && len == strlen(text));
+  const char* request = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], "
+                        "\"options\": {\"add_generation_prompt\": true}}";
+  EXPECT(m3_chat_render(tok, request, NULL, 0, &len) == M3_ERR_OUT_OF_RANGE);
+  char* rendered = malloc(len + 1);
+  EXPECT(m3_chat_render(tok, request, rendered, len + 1, &len) == M3_OK);
+  EXPECT(strlen(rendered) == len && strstr(rendered, "]~b]ai\n") != NULL);
+  free(rendered);
+  m3_tokenizer_free(tok);
+  return 0;
+}
+
+/* One chat turn with thinking enabled: the pieces arrive through the callback and add up to the
+ * returned assistant message's text. */
+static int CheckChat(const char* model_dir) {
+  m3_engine* engine = NULL;
+  m3_tokenizer* tok = NULL;
+  m3_session* session = NULL;
+  m3_engine_options eo;
+  m3_engine_options_init(&eo);
+  eo.threads = 2;
+  EXPECT(m3_engine_open(model_dir, &eo, &engine) == M3_OK);
+  EXPECT(m3_tokenizer_open(model_dir, &tok) == M3_OK);
+  EXPECT(m3_session_new(engine, &session) == M3_OK);
+  m3_generate_options o;
+  m3_generate_options_init(&o);
+  o.max_tokens = 16;
+  o.seed = 3;
+  struct Text text;
+  memset(&text, 0, sizeof(text));
+  const char* message = NULL;
+  m3_generate_stats st;
+  memset(&st, 0, sizeof(st));
+  st.struct_size = sizeof(st);
+  const char* request = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hello! Who are you?\"}], "
+                        "\"options\": {\"thinking_mode\": \"enabled\"}}";
+  EXPECT(m3_session_chat(session, tok, request, &o, CollectText, &text, &message, &st) == M3_OK);
+  EXPECT(message != NULL && strstr(message, "\"role\":\"assistant\"") != NULL);
+  EXPECT(text.parts > 0 && text.reasoning_len > 0);
+  text.reasoning[text.reasoning_len] = '\0';
+  EXPECT(strstr(message, "\"reasoning_content\"") != NULL);
+  EXPECT(st.generated_tokens > 0 && st.generated_tokens <= 16 && st.prompt_tokens > 100);
+  printf("capi: chat turn of %zu tokens after a %zu-token prompt: %zu bytes of reasoning\n", st.generated_tokens,
+         st.prompt_tokens, text.reasoning_len);
+  EXPECT(m3_session_chat(session, tok, "{\"messages\": 1}", &o, NULL, NULL, &message, NULL) ==
+         M3_ERR_INVALID_ARGUMENT);
+  EXPECT(message == NULL && strstr(m3_last_error(), "messages") != NULL);
+  m3_session_free(session);
+  m3_tokenizer_free(tok);
+  m3_engine_free(engine);
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  EXPECT(argc == 2);
+  EXPECT(argc == 4);
   m3_engine* engine = NULL;
   EXPECT(m3_engine_open("/nonexistent/model", NULL, &engine) == M3_ERR_NOT_FOUND);
   EXPECT(engine == NULL);
@@ -89,9 +221,13 @@ int main(int argc, char** argv) {
   m3_session_free(small_session);
   m3_engine_free(small);
 
+  EXPECT(CheckGenerate(engine, vocab) == 0);
+
   free(logits);
   m3_session_free(session);
   m3_engine_free(engine);
+  EXPECT(CheckTokenizer(argv[2]) == 0);
+  EXPECT(CheckChat(argv[3]) == 0);
   printf("capi: ok\n");
   return 0;
 }

@@ -36,7 +36,7 @@ TEST_CASE("top-k, top-p and min-p restrict the candidates", "[sampling]") {
   }
 }
 
-TEST_CASE("the same seed gives the same tokens; frequencies follow the distribution", "[sampling]") {
+TEST_CASE("the same seed gives the same tokens, and frequencies follow the distribution", "[sampling]") {
   const std::vector<float> logits = {std::log(0.6f), std::log(0.3f), std::log(0.1f)};
   Sampler a(SamplingParams{.seed = 42}), b(SamplingParams{.seed = 42}), c(SamplingParams{.seed = 43});
   std::vector<int32_t> sa, sb, sc;

@@ -1,11 +1,16 @@
 // Implements m3.h: converts Status to m3_status and keeps the message per thread. No logic here.
 #include "m3/m3.h"
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <exception>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "kernels.h"
+#include "runtime/chat.h"
 #include "runtime/engine.h"
 
 struct m3_engine {
@@ -14,6 +19,10 @@ struct m3_engine {
 };
 struct m3_session {
   std::unique_ptr<m3::Session> session;
+  std::string message_json;  // the last m3_session_chat's assistant message
+};
+struct m3_tokenizer {
+  std::unique_ptr<m3::ChatText> text;
 };
 
 namespace {
@@ -28,6 +37,106 @@ m3_status Fail(m3_status code, const char* msg) {
   g_last_error = msg;
   return code;
 }
+// Runs `body` (returning m3_status), turning exceptions into status codes: none crosses the C ABI.
+template <typename F>
+m3_status Guard(F&& body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return Fail(M3_ERR_OUT_OF_MEMORY, "out of memory");
+  } catch (const std::exception& ex) {
+    return Fail(M3_ERR_INTERNAL, ex.what());
+  }
+}
+
+// The variable-size output protocol of m3.h: the full length always, the first `capacity`
+// elements, a NUL after text when there is room, and M3_ERR_OUT_OF_RANGE when not all fit.
+template <typename T>
+m3_status WriteOut(const char* fn, const T* data, size_t n, T* out, size_t capacity, size_t* length, bool text) {
+  if (length) *length = n;
+  if (out) std::copy_n(data, std::min(n, capacity), out);
+  if (n > capacity)
+    return Fail(M3_ERR_OUT_OF_RANGE, (std::string(fn) + ": the output needs " + std::to_string(n) +
+                                      (text ? " bytes" : " ids") + ", more than the capacity of " +
+                                      std::to_string(capacity))
+                                         .c_str());
+  if (text && out && n < capacity) out[n] = T{};
+  return Report(m3::Status::Ok());
+}
+
+// Options (NULL: the defaults) as the sampler's and the generate loop's. This is the first layout,
+// so a smaller struct_size is an error; later fields will be read only when struct_size covers them.
+m3::Status ReadGenerateOptions(const m3_generate_options* o, m3::SamplingParams* sp, m3::GenerateOptions* go) {
+  m3_generate_options d;
+  m3_generate_options_init(&d);
+  if (o) {
+    if (o->struct_size < sizeof(m3_generate_options))
+      return m3::InvalidArgument("options.struct_size too small (call m3_generate_options_init)");
+    d = *o;
+  }
+  if (d.n_stop_ids && !d.stop_ids)
+    return m3::InvalidArgument("options.stop_ids is NULL but n_stop_ids is ", d.n_stop_ids);
+  *sp = m3::SamplingParams{.temperature = d.temperature, .top_k = d.top_k, .top_p = d.top_p, .min_p = d.min_p,
+                           .repetition_penalty = d.repetition_penalty, .presence_penalty = d.presence_penalty,
+                           .seed = d.seed};
+  M3_RETURN_IF_ERROR(m3::ValidateSamplingParams(*sp));
+  go->max_tokens = d.max_tokens;
+  go->stop_ids.assign(d.stop_ids, d.stop_ids + d.n_stop_ids);
+  return m3::Status::Ok();
+}
+
+void WriteStats(const m3::GenerateStats& st, m3_generate_stats* out) {
+  if (!out || out->struct_size == 0) return;
+  m3_generate_stats s{};
+  s.struct_size = out->struct_size;
+  s.prompt_tokens = st.prompt_tokens;
+  s.reused_tokens = st.reused_tokens;
+  s.generated_tokens = st.generated_tokens;
+  s.prefill_seconds = st.prefill_seconds;
+  s.decode_seconds = st.decode_seconds;
+  s.stop_reason = st.stop_reason == "stop"      ? M3_STOP_ID
+                  : st.stop_reason == "context" ? M3_STOP_CONTEXT
+                  : st.stop_reason == "caller"  ? M3_STOP_CALLER
+                                                : M3_STOP_LENGTH;
+  std::memcpy(out, &s, std::min(out->struct_size, sizeof(s)));
+}
+
+using ojson = nlohmann::ordered_json;
+// Model text is valid UTF-8 by construction (the streaming decoder); never throw if it is not.
+constexpr auto kReplaceInvalidUtf8 = nlohmann::json::error_handler_t::replace;
+
+// A chat request's parts: messages, tools and options, or a raw prompt.
+struct ChatRequest {
+  ojson messages, tools, options;
+  std::optional<std::string> prompt;
+};
+
+m3::StatusOr<ChatRequest> ParseChatRequest(const char* request_json, bool allow_prompt) {
+  ojson req = ojson::parse(request_json, nullptr, /*allow_exceptions=*/false);
+  if (req.is_discarded()) return m3::InvalidArgument("the request is not valid JSON");
+  if (!req.is_object()) return m3::InvalidArgument("the request must be a JSON object");
+  ChatRequest out;
+  if (allow_prompt && req.contains("prompt")) {
+    if (!req["prompt"].is_string()) return m3::InvalidArgument("\"prompt\" must be a string");
+    if (req.contains("messages")) return m3::InvalidArgument("the request has both \"prompt\" and \"messages\"");
+    out.prompt = req["prompt"].get<std::string>();
+    return out;
+  }
+  if (!req.contains("messages") || !req["messages"].is_array())
+    return m3::InvalidArgument(allow_prompt ? "the request needs a \"messages\" array or a \"prompt\" string"
+                                            : "the request needs a \"messages\" array");
+  out.messages = req["messages"];
+  out.tools = req.contains("tools") ? req["tools"] : ojson(nullptr);
+  if (!out.tools.is_null() && !out.tools.is_array()) return m3::InvalidArgument("\"tools\" must be an array");
+  out.options = req.contains("options") ? req["options"] : ojson::object();
+  if (!out.options.is_object()) return m3::InvalidArgument("\"options\" must be an object");
+  return out;
+}
+
+m3_status Prefixed(const char* fn, const m3::Status& s) {
+  return Report(m3::Status(s.code(), std::string(fn) + ": " + s.message()));
+}
+
 bool ToCacheType(int32_t value, m3::CacheType* out) {
   switch (value) {
     case M3_CACHE_F32: *out = m3::CacheType::kF32; return true;
@@ -107,7 +216,7 @@ const char* m3_simd_target(void) {
 m3_status m3_session_new(m3_engine* engine, m3_session** out) {
   if (!engine || !out) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_new: engine and out_session are required");
   try {
-    *out = new m3_session{std::make_unique<m3::Session>(*engine->engine, engine->session_options)};
+    *out = new m3_session{std::make_unique<m3::Session>(*engine->engine, engine->session_options), {}};
   } catch (const std::bad_alloc&) {
     return Fail(M3_ERR_OUT_OF_MEMORY, "out of memory making a session");
   }
@@ -136,6 +245,142 @@ size_t m3_session_position(const m3_session* session) { return session ? session
 m3_status m3_session_rewind(m3_session* session, size_t position) {
   if (!session) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_rewind: session is required");
   return Report(session->session->Rewind(position));
+}
+
+void m3_generate_options_init(m3_generate_options* o) {
+  if (!o) return;
+  *o = m3_generate_options{};
+  o->struct_size = sizeof(*o);
+  o->max_tokens = 512;
+  o->temperature = 1.0f;  // CHAT_FORMAT.md §5
+  o->top_k = 40;
+  o->top_p = 0.95f;
+  o->repetition_penalty = 1.0f;
+}
+
+m3_status m3_session_generate(m3_session* session, const int32_t* prompt, size_t n, const m3_generate_options* options,
+                              m3_token_callback callback, void* user_data, m3_generate_stats* stats) {
+  if (!session || !prompt || n == 0)
+    return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_generate: session and a non-empty prompt are required");
+  return Guard([&] {
+    m3::SamplingParams sp;
+    m3::GenerateOptions go;
+    if (m3::Status s = ReadGenerateOptions(options, &sp, &go); !s.ok())
+      return Report(m3::Status(s.code(), "m3_session_generate: " + s.message()));
+    m3::Sampler sampler(sp);
+    m3::GenerateStats st;
+    const m3::Status s = m3::Generate(*session->session, {prompt, n}, go, sampler,
+                                      [&](int32_t id) { return !callback || callback(id, user_data) == 0; }, &st);
+    if (s.ok()) WriteStats(st, stats);
+    return Report(s);
+  });
+}
+
+m3_status m3_tokenizer_open(const char* dir, m3_tokenizer** out) {
+  if (!dir || !out) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_tokenizer_open: dir and out_tokenizer are required");
+  *out = nullptr;
+  return Guard([&] {
+    auto text = m3::ChatText::Load(dir, /*require_template=*/false);
+    if (!text.ok()) return Report(text.status());
+    *out = new m3_tokenizer{std::move(text).value()};
+    return Report(m3::Status::Ok());
+  });
+}
+
+void m3_tokenizer_free(m3_tokenizer* tokenizer) { delete tokenizer; }
+
+size_t m3_tokenizer_vocab_size(const m3_tokenizer* tokenizer) {
+  return tokenizer ? tokenizer->text->tokenizer().vocab_size() : 0;
+}
+
+int32_t m3_tokenizer_token_id(const m3_tokenizer* tokenizer, const char* token) {
+  return tokenizer && token ? tokenizer->text->tokenizer().TokenId(token) : -1;
+}
+
+m3_status m3_tokenize(const m3_tokenizer* tokenizer, const char* text, size_t text_len, int32_t* ids, size_t capacity,
+                      size_t* n_ids) {
+  if (!tokenizer || (!text && text_len) || (!ids && capacity))
+    return Fail(M3_ERR_INVALID_ARGUMENT,
+                "m3_tokenize: tokenizer, text and an ids buffer of the given capacity are required");
+  return Guard([&] {
+    const std::vector<int32_t> out = tokenizer->text->tokenizer().Encode({text ? text : "", text_len});
+    return WriteOut("m3_tokenize", out.data(), out.size(), ids, capacity, n_ids, false);
+  });
+}
+
+m3_status m3_detokenize(const m3_tokenizer* tokenizer, const int32_t* ids, size_t n, int skip_special_tokens,
+                        char* text, size_t capacity, size_t* text_len) {
+  if (!tokenizer || (!ids && n) || (!text && capacity))
+    return Fail(M3_ERR_INVALID_ARGUMENT,
+                "m3_detokenize: tokenizer, ids and a text buffer of the given capacity are required");
+  return Guard([&] {
+    const std::string out = tokenizer->text->tokenizer().Decode({ids, n}, skip_special_tokens != 0);
+    return WriteOut("m3_detokenize", out.data(), out.size(), text, capacity, text_len, true);
+  });
+}
+
+
+m3_status m3_chat_render(const m3_tokenizer* tokenizer, const char* request_json, char* text, size_t capacity,
+                         size_t* text_len) {
+  if (!tokenizer || !request_json || (!text && capacity))
+    return Fail(M3_ERR_INVALID_ARGUMENT,
+                "m3_chat_render: tokenizer, request_json and a text buffer of the given capacity are required");
+  return Guard([&] {
+    auto req = ParseChatRequest(request_json, /*allow_prompt=*/false);
+    if (!req.ok()) return Prefixed("m3_chat_render", req.status());
+    auto rendered = tokenizer->text->Render(req->messages, req->tools, req->options);
+    if (!rendered.ok()) return Report(rendered.status());  // the template's own message, unprefixed
+    return WriteOut("m3_chat_render", rendered->data(), rendered->size(), text, capacity, text_len, true);
+  });
+}
+
+m3_status m3_session_chat(m3_session* session, const m3_tokenizer* tokenizer, const char* request_json,
+                          const m3_generate_options* options, m3_chat_callback callback, void* user_data,
+                          const char** message_json, m3_generate_stats* stats) {
+  if (message_json) *message_json = nullptr;
+  if (!session || !tokenizer || !request_json)
+    return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_chat: session, tokenizer and request_json are required");
+  return Guard([&] {
+    auto req = ParseChatRequest(request_json, /*allow_prompt=*/true);
+    if (!req.ok()) return Prefixed("m3_session_chat", req.status());
+    m3::SamplingParams sp;
+    m3::TurnOptions turn;
+    if (m3::Status s = ReadGenerateOptions(options, &sp, &turn.generate); !s.ok())
+      return Prefixed("m3_session_chat", s);
+    const m3::ChatText& text = *tokenizer->text;
+    for (const int32_t id : text.stop_ids()) turn.generate.stop_ids.push_back(id);
+    std::vector<int32_t> prompt;
+    if (req->prompt) {
+      turn.raw = true;
+      prompt = text.tokenizer().Encode(*req->prompt);
+    } else {
+      auto rendered = text.RenderPrompt(req->messages, req->tools, req->options);
+      if (!rendered.ok()) return Report(rendered.status());
+      turn.start = m3::OutputStart(*rendered);
+      turn.tools = nlohmann::json::parse(req->tools.dump());
+      prompt = text.tokenizer().Encode(*rendered);
+    }
+    if (prompt.empty()) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_chat: the prompt is empty");
+    m3::Sampler sampler(sp);
+    m3::GenerateStats st;
+    auto on_delta = [&](const m3::TurnDelta& d) {
+      if (!callback) return true;
+      auto send = [&](m3_chat_part part, const std::string& text) {
+        return text.empty() || callback(part, text.data(), text.size(), user_data) == 0;
+      };
+      bool go = send(M3_PART_REASONING, d.reasoning);
+      go &= send(M3_PART_CONTENT, d.content);
+      for (const m3::ToolCall& call : d.tool_calls)
+        go &= send(M3_PART_TOOL_CALL, m3::ToolCallJson(call).dump(-1, ' ', false, kReplaceInvalidUtf8));
+      return go;
+    };
+    auto out = m3::GenerateTurn(*session->session, text.tokenizer(), prompt, turn, sampler, on_delta, &st);
+    if (!out.ok()) return Report(out.status());
+    session->message_json = m3::AssistantMessage(*out).dump(-1, ' ', false, kReplaceInvalidUtf8);
+    if (message_json) *message_json = session->message_json.c_str();
+    WriteStats(st, stats);
+    return Report(m3::Status::Ok());
+  });
 }
 
 }  // extern "C"

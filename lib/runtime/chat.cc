@@ -26,12 +26,16 @@ StatusOr<std::unique_ptr<ChatText>> ChatText::Load(const std::string& dir, bool 
   return text;
 }
 
-StatusOr<std::string> ChatText::RenderPrompt(const ojson& messages, const ojson& tools, ojson options) const {
+StatusOr<std::string> ChatText::Render(const ojson& messages, const ojson& tools, const ojson& options) const {
   if (!template_) return template_error_;
+  return template_->Render(messages, tools, options);
+}
+
+StatusOr<std::string> ChatText::RenderPrompt(const ojson& messages, const ojson& tools, ojson options) const {
   if (options.is_null()) options = ojson::object();
   if (!options.is_object()) return InvalidArgument("chat options must be a JSON object");
   options["add_generation_prompt"] = true;
-  return template_->Render(messages, tools, options);
+  return Render(messages, tools, options);
 }
 
 ThinkState OutputStart(std::string_view rendered_prompt) {

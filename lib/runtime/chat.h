@@ -32,9 +32,13 @@ class ChatText {
 
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   bool has_template() const { return template_.has_value(); }
+  // Renders a conversation as the template does, `options` (an object or null) as its variables.
+  // NotFound when the folder has no template.
+  StatusOr<std::string> Render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                               const nlohmann::ordered_json& options) const;
   // Renders `messages` (and `tools`, null for none) with add_generation_prompt set: the prompt of
   // the next assistant turn. `options` (an object or null) become template variables
-  // (thinking_mode, ...). NotFound when the folder has no template.
+  // (thinking_mode, ...).
   StatusOr<std::string> RenderPrompt(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                      nlohmann::ordered_json options) const;
   // The end of an assistant turn and the defensive stops of CHAT_FORMAT.md §5, those that exist.

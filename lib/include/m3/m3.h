@@ -77,6 +77,117 @@ size_t m3_session_position(const m3_session* session);
 /* Forgets every position >= position. */
 m3_status m3_session_rewind(m3_session* session, size_t position);
 
+/* ---------------------------------------------------------------------------------------------
+ * Generation: sampling over a session.
+ * --------------------------------------------------------------------------------------------- */
+
+typedef struct m3_generate_options {
+  size_t struct_size;       /* sizeof(m3_generate_options); set by m3_generate_options_init */
+  int32_t max_tokens;       /* most tokens to sample (default 512) */
+  /* Sampling (defaults: the recommended settings of CHAT_FORMAT.md §5). */
+  float temperature;        /* default 1.0; 0: greedy (ties to the lower id) */
+  int32_t top_k;            /* default 40; 0: off */
+  float top_p;              /* default 0.95; 1: off */
+  float min_p;              /* default 0: off */
+  float repetition_penalty; /* default 1: off */
+  float presence_penalty;   /* default 0: off */
+  uint64_t seed;            /* default 0; the same seed gives the same tokens */
+  /* Ids that end generation; the stop id is counted but not passed on. m3_session_chat adds
+   * the end-of-turn ids of the tokenizer to these. */
+  const int32_t* stop_ids;
+  size_t n_stop_ids;
+} m3_generate_options;
+
+void m3_generate_options_init(m3_generate_options* options);
+
+typedef enum m3_stop_reason {
+  M3_STOP_ID = 0,      /* sampled a stop id */
+  M3_STOP_LENGTH = 1,  /* max_tokens */
+  M3_STOP_CONTEXT = 2, /* the session's context is full */
+  M3_STOP_CALLER = 3   /* the callback asked to stop */
+} m3_stop_reason;
+
+typedef struct m3_generate_stats {
+  size_t struct_size;       /* set by the caller to sizeof(m3_generate_stats): fields beyond it are not written */
+  size_t prompt_tokens;     /* the prompt's length */
+  size_t reused_tokens;     /* of those, served from the session's cache */
+  size_t generated_tokens;  /* sampled tokens, a stop id included */
+  double prefill_seconds;
+  double decode_seconds;    /* after the first sampled token */
+  int32_t stop_reason;      /* m3_stop_reason */
+} m3_generate_stats;
+
+/* Called with every sampled id but a stop id; return nonzero to stop. */
+typedef int (*m3_token_callback)(int32_t id, void* user_data);
+
+/* Samples a continuation of `prompt`, which is the whole sequence so far: the session keeps the
+ * longest prefix it already holds and evaluates only the rest (a multi-turn conversation pays
+ * only for its new tokens). callback may be NULL; stats may be NULL. The session ends holding
+ * the prompt and the sampled ids that were evaluated. */
+m3_status m3_session_generate(m3_session* session, const int32_t* prompt, size_t n,
+                              const m3_generate_options* options, m3_token_callback callback, void* user_data,
+                              m3_generate_stats* stats);
+
+/* ---------------------------------------------------------------------------------------------
+ * Text: the tokenizer and chat template of a folder, and chat turns.
+ *
+ * Functions that write a variable amount take a capacity and set *length to the full amount
+ * they have; when it does not fit they write the first `capacity` elements and return
+ * M3_ERR_OUT_OF_RANGE (a NULL buffer with capacity 0 asks for the size). Text is UTF-8 and is
+ * NUL-terminated when capacity > length. A tokenizer is immutable: threads may share one.
+ * --------------------------------------------------------------------------------------------- */
+
+typedef struct m3_tokenizer m3_tokenizer;
+
+/* Loads tokenizer.json and the chat template (chat_template.jinja, else the chat_template of
+ * tokenizer_config.json) of a folder: a HuggingFace model folder, or a packed one (m3 pack copies
+ * them). A folder without a template loads; chat calls on it then fail with M3_ERR_NOT_FOUND. */
+m3_status m3_tokenizer_open(const char* dir, m3_tokenizer** out_tokenizer);
+void m3_tokenizer_free(m3_tokenizer* tokenizer);
+size_t m3_tokenizer_vocab_size(const m3_tokenizer* tokenizer);
+/* The id of a token given as its string (e.g. "]~b]" or "<mm:think>"), or -1. */
+int32_t m3_tokenizer_token_id(const m3_tokenizer* tokenizer, const char* token);
+
+/* Encodes text_len bytes of text (special-token strings become their ids, as HuggingFace does).
+ * Every id covers at least one byte of the NFC-normalized text, which Unicode bounds at 3x the
+ * input: capacity 3 * text_len always suffices. */
+m3_status m3_tokenize(const m3_tokenizer* tokenizer, const char* text, size_t text_len, int32_t* ids,
+                      size_t capacity, size_t* n_ids);
+/* Decodes ids; with skip_special_tokens nonzero, special tokens are left out. */
+m3_status m3_detokenize(const m3_tokenizer* tokenizer, const int32_t* ids, size_t n, int skip_special_tokens,
+                        char* text, size_t capacity, size_t* text_len);
+
+/* Renders a chat request through the template, exactly as HuggingFace's apply_chat_template:
+ * request_json is {"messages": [...], "tools": [...] (optional), "options": {...} (optional:
+ * template variables such as "add_generation_prompt" and "thinking_mode")}, messages in the
+ * OpenAI shape with tool-call arguments as objects. A conversation the template refuses gives
+ * M3_ERR_INVALID_ARGUMENT with the template's message. */
+m3_status m3_chat_render(const m3_tokenizer* tokenizer, const char* request_json, char* text, size_t capacity,
+                         size_t* text_len);
+
+typedef enum m3_chat_part {
+  M3_PART_REASONING = 0, /* text inside <mm:think> ... </mm:think> */
+  M3_PART_CONTENT = 1,   /* the answer's text */
+  M3_PART_TOOL_CALL = 2  /* one whole tool call as JSON: {"id", "type": "function", "function":
+                          * {"name", "arguments": {...}}} */
+} m3_chat_part;
+
+/* Called with each piece of a turn as it is decoded: len bytes of UTF-8 (whole characters; not
+ * NUL-terminated). Return nonzero to stop generating. */
+typedef int (*m3_chat_callback)(m3_chat_part part, const char* text, size_t len, void* user_data);
+
+/* One assistant turn. request_json is m3_chat_render's request (add_generation_prompt is set);
+ * "tools" also types the tool-call arguments. Or {"prompt": "text"}: a plain completion of the
+ * text, all of it content. The rendered prompt is the whole conversation: the session reuses the
+ * prefix it holds from the previous turn. The output is split per CHAT_FORMAT.md into reasoning,
+ * content and tool calls, streamed to callback (may be NULL), and returned as the assistant
+ * message to append to "messages" ({"role": "assistant", "content", "reasoning_content"?,
+ * "tool_calls"?}) in *message_json (may be NULL), owned by the session and valid until its next
+ * chat call or m3_session_free. options may be NULL (the defaults); stats may be NULL. */
+m3_status m3_session_chat(m3_session* session, const m3_tokenizer* tokenizer, const char* request_json,
+                          const m3_generate_options* options, m3_chat_callback callback, void* user_data,
+                          const char** message_json, m3_generate_stats* stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,9 +1,13 @@
 // Header-only C++ RAII wrappers over m3.h.
 #pragma once
 
+#include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "m3/m3.h"
@@ -48,6 +52,59 @@ class Engine {
   std::unique_ptr<m3_engine, Free> engine_;
 };
 
+class Tokenizer {
+ public:
+  explicit Tokenizer(const std::string& dir) {
+    m3_tokenizer* t = nullptr;
+    Check(m3_tokenizer_open(dir.c_str(), &t));
+    tokenizer_.reset(t);
+  }
+  const m3_tokenizer* get() const { return tokenizer_.get(); }
+  size_t vocab_size() const { return m3_tokenizer_vocab_size(tokenizer_.get()); }
+  int32_t TokenId(const std::string& token) const { return m3_tokenizer_token_id(tokenizer_.get(), token.c_str()); }
+  std::vector<int32_t> Encode(std::string_view text) const {
+    std::vector<int32_t> ids(3 * text.size());  // always enough (m3.h)
+    size_t n = 0;
+    Check(m3_tokenize(tokenizer_.get(), text.data(), text.size(), ids.data(), ids.size(), &n));
+    ids.resize(n);
+    return ids;
+  }
+  std::string Decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const {
+    return Text([&](char* out, size_t cap, size_t* len) {
+      return m3_detokenize(tokenizer_.get(), ids.data(), ids.size(), skip_special_tokens, out, cap, len);
+    });
+  }
+  // request_json: {"messages", "tools"?, "options"?} (m3_chat_render).
+  std::string Render(const std::string& request_json) const {
+    return Text([&](char* out, size_t cap, size_t* len) {
+      return m3_chat_render(tokenizer_.get(), request_json.c_str(), out, cap, len);
+    });
+  }
+
+ private:
+  // Asks for the size, then fills a string of it.
+  template <typename F>
+  static std::string Text(F&& call) {
+    size_t len = 0;
+    const m3_status s = call(nullptr, 0, &len);
+    if (s != M3_OK && s != M3_ERR_OUT_OF_RANGE) Check(s);
+    std::string out(len + 1, '\0');
+    Check(call(out.data(), out.size(), &len));
+    out.resize(len);
+    return out;
+  }
+  struct Free {
+    void operator()(m3_tokenizer* t) const { m3_tokenizer_free(t); }
+  };
+  std::unique_ptr<m3_tokenizer, Free> tokenizer_;
+};
+
+inline m3_generate_options DefaultGenerateOptions() {
+  m3_generate_options o;
+  m3_generate_options_init(&o);
+  return o;
+}
+
 class Session {
  public:
   explicit Session(const Engine& engine) : vocab_(engine.vocab_size()) {
@@ -61,10 +118,64 @@ class Session {
     Check(m3_session_eval(session_.get(), ids.data(), ids.size(), logits.data()));
     return logits;
   }
+  m3_session* get() const { return session_.get(); }
   size_t position() const { return m3_session_position(session_.get()); }
   void Rewind(size_t position) { Check(m3_session_rewind(session_.get(), position)); }
 
+  // Samples a continuation of `prompt` (the whole sequence so far); on_token returning false
+  // stops. Returns the sampled ids, a stop id not included.
+  std::vector<int32_t> Generate(const std::vector<int32_t>& prompt,
+                                const m3_generate_options& options = DefaultGenerateOptions(),
+                                const std::function<bool(int32_t)>& on_token = nullptr) {
+    struct Ctx {
+      std::vector<int32_t> ids;
+      const std::function<bool(int32_t)>* on_token;
+      std::exception_ptr error;
+    } ctx{{}, &on_token, nullptr};
+    Check(m3_session_generate(session_.get(), prompt.data(), prompt.size(), &options,
+                              [](int32_t id, void* user) -> int {
+                                auto* c = static_cast<Ctx*>(user);
+                                c->ids.push_back(id);
+                                return Call(c, [&] { return !*c->on_token || (*c->on_token)(id); });
+                              },
+                              &ctx, nullptr));
+    if (ctx.error) std::rethrow_exception(ctx.error);
+    return ctx.ids;
+  }
+
+  // One assistant turn of a chat request (m3_session_chat); on_part(part, text) returning false
+  // stops. Returns the assistant message as JSON.
+  std::string Chat(const Tokenizer& tokenizer, const std::string& request_json,
+                   const m3_generate_options& options = DefaultGenerateOptions(),
+                   const std::function<bool(m3_chat_part, std::string_view)>& on_part = nullptr) {
+    struct Ctx {
+      const std::function<bool(m3_chat_part, std::string_view)>* on_part;
+      std::exception_ptr error;
+    } ctx{&on_part, nullptr};
+    const char* message = nullptr;
+    Check(m3_session_chat(session_.get(), tokenizer.get(), request_json.c_str(), &options,
+                          [](m3_chat_part part, const char* text, size_t len, void* user) -> int {
+                            auto* c = static_cast<Ctx*>(user);
+                            return Call(c, [&] { return !*c->on_part || (*c->on_part)(part, {text, len}); });
+                          },
+                          &ctx, &message, nullptr));
+    if (ctx.error) std::rethrow_exception(ctx.error);
+    return message;
+  }
+
  private:
+  // Runs a C++ callback inside a C callback: an exception stops generation and is rethrown
+  // after the C call returns, instead of unwinding through it.
+  template <typename C, typename F>
+  static int Call(C* c, F&& f) {
+    if (c->error) return 1;
+    try {
+      return f() ? 0 : 1;
+    } catch (...) {
+      c->error = std::current_exception();
+      return 1;
+    }
+  }
   struct Free {
     void operator()(m3_session* s) const { m3_session_free(s); }
   };
