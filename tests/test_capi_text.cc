@@ -152,16 +152,23 @@ TEST_CASE("m3_tokenize: 3 ids per input byte always suffice, on random bytes and
 
 TEST_CASE("one tokenizer serves two threads at once", "[capi]") {
   const m3api::Tokenizer tok(TokenizerDir());
-  std::vector<std::string> texts;
+  std::vector<std::string> texts, requests;
   for (const ojson& c : JsonLines(TokenizerDir() + "/golden.jsonl")) texts.push_back(c["text"].get<std::string>());
+  for (const ojson& c : JsonLines(TokenizerDir() + "/chat_golden.jsonl"))
+    if (!c.contains("error"))
+      requests.push_back(ojson{{"messages", c["messages"]}, {"tools", c["tools"]}, {"options", c["options"]}}.dump());
   std::vector<std::vector<int32_t>> expect;
   for (const auto& t : texts) expect.push_back(tok.Encode(t));
+  std::vector<std::string> rendered;
+  for (const auto& r : requests) rendered.push_back(tok.Render(r));
   std::vector<int> bad(2, 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < 2; ++t)
     threads.emplace_back([&, t] {
-      for (int round = 0; round < 3; ++round)
+      for (int round = 0; round < 3; ++round) {
         for (size_t i = t; i < texts.size(); ++i) bad[t] += tok.Encode(texts[i]) != expect[i];
+        for (size_t i = t; i < requests.size(); ++i) bad[t] += tok.Render(requests[i]) != rendered[i];
+      }
     });
   for (auto& th : threads) th.join();
   CHECK(bad[0] == 0);
