@@ -158,13 +158,7 @@ void AddGenerationOptions(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("-n,--max-tokens", a.max_tokens, "most tokens to generate per turn")->default_val(512);
   AddEngineOptions(cmd, &a.engine_args);
   cmd->add_option("-c,--context", a.context, "context limit in tokens (0 = the model's)")->default_val(0);
-  cmd->add_option("--temp", a.sampling.temperature, "temperature (0 = greedy)")->default_val(1.0);
-  cmd->add_option("--top-k", a.sampling.top_k, "top-k (0 = off)")->default_val(40);
-  cmd->add_option("--top-p", a.sampling.top_p, "top-p (1 = off)")->default_val(0.95);
-  cmd->add_option("--min-p", a.sampling.min_p, "min-p (0 = off)")->default_val(0.0);
-  cmd->add_option("--repeat-penalty", a.sampling.repetition_penalty, "repetition penalty (1 = off)")->default_val(1.0);
-  cmd->add_option("--presence-penalty", a.sampling.presence_penalty, "presence penalty (0 = off)")->default_val(0.0);
-  cmd->add_option("--seed", a.sampling.seed, "random seed")->default_val(0);
+  AddSamplingOptions(cmd, &a.sampling);
 }
 
 }  // namespace

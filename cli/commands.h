@@ -5,6 +5,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "ops/sampling.h"
 #include "runtime/engine.h"
 
 namespace m3::cli {
@@ -22,6 +23,8 @@ struct EngineArgs {
   Status Configure(SessionOptions* session) const;
 };
 void AddEngineOptions(CLI::App* cmd, EngineArgs* args);
+// --temp, --top-k, --top-p, --min-p, --repeat-penalty, --presence-penalty, --seed.
+void AddSamplingOptions(CLI::App* cmd, SamplingParams* p);
 // Says on stderr when -t asks for more threads than the CPUs this process may run on (the
 // library caps them: ResolveThreadCount).
 void NoteThreadCap(int requested);
@@ -33,5 +36,6 @@ void AddTextCommands(CLI::App& app, int* rc);  // tokenize, template
 void AddRunCommands(CLI::App& app, int* rc);   // run, chat
 void AddPackCommand(CLI::App& app, int* rc);   // pack
 void AddBenchCommand(CLI::App& app, int* rc);  // bench (end to end), bench --kernels
+void AddServeCommand(CLI::App& app, int* rc);  // serve (OpenAI-compatible HTTP)
 
 }  // namespace m3::cli

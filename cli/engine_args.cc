@@ -60,4 +60,15 @@ void AddEngineOptions(CLI::App* cmd, EngineArgs* args) {
       ->default_val(0);
 }
 
+void AddSamplingOptions(CLI::App* cmd, SamplingParams* p) {
+  // Defaults: the recommended settings of CHAT_FORMAT.md §5.
+  cmd->add_option("--temp", p->temperature, "temperature (0 = greedy)")->default_val(1.0);
+  cmd->add_option("--top-k", p->top_k, "top-k (0 = off)")->default_val(40);
+  cmd->add_option("--top-p", p->top_p, "top-p (1 = off)")->default_val(0.95);
+  cmd->add_option("--min-p", p->min_p, "min-p (0 = off)")->default_val(0.0);
+  cmd->add_option("--repeat-penalty", p->repetition_penalty, "repetition penalty (1 = off)")->default_val(1.0);
+  cmd->add_option("--presence-penalty", p->presence_penalty, "presence penalty (0 = off)")->default_val(0.0);
+  cmd->add_option("--seed", p->seed, "random seed")->default_val(0);
+}
+
 }  // namespace m3::cli

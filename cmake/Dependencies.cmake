@@ -8,6 +8,8 @@ find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 find_package(ICU REQUIRED COMPONENTS uc)
+# m3 serve: cpp-httplib (libcpp-httplib-dev).
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 if(M3_BUILD_TESTS)
   find_package(Catch2 2 REQUIRED)
 endif()

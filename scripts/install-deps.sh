@@ -5,6 +5,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libhwy-dev libomp-dev libdnnl-dev libnuma-dev libxsimd-dev
   nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev catch2
+  libcpp-httplib-dev # m3 serve
   python3-numpy bc   # golden checks: the oracle's check_case.py needs NumPy
   gnuplot-nox        # m3 bench --attention: the plot (optional at run time)
 )

@@ -46,7 +46,7 @@ StatusOr<ParsedOutput> GenerateTurn(Session& session, const Tokenizer& tokenizer
                                     const TurnOptions& options, Sampler& sampler,
                                     const std::function<bool(const TurnDelta&)>& on_delta, GenerateStats* stats) {
   StreamingDecoder decoder(tokenizer, /*skip_special_tokens=*/false);
-  StreamingOutputParser parser(options.start, options.tools);
+  StreamingOutputParser parser(options.start, options.tools, options.tool_call_id_prefix);
   ParsedOutput all;
   // Collects a delta into `all` and passes it on; false when the caller wants to stop.
   auto emit = [&](TurnDelta d) {

@@ -60,6 +60,7 @@ struct TurnOptions {
   bool raw = false;  // plain completion: all text is content, no markup parsed
   ThinkState start = ThinkState::kOutside;
   nlohmann::json tools;  // the request's tools array (types tool-call arguments), or null
+  std::string tool_call_id_prefix = "call_";  // call ids are this + 0, 1, ... (a server: per request)
   GenerateOptions generate;
 };
 

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""`m3 serve` end to end over HTTP on the tiny real-vocabulary model (ctest's fixture): health and
+models; a chat completion streamed and not streamed gives the same text and usage; a plain
+completion; the cached prefix of the previous request is reused; bad requests get OpenAI-style
+errors with a message; a context overflow is a 400; a client that leaves a stream stops it; two
+concurrent requests both complete. No timing assertions.
+Usage: serve_check.py M3_BINARY REAL_VOCAB_MODEL_DIR"""
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import threading
+
+m3, model = sys.argv[1], sys.argv[2]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+server = subprocess.Popen([m3, "serve", "-m", model, "--port", "0", "-t", "2", "-c", "400", "--name", "tiny"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+try:
+    line = server.stdout.readline()
+    check("http://127.0.0.1:" in line, f"start line: {line!r}")
+    port = int(line.split("http://127.0.0.1:")[1].split()[0])
+
+    def request(method, path, body=None, raw=None):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        text = resp.read().decode("utf-8")
+        conn.close()
+        return resp.status, resp.getheader("Content-Type", ""), text
+
+    def events(text):
+        out = []
+        for block in text.split("\n\n"):
+            if block.startswith("data: "):
+                payload = block[len("data: "):]
+                out.append(payload if payload == "[DONE]" else json.loads(payload))
+        return out
+
+    status, _, text = request("GET", "/health")
+    check(status == 200 and json.loads(text) == {"status": "ok"}, f"/health: {status} {text}")
+    status, _, text = request("GET", "/v1/models")
+    check(status == 200 and json.loads(text)["data"][0]["id"] == "tiny", f"/v1/models: {status} {text}")
+
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hello! Who are you?"}], "max_tokens": 10,
+            "temperature": 0, "chat_template_kwargs": {"thinking_mode": "enabled"}}
+    # A first request puts the prompt in the session's cache, so that the two compared below both
+    # evaluate only its last token (the same arithmetic, hence the same greedy tokens).
+    request("POST", "/v1/chat/completions", dict(chat, max_tokens=1))
+    status, ctype, text = request("POST", "/v1/chat/completions", chat)
+    check(status == 200 and ctype.startswith("application/json"), f"chat: {status} {ctype} {text}")
+    whole = json.loads(text)
+    msg = whole["choices"][0]["message"]
+    check(whole["object"] == "chat.completion" and whole["model"] == "tiny", f"chat envelope: {whole}")
+    check(msg["role"] == "assistant" and len(msg.get("reasoning_content", "")) > 0,
+          f"thinking enabled: the reply starts in reasoning: {msg}")
+    usage = whole["usage"]
+    check(usage["completion_tokens"] == 10 and whole["choices"][0]["finish_reason"] == "length", f"usage: {whole}")
+    check(usage["total_tokens"] == usage["prompt_tokens"] + 10, f"total tokens: {usage}")
+    check(usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1, f"prefix reuse: {usage}")
+    # The prompt is what `m3 template` renders for the same conversation.
+    rendered = subprocess.run([m3, "template", "--tokenizer", model], capture_output=True, text=True,
+                              input=json.dumps({"messages": chat["messages"], "tools": None,
+                                                "options": {"add_generation_prompt": True,
+                                                            "thinking_mode": "enabled"}}) + "\n")
+    check(len(json.loads(rendered.stdout)["ids"]) == usage["prompt_tokens"], "prompt tokens == m3 template's ids")
+
+    status, ctype, text = request("POST", "/v1/chat/completions",
+                                  dict(chat, stream=True, stream_options={"include_usage": True}))
+    check(status == 200 and ctype.startswith("text/event-stream"), f"stream: {status} {ctype}")
+    ev = events(text)
+    check(len(ev) >= 4 and ev[-1] == "[DONE]", f"stream ends with [DONE]: {text[-200:]}")
+    chunks = [e for e in ev if isinstance(e, dict)]
+    check(chunks[0]["choices"][0]["delta"].get("role") == "assistant", f"first chunk: {chunks[0]}")
+    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks if c["choices"])
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    check(reasoning == msg.get("reasoning_content", "") and content == (msg["content"] or ""),
+          f"streamed text == whole text: {reasoning!r} {content!r} vs {msg}")
+    finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    check(len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == "length", f"one finish chunk: {finals}")
+    check(chunks[-1]["choices"] == [] and chunks[-1]["usage"] == usage, f"usage chunk: {chunks[-1]} vs {usage}")
+
+    comp = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
+    request("POST", "/v1/completions", dict(comp, max_tokens=1))
+    status, _, text = request("POST", "/v1/completions", comp)
+    check(status == 200, f"completion: {status} {text}")
+    whole = json.loads(text)
+    check(whole["object"] == "text_completion" and whole["usage"]["completion_tokens"] == 6, f"completion: {whole}")
+    status, _, text = request("POST", "/v1/completions", dict(comp, stream=True))
+    streamed = "".join(e["choices"][0]["text"] for e in events(text) if isinstance(e, dict))
+    check(streamed == whole["choices"][0]["text"], f"streamed completion {streamed!r} vs {whole['choices'][0]['text']!r}")
+
+    def error(status_want, path, body=None, raw=None, want=""):
+        status, _, text = request("POST", path, body, raw)
+        try:
+            err = json.loads(text)["error"]
+        except (ValueError, KeyError):
+            err = {}
+        check(status == status_want and want in err.get("message", ""), f"{body or raw}: {status} {text}")
+
+    error(400, "/v1/chat/completions", raw="{not json", want="not valid JSON")
+    error(400, "/v1/chat/completions", {"model": "tiny"}, want="\"messages\"")
+    error(400, "/v1/chat/completions", dict(chat, n=3), want="\"n\"")
+    error(400, "/v1/chat/completions", dict(chat, stop=["\n"]), want="\"stop\"")
+    error(400, "/v1/chat/completions", dict(chat, temperature=-2), want="temperature")
+    error(400, "/v1/chat/completions",
+          {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "orphan"}]},
+          want="Message has tool role")
+    error(400, "/v1/chat/completions", dict(chat, stream=True, n=2), want="\"n\"")  # before the stream starts
+    error(400, "/v1/completions", {"prompt": 5}, want="prompt")
+    error(400, "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 600}]},
+          want="context limit")
+    status, _, text = request("GET", "/v1/nothing")
+    check(status == 404 and "no such endpoint" in text, f"unknown path: {status} {text}")
+
+    # A client that reads one event and hangs up: the server stops and serves the next request.
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    body = json.dumps(dict(chat, stream=True, max_tokens=300)).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    check(b"data: " in sock.recv(4096), "a streamed event before hanging up")
+    sock.close()
+
+    results = []
+
+    def one():
+        results.append(request("POST", "/v1/chat/completions", dict(chat, max_tokens=3))[0])
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(results == [200, 200], f"two concurrent requests: {results}")
+finally:
+    server.terminate()
+    _, err = server.communicate(timeout=30)
+
+log = [l for l in err.splitlines() if l.startswith("m3 serve: /v1/")]
+check(any("| caller" in l for l in log), "the hung-up stream was stopped (stop reason caller): " + "\n".join(log[-4:]))
+for f in failures:
+    print("FAIL:", f)
+print(f"serve checks: {len(failures)} failed")
+sys.exit(1 if failures else 0)
