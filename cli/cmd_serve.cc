@@ -57,6 +57,7 @@ struct Server {
     turn->raw = !r.chat;
     turn->generate = GenerateOptions{r.max_tokens, text->stop_ids()};
     turn->tool_call_id_prefix = "call_" + id + "_";
+    turn->stop_strings = r.stop;
     if (!r.chat) return text->tokenizer().Encode(r.prompt);
     M3_ASSIGN_OR_RETURN(std::string rendered, text->RenderPrompt(r.messages, r.tools, r.template_options));
     turn->start = OutputStart(rendered);

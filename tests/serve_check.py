@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`m3 serve` end to end over HTTP on the tiny real-vocabulary model (ctest's fixture): health and
 models; a chat completion streamed and not streamed gives the same text and usage; a plain
-completion; the cached prefix of the previous request is reused; bad requests get OpenAI-style
+completion, cut by a stop string; the cached prefix of the previous request is reused; bad requests get OpenAI-style
 errors with a message; a context overflow is a 400; a client that leaves a stream stops it; two
 concurrent requests both complete. No timing assertions.
 Usage: serve_check.py M3_BINARY REAL_VOCAB_MODEL_DIR"""
@@ -98,6 +98,21 @@ try:
     streamed = "".join(e["choices"][0]["text"] for e in events(text) if isinstance(e, dict))
     check(streamed == whole["choices"][0]["text"], f"streamed completion {streamed!r} vs {whole['choices'][0]['text']!r}")
 
+    # A stop string from the middle of that text: the reply ends before it, finish_reason "stop".
+    text = whole["choices"][0]["text"]
+    stop = text[len(text) // 3: len(text) // 3 + 2]
+    cut = text[:text.find(stop)]
+    for stream in (False, True):
+        status, _, body = request("POST", "/v1/completions", dict(comp, stop=stop, stream=stream))
+        if stream:
+            ev = [e for e in events(body) if isinstance(e, dict)]
+            got = "".join(e["choices"][0]["text"] for e in ev)
+            reason = ev[-1]["choices"][0]["finish_reason"]
+        else:
+            got, reason = json.loads(body)["choices"][0]["text"], json.loads(body)["choices"][0]["finish_reason"]
+        check(status == 200 and got == cut and reason == "stop",
+              f"stop {stop!r} (stream {stream}): {got!r}, {reason} vs {cut!r} from {text!r}")
+
     def error(status_want, path, body=None, raw=None, want=""):
         status, _, text = request("POST", path, body, raw)
         try:
@@ -109,7 +124,7 @@ try:
     error(400, "/v1/chat/completions", raw="{not json", want="not valid JSON")
     error(400, "/v1/chat/completions", {"model": "tiny"}, want="\"messages\"")
     error(400, "/v1/chat/completions", dict(chat, n=3), want="\"n\"")
-    error(400, "/v1/chat/completions", dict(chat, stop=["\n"]), want="\"stop\"")
+    error(400, "/v1/chat/completions", dict(chat, stop=["a", "b", "c", "d", "e"]), want="\"stop\"")
     error(400, "/v1/chat/completions", dict(chat, temperature=-2), want="temperature")
     error(400, "/v1/chat/completions",
           {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "orphan"}]},
@@ -126,7 +141,13 @@ try:
     body = json.dumps(dict(chat, stream=True, max_tokens=300)).encode()
     sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    check(b"data: " in sock.recv(4096), "a streamed event before hanging up")
+    got = b""
+    while b"data: " not in got:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    check(b"data: " in got, f"a streamed event before hanging up: {got[:300]!r}")
     sock.close()
 
     results = []

@@ -73,6 +73,53 @@ TEST_CASE("openai: a chat request takes the server's defaults and the request's 
   CHECK(r->stream);
   CHECK(r->include_usage);
   CHECK(r->template_options == ojson{{"thinking_mode", "disabled"}});
+  CHECK(r->stop.empty());
+  CHECK(openai::ParseChatRequest(Chat({{"stop", "\n"}}), d)->stop == std::vector<std::string>{"\n"});
+  CHECK(openai::ParseChatRequest(Chat({{"stop", {"a", "bc"}}}), d)->stop == std::vector<std::string>{"a", "bc"});
+}
+
+// Feeds `text` in pieces cut at `cuts` through StopStrings; returns what passed, and whether it matched.
+std::pair<std::string, bool> RunStops(const std::vector<std::string>& stops, const std::string& text, size_t step) {
+  m3::StopStrings s(stops);
+  std::string out;
+  for (size_t i = 0; i < text.size(); i += step) out += s.Push(text.substr(i, step));
+  out += s.Flush();
+  return {out, s.matched()};
+}
+
+TEST_CASE("StopStrings cut the text before the first stop string, however the text is split", "[openai]") {
+  struct Case {
+    std::vector<std::string> stops;
+    std::string text, want;
+    bool matched;
+  };
+  const Case cases[] = {
+      {{"\nObservation:"}, "Thought: x\nAction: y\nObservation: z", "Thought: x\nAction: y", true},
+      {{"END", "ND!"}, "abcEND!", "abc", true},      // the earliest match wins
+      {{"ND!", "END"}, "abcEND!", "abc", true},      // whatever the order of the list
+      {{"aab"}, "aaaab tail", "aa", true},           // overlapping partial matches
+      {{"xyz"}, "xy xyzz", "xy ", true},
+      {{"xyz"}, "no match, ends with xy", "no match, ends with xy", false},  // the held tail comes out
+      {{"日本"}, "こんにちは日本語", "こんにちは", true},  // multi-byte
+      {{}, "nothing to stop", "nothing to stop", false},
+      {{""}, "empty stops are ignored", "empty stops are ignored", false},
+  };
+  for (const Case& c : cases)
+    for (size_t step = 1; step <= c.text.size(); ++step) {
+      INFO(c.text << " in pieces of " << step);
+      const auto [out, matched] = RunStops(c.stops, c.text, step);
+      CHECK(out == c.want);
+      CHECK(matched == c.matched);
+    }
+  // Nothing that could still be a stop string is released early.
+  m3::StopStrings s({"<end>"});
+  CHECK(s.Push("abc<e") == "abc");
+  CHECK(s.Push("n") == "");
+  CHECK(s.Push("x") == "<enx");
+  CHECK(s.Push("<end>more") == "");
+  CHECK(s.matched());
+  CHECK(s.Push("after") == "");
+  CHECK(s.Flush() == "");
 }
 
 TEST_CASE("openai: malformed and unsupported requests are refused by name", "[openai]") {
@@ -91,8 +138,9 @@ TEST_CASE("openai: malformed and unsupported requests are refused by name", "[op
   CHECK_THAT(ChatError({{"stream", "yes"}}), Contains("\"stream\" must be true or false"));
   CHECK_THAT(ChatError({{"stream_options", 1}}), Contains("stream_options"));
   CHECK_THAT(ChatError({{"n", 2}}), Contains("\"n\" must be 1"));
-  CHECK_THAT(ChatError({{"stop", "\n"}}), Contains("\"stop\" sequences are not supported"));
-  CHECK_THAT(ChatError({{"stop", {"a", "b"}}}), Contains("\"stop\""));
+  CHECK_THAT(ChatError({{"stop", {"a", "b", "c", "d", "e"}}}), Contains("at most 4"));
+  CHECK_THAT(ChatError({{"stop", {"a", ""}}}), Contains("non-empty"));
+  CHECK_THAT(ChatError({{"stop", 5}}), Contains("\"stop\""));
   CHECK(ChatError({{"stop", ojson::array()}}) == "accepted");
   CHECK_THAT(ChatError({{"frequency_penalty", 0.5}}), Contains("frequency_penalty"));
   CHECK_THAT(ChatError({{"logprobs", true}}), Contains("logprobs"));

@@ -1,5 +1,6 @@
 #include "runtime/chat.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace m3 {
@@ -38,6 +39,41 @@ StatusOr<std::string> ChatText::RenderPrompt(const ojson& messages, const ojson&
   return Render(messages, tools, options);
 }
 
+StopStrings::StopStrings(std::vector<std::string> stops) {
+  for (auto& s : stops)
+    if (!s.empty()) stops_.push_back(std::move(s));
+}
+
+std::string StopStrings::Push(std::string_view piece) {
+  if (matched_) return {};
+  held_ += piece;
+  size_t first = std::string::npos;  // the earliest match of any stop string
+  for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+  if (first != std::string::npos) {
+    matched_ = true;
+    std::string out = held_.substr(0, first);
+    held_.clear();
+    return out;
+  }
+  // Hold the longest tail that is a proper prefix of a stop string.
+  size_t hold = 0;
+  for (const std::string& s : stops_)
+    for (size_t k = std::min(s.size() - 1, held_.size()); k > hold; --k)
+      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+  std::string out = held_.substr(0, held_.size() - hold);
+  held_.erase(0, held_.size() - hold);
+  return out;
+}
+
+std::string StopStrings::Flush() {
+  std::string out = matched_ ? std::string() : std::move(held_);
+  held_.clear();
+  return out;
+}
+
 ThinkState OutputStart(std::string_view rendered_prompt) {
   return rendered_prompt.ends_with("<mm:think>") ? ThinkState::kInside : ThinkState::kOutside;
 }
@@ -62,11 +98,21 @@ StatusOr<ParsedOutput> GenerateTurn(Session& session, const Tokenizer& tokenizer
     d.content = std::move(text);
     return d;
   };
+  StopStrings stops(options.stop_strings);
+  GenerateStats st;
   M3_RETURN_IF_ERROR(Generate(session, prompt, options.generate, sampler,
-                              [&](int32_t id) { return emit(text_delta(decoder.Push(id))); }, stats));
-  // What the decoder and the parser still hold; the caller may no longer stop anything here.
-  emit(text_delta(decoder.Flush()));
+                              [&](int32_t id) {
+                                const bool go = emit(text_delta(stops.Push(decoder.Push(id))));
+                                return go && !stops.matched();
+                              },
+                              &st));
+  // What the decoder, the stop strings and the parser still hold; the caller may no longer stop
+  // anything here.
+  emit(text_delta(stops.Push(decoder.Flush())));
+  emit(text_delta(stops.Flush()));
   if (!options.raw) emit(parser.Finish());
+  if (stops.matched()) st.stop_reason = "stop";
+  if (stats) *stats = st;
   return all;
 }
 

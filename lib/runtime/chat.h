@@ -56,11 +56,32 @@ class ChatText {
 // `<mm:think>` (CHAT_FORMAT.md §3, thinking_mode "enabled").
 ThinkState OutputStart(std::string_view rendered_prompt);
 
+// Stop strings over a text stream (OpenAI's "stop"): text passes through except a tail that may
+// still become a stop string; at the first match, the text before it passes and nothing after.
+class StopStrings {
+ public:
+  explicit StopStrings(std::vector<std::string> stops);  // empty strings are ignored
+  // Text that can be shown now (whole UTF-8 characters when the pieces are: a stop string is valid
+  // UTF-8, so the held tail starts at a character boundary).
+  std::string Push(std::string_view piece);
+  // The end of the stream: the held tail, none after a match.
+  std::string Flush();
+  bool matched() const { return matched_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool matched_ = false;
+};
+
 struct TurnOptions {
   bool raw = false;  // plain completion: all text is content, no markup parsed
   ThinkState start = ThinkState::kOutside;
   nlohmann::json tools;  // the request's tools array (types tool-call arguments), or null
   std::string tool_call_id_prefix = "call_";  // call ids are this + 0, 1, ... (a server: per request)
+  // Generation ends at the first of these in the decoded text, which is cut before it (the stop
+  // reason is then "stop"). Matched before the reasoning / tool-call parser, as vLLM does.
+  std::vector<std::string> stop_strings;
   GenerateOptions generate;
 };
 

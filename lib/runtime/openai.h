@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -28,6 +29,7 @@ struct Request {
   // null), template variables from chat_template_kwargs (e.g. thinking_mode).
   ojson messages, tools, template_options = ojson::object();
   std::string prompt;  // completions
+  std::vector<std::string> stop;  // stop strings (at most 4, none empty)
   SamplingParams sampling;
   int max_tokens = 0;
   bool stream = false;
@@ -35,7 +37,7 @@ struct Request {
 };
 
 // Parses a body; InvalidArgument naming the field for a malformed or unsupported request (n > 1,
-// stop sequences, logprobs, frequency_penalty, a response_format other than text, ...). Fields
+// logprobs, frequency_penalty, a response_format other than text, ...). Fields
 // this server does not know are ignored, as OpenAI's clients send many.
 StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults);
 StatusOr<Request> ParseCompletionRequest(const ojson& body, const Defaults& defaults);
