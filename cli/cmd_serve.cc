@@ -1,10 +1,12 @@
-// m3 serve: an OpenAI-compatible HTTP server (cpp-httplib) over one engine and one session.
-// Requests run one at a time (the engine uses every core), and each reuses the session's cached
-// prefix, so a client that resends a growing conversation pays only for its new tokens.
+// m3 serve: an OpenAI-compatible HTTP server (cpp-httplib) over one engine and --slots sessions.
+// Requests run one at a time (the engine uses every core). Each goes to the session whose cached
+// tokens share the longest prefix with its prompt (else the least recently used one) and reuses
+// that prefix, so clients that resend growing conversations pay only for their new tokens.
 // Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions
 // (both with "stream": true as server-sent events).
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -29,6 +32,7 @@ constexpr auto kReplaceInvalidUtf8 = nlohmann::json::error_handler_t::replace;
 struct ServeArgs {
   std::string model, tokenizer, host = "127.0.0.1", name;
   int port = 8080;
+  int slots = 1;
   size_t context = 0;
   EngineArgs engine_args;
   openai::Defaults defaults;
@@ -36,14 +40,49 @@ struct ServeArgs {
 
 std::string Dump(const ojson& j) { return j.dump(-1, ' ', false, kReplaceInvalidUtf8); }
 
-// The model, its text layer and the one session; `mu` serializes the requests that use them.
+// The model, its text layer and the sessions; `mu` serializes the requests that use them.
 struct Server {
+  struct Slot {
+    std::unique_ptr<Session> session;
+    uint64_t last_used = 0;
+    size_t prompt_tokens = 0;  // of its last request
+  };
   ServeArgs args;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<ChatText> text;
-  std::unique_ptr<Session> session;
+  std::vector<Slot> slots;
+  uint64_t clock = 0;  // under mu
   std::mutex mu;
   std::atomic<uint64_t> next_id{0};
+
+  // The session for `prompt` (under mu). First a slot whose conversation the prompt continues: it
+  // shares the slot's last prompt but for its last few tokens (the generation prompt, e.g.
+  // "<mm:think>", renders differently once the reply is part of the history); the longest such.
+  // Else an unused slot, else the least recently used. A conversation that shares only the system
+  // prompt and differs in its last user message (>= 6 tokens from the end with this template,
+  // "Hi" included) does not continue it: it would evict that conversation's cache.
+  Session& PickSession(const std::vector<int32_t>& prompt) {
+    constexpr size_t kRenderSlack = 3;
+    Slot* pick = nullptr;
+    size_t pick_shared = 0;
+    for (Slot& slot : slots) {
+      const auto& cached = slot.session->tokens();
+      const size_t shared = static_cast<size_t>(
+          std::mismatch(cached.begin(), cached.end(), prompt.begin(), prompt.end()).first - cached.begin());
+      if (slot.prompt_tokens > 0 && shared + kRenderSlack >= slot.prompt_tokens && shared > pick_shared) {
+        pick = &slot;
+        pick_shared = shared;
+      }
+    }
+    auto unused = std::find_if(slots.begin(), slots.end(), [](const Slot& s) { return s.prompt_tokens == 0; });
+    if (!pick && unused != slots.end()) pick = &*unused;
+    if (!pick)
+      pick = &*std::min_element(slots.begin(), slots.end(),
+                                [](const Slot& x, const Slot& y) { return x.last_used < y.last_used; });
+    pick->last_used = ++clock;
+    pick->prompt_tokens = prompt.size();
+    return *pick->session;
+  }
 
   std::string NewId() {
     char buf[32];
@@ -98,7 +137,7 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
     if (!prompt.ok()) return SendError(res, openai::HttpStatus(prompt.status()), prompt.status().message());
     Sampler sampler(r->sampling);
     GenerateStats st;
-    auto out = GenerateTurn(*server->session, server->text->tokenizer(), *prompt, turn, sampler,
+    auto out = GenerateTurn(server->PickSession(*prompt), server->text->tokenizer(), *prompt, turn, sampler,
                             [](const TurnDelta&) { return true; }, &st);
     if (!out.ok()) return SendError(res, openai::HttpStatus(out.status()), out.status().message());
     server->Log(path, 200, st);
@@ -114,9 +153,11 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   auto prompt = server->Prepare(*r, id, turn.get());
   if (!prompt.ok()) return SendError(res, openai::HttpStatus(prompt.status()), prompt.status().message());
   auto ids = std::make_shared<std::vector<int32_t>>(std::move(prompt).value());
+  Session* session = &server->PickSession(*ids);
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream", [server, r, turn, lock, ids, id, created, chat, path](size_t, httplib::DataSink& sink) {
+      "text/event-stream",
+      [server, session, r, turn, lock, ids, id, created, chat, path](size_t, httplib::DataSink& sink) {
         const std::string& model = server->args.name;
         auto send = [&](const ojson& j) {
           const std::string event = "data: " + Dump(j) + "\n\n";
@@ -133,7 +174,7 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
                                : send(openai::CompletionChunk(id, created, model, d.content)));
           return !client_gone;  // a closed connection stops generation
         };
-        auto out = GenerateTurn(*server->session, server->text->tokenizer(), *ids, *turn, sampler, on_delta, &st);
+        auto out = GenerateTurn(*session, server->text->tokenizer(), *ids, *turn, sampler, on_delta, &st);
         if (!out.ok()) {
           send(openai::ErrorBody(out.status().message(), openai::HttpStatus(out.status())));
         } else if (!client_gone) {
@@ -161,6 +202,7 @@ int Serve(const ServeArgs& a) {
   if (a.port < 0 || a.port > 65535) return fail(InvalidArgument("--port must be 0..65535, got ", a.port));
   if (Status s = ValidateSamplingParams(a.defaults.sampling); !s.ok()) return fail(s);
   if (a.defaults.max_tokens < 1) return fail(InvalidArgument("--max-tokens must be at least 1"));
+  if (a.slots < 1 || a.slots > 256) return fail(InvalidArgument("--slots must be 1..256, got ", a.slots));
   auto engine_options = a.engine_args.Options();
   if (!engine_options.ok()) return fail(engine_options.status());
   SessionOptions session_options;
@@ -174,7 +216,10 @@ int Serve(const ServeArgs& a) {
   auto engine = Engine::Open(a.model, *engine_options);
   if (!engine.ok()) return fail(engine.status());
   server->engine = std::move(engine).value();
-  server->session = std::make_unique<Session>(*server->engine, session_options);
+  // Caches grow as contexts do: an idle slot costs only what its conversation holds.
+  for (int i = 0; i < a.slots; ++i)
+    server->slots.push_back({std::make_unique<Session>(*server->engine, session_options), 0, 0});
+  const size_t max_context = server->slots.front().session->max_context();
   if (server->args.name.empty())
     server->args.name = std::filesystem::path(a.model).lexically_normal().filename().string();
   if (server->args.name.empty()) server->args.name = "m3";
@@ -191,7 +236,7 @@ int Serve(const ServeArgs& a) {
                              {"object", "model"},
                              {"created", 0},
                              {"owned_by", "m3"},
-                             {"max_model_len", server->session->max_context()}}}}};
+                             {"max_model_len", server->slots.front().session->max_context()}}}}};
     res.set_content(Dump(models), "application/json");
   });
   http.Post("/v1/chat/completions", [server](const httplib::Request& req, httplib::Response& res) {
@@ -221,8 +266,9 @@ int Serve(const ServeArgs& a) {
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : (http.bind_to_port(a.host, a.port) ? a.port : -1);
   if (port < 0) return fail(IoError("cannot listen on ", a.host, ":", a.port));
   // The one line a script waits for (stdout, flushed): where the server is.
-  std::printf("m3 serve: %s on http://%s:%d (model \"%s\", context %zu tokens)\n", server->engine->simd_target().c_str(),
-              a.host.c_str(), port, server->args.name.c_str(), server->session->max_context());
+  std::printf("m3 serve: %s on http://%s:%d (model \"%s\", context %zu tokens, %d slots)\n",
+              server->engine->simd_target().c_str(), a.host.c_str(), port, server->args.name.c_str(), max_context,
+              a.slots);
   std::fflush(stdout);
   if (!http.listen_after_bind()) return fail(IoError("the server on ", a.host, ":", port, " stopped"));
   return 0;
@@ -241,6 +287,10 @@ void AddServeCommand(CLI::App& app, int* rc) {
   cmd->add_option("--name", a->name, "model id reported to clients (default: the model folder's name)");
   AddEngineOptions(cmd, &a->engine_args);
   cmd->add_option("-c,--context", a->context, "context limit in tokens (0 = the model's)")->default_val(0);
+  cmd->add_option("--slots", a->slots,
+                  "sessions kept, each with the cache of one conversation: a request goes to the one sharing the "
+                  "longest prefix with it (each holds the memory of its context)")
+      ->default_val(1);
   cmd->add_option("-n,--max-tokens", a->defaults.max_tokens, "tokens per reply when a request gives no max_tokens")
       ->default_val(512);
   AddSamplingOptions(cmd, &a->defaults.sampling);

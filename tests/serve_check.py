@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`m3 serve` end to end over HTTP on the tiny real-vocabulary model (ctest's fixture): health and
 models; a chat completion streamed and not streamed gives the same text and usage; a plain
-completion, cut by a stop string; the cached prefix of the previous request is reused; bad requests get OpenAI-style
+completion, cut by a stop string; two conversations taking turns keep their caches in two slots; the cached prefix of the previous request is reused; bad requests get OpenAI-style
 errors with a message; a context overflow is a 400; a client that leaves a stream stops it; two
 concurrent requests both complete. No timing assertions.
 Usage: serve_check.py M3_BINARY REAL_VOCAB_MODEL_DIR"""
@@ -21,7 +21,8 @@ def check(cond, what):
         failures.append(what)
 
 
-server = subprocess.Popen([m3, "serve", "-m", model, "--port", "0", "-t", "2", "-c", "400", "--name", "tiny"],
+server = subprocess.Popen([m3, "serve", "-m", model, "--port", "0", "-t", "2", "-c", "400", "--name", "tiny",
+                           "--slots", "2"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 try:
     line = server.stdout.readline()
@@ -87,6 +88,16 @@ try:
     finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     check(len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == "length", f"one finish chunk: {finals}")
     check(chunks[-1]["choices"] == [] and chunks[-1]["usage"] == usage, f"usage chunk: {chunks[-1]} vs {usage}")
+
+    # Two conversations take turns: with two slots each keeps its cache (the other one, which
+    # shares only the system prompt, goes to the unused slot instead of evicting it).
+    other = dict(chat, messages=[{"role": "user", "content": "Tell me about the sea, please."}], max_tokens=2)
+    status, _, text = request("POST", "/v1/chat/completions", other)
+    check(status == 200, f"other conversation: {status} {text}")
+    status, _, text = request("POST", "/v1/chat/completions", dict(chat, max_tokens=2))
+    back = json.loads(text)["usage"]
+    check(back["prompt_tokens_details"]["cached_tokens"] == back["prompt_tokens"] - 1,
+          f"back to the first conversation: its cache was kept: {back}")
 
     comp = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
     request("POST", "/v1/completions", dict(comp, max_tokens=1))
