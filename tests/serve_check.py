@@ -3,13 +3,15 @@
 models; a chat completion streamed and not streamed gives the same text and usage; a plain
 completion, cut by a stop string; two conversations taking turns keep their caches in two slots; the cached prefix of the previous request is reused; bad requests get OpenAI-style
 errors with a message; a context overflow is a 400; a client that leaves a stream stops it; two
-concurrent requests both complete. No timing assertions.
+concurrent requests both complete; a folder without a chat template serves completions only. No timing assertions.
 Usage: serve_check.py M3_BINARY REAL_VOCAB_MODEL_DIR"""
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 
 m3, model = sys.argv[1], sys.argv[2]
@@ -175,6 +177,27 @@ try:
 finally:
     server.terminate()
     _, err = server.communicate(timeout=30)
+
+# A folder without a chat template: completions work, chat says what is missing.
+bare = tempfile.mkdtemp(prefix="m3-serve-bare-")
+for f in ("config.json", "model.safetensors", "tokenizer.json"):
+    os.symlink(os.path.abspath(os.path.join(model, f)), os.path.join(bare, f))
+server2 = subprocess.Popen([m3, "serve", "-m", bare, "--port", "0", "-t", "1"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+try:
+    line = server2.stdout.readline()
+    port = int(line.split("http://127.0.0.1:")[1].split()[0])
+    status, _, text = request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    check(status == 200, f"completion without a template: {status} {text}")
+    status, _, text = request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+    check(status == 500 and "chat_template.jinja" in text, f"chat without a template: {status} {text}")
+finally:
+    server2.terminate()
+    _, err2 = server2.communicate(timeout=30)
+    for f in os.listdir(bare):
+        os.unlink(os.path.join(bare, f))
+    os.rmdir(bare)
+check("no chat template" in err2, f"a note at start that chat is refused: {err2}")
 
 log = [l for l in err.splitlines() if l.startswith("m3 serve: /v1/")]
 check(any("| caller" in l for l in log), "the hung-up stream was stopped (stop reason caller): " + "\n".join(log[-4:]))

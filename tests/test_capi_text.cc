@@ -366,6 +366,27 @@ TEST_CASE("m3_session_chat: raw prompts, stopping from the callback, the C++ wra
   CHECK(parts.reasoning.empty());
   CHECK(ojson::parse(message)["content"].get<std::string>() == parts.content);
 
+  // A stop string taken from the middle of that completion cuts it there.
+  const std::string whole = parts.content;
+  REQUIRE(whole.size() >= 6);
+  // Two whole UTF-8 characters from a third of the way in.
+  auto next_char = [&](size_t i) {
+    for (++i; i < whole.size() && (static_cast<unsigned char>(whole[i]) & 0xC0) == 0x80;) ++i;
+    return i;
+  };
+  size_t begin = whole.size() / 3;
+  while (begin > 0 && (static_cast<unsigned char>(whole[begin]) & 0xC0) == 0x80) --begin;
+  const std::string stop_string = whole.substr(begin, next_char(next_char(begin)) - begin);
+  Parts cut;
+  m3_generate_stats cut_stats{};
+  cut_stats.struct_size = sizeof(cut_stats);
+  const ojson stop_req = {{"prompt", "The capital of France is"}, {"stop", {"never appears \u0001", stop_string}}};
+  m3api::Session fresh(engine);
+  REQUIRE(m3_session_chat(fresh.get(), tok.get(), stop_req.dump().c_str(), &o, CollectPart, &cut, nullptr,
+                          &cut_stats) == M3_OK);
+  CHECK(cut.content == whole.substr(0, whole.find(stop_string)));
+  CHECK(cut_stats.stop_reason == M3_STOP_ID);
+
   // The callback stops generation at its first piece.
   Parts stop;
   stop.stop_after = 1;
@@ -411,6 +432,8 @@ TEST_CASE("m3_session_chat refuses bad requests with a message and leaves the se
       {R"({"prompt": 5})", M3_ERR_INVALID_ARGUMENT, "\"prompt\" must be a string"},
       {R"({"prompt": "a", "messages": []})", M3_ERR_INVALID_ARGUMENT, "both"},
       {R"({"prompt": ""})", M3_ERR_INVALID_ARGUMENT, "empty"},
+      {R"({"prompt": "a", "stop": [""]})", M3_ERR_INVALID_ARGUMENT, "non-empty"},
+      {R"({"prompt": "a", "stop": 3})", M3_ERR_INVALID_ARGUMENT, "\"stop\""},
       {R"({"messages": [], "tools": {}})", M3_ERR_INVALID_ARGUMENT, "\"tools\" must be an array"},
       {R"({"messages": [], "options": 3})", M3_ERR_INVALID_ARGUMENT, "\"options\" must be an object"},
       {R"({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "orphan"}]})",

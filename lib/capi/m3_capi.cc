@@ -109,6 +109,7 @@ constexpr auto kReplaceInvalidUtf8 = nlohmann::json::error_handler_t::replace;
 struct ChatRequest {
   ojson messages, tools, options;
   std::optional<std::string> prompt;
+  std::vector<std::string> stop;
 };
 
 m3::StatusOr<ChatRequest> ParseChatRequest(const char* request_json, bool allow_prompt) {
@@ -116,6 +117,15 @@ m3::StatusOr<ChatRequest> ParseChatRequest(const char* request_json, bool allow_
   if (req.is_discarded()) return m3::InvalidArgument("the request is not valid JSON");
   if (!req.is_object()) return m3::InvalidArgument("the request must be a JSON object");
   ChatRequest out;
+  if (allow_prompt && req.contains("stop") && !req["stop"].is_null()) {
+    const ojson list = req["stop"].is_string() ? ojson::array({req["stop"]}) : req["stop"];
+    if (!list.is_array()) return m3::InvalidArgument("\"stop\" must be a string or an array of strings");
+    for (const ojson& s : list) {
+      if (!s.is_string() || s.get<std::string>().empty())
+        return m3::InvalidArgument("\"stop\" must hold non-empty strings");
+      out.stop.push_back(s.get<std::string>());
+    }
+  }
   if (allow_prompt && req.contains("prompt")) {
     if (!req["prompt"].is_string()) return m3::InvalidArgument("\"prompt\" must be a string");
     if (req.contains("messages")) return m3::InvalidArgument("the request has both \"prompt\" and \"messages\"");
@@ -347,6 +357,7 @@ m3_status m3_session_chat(m3_session* session, const m3_tokenizer* tokenizer, co
     m3::TurnOptions turn;
     if (m3::Status s = ReadGenerateOptions(options, &sp, &turn.generate); !s.ok())
       return Prefixed("m3_session_chat", s);
+    turn.stop_strings = req->stop;
     const m3::ChatText& text = *tokenizer->text;
     for (const int32_t id : text.stop_ids()) turn.generate.stop_ids.push_back(id);
     std::vector<int32_t> prompt;

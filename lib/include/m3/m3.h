@@ -178,7 +178,8 @@ typedef int (*m3_chat_callback)(m3_chat_part part, const char* text, size_t len,
 
 /* One assistant turn. request_json is m3_chat_render's request (add_generation_prompt is set);
  * "tools" also types the tool-call arguments. Or {"prompt": "text"}: a plain completion of the
- * text, all of it content. The rendered prompt is the whole conversation: the session reuses the
+ * text, all of it content. Either may have "stop": a string or an array of strings; the turn
+ * ends at the first of them in the decoded text, which is cut before it (M3_STOP_ID). The rendered prompt is the whole conversation: the session reuses the
  * prefix it holds from the previous turn. The output is split per CHAT_FORMAT.md into reasoning,
  * content and tool calls, streamed to callback (may be NULL), and returned as the assistant
  * message to append to "messages" ({"role": "assistant", "content", "reasoning_content"?,
