@@ -97,11 +97,19 @@ struct Server {
     turn->generate = GenerateOptions{r.max_tokens, text->stop_ids()};
     turn->tool_call_id_prefix = "call_" + id + "_";
     turn->stop_strings = r.stop;
-    if (!r.chat) return text->tokenizer().Encode(r.prompt);
-    M3_ASSIGN_OR_RETURN(std::string rendered, text->RenderPrompt(r.messages, r.tools, r.template_options));
-    turn->start = OutputStart(rendered);
-    turn->tools = nlohmann::json::parse(r.tools.dump());
-    return text->tokenizer().Encode(rendered);
+    std::vector<int32_t> ids;
+    if (r.chat) {
+      M3_ASSIGN_OR_RETURN(std::string rendered, text->RenderPrompt(r.messages, r.tools, r.template_options));
+      turn->start = OutputStart(rendered);
+      turn->tools = nlohmann::json::parse(r.tools.dump());
+      ids = text->tokenizer().Encode(rendered);
+    } else {
+      ids = text->tokenizer().Encode(r.prompt);
+    }
+    // Here as well as in Generate, so that a stream refuses it with a 400 before it starts.
+    const size_t limit = slots.front().session->max_context();
+    if (ids.size() > limit) return OutOfRange("the prompt has ", ids.size(), " tokens but the context limit is ", limit);
+    return ids;
   }
 
   void Log(const char* path, int status, const GenerateStats& st) {

@@ -146,6 +146,8 @@ try:
     error(400, "/v1/completions", {"prompt": 5}, want="prompt")
     error(400, "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 600}]},
           want="context limit")
+    error(400, "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 600}], "stream": True},
+          want="context limit")
     status, _, text = request("GET", "/v1/nothing")
     check(status == 404 and "no such endpoint" in text, f"unknown path: {status} {text}")
 
