@@ -245,6 +245,9 @@ TEST_CASE("m3_session_generate: stats, stop ids, the callback stopping, and bad 
   CHECK(st.stop_reason == M3_STOP_CALLER);
   CHECK(st.generated_tokens == 1);
 
+  m3_generate_stats unsized{};  // struct_size left 0
+  CHECK(m3_session_generate(s, prompt.data(), prompt.size(), &o, nullptr, nullptr, &unsized) == M3_ERR_INVALID_ARGUMENT);
+  CHECK_THAT(m3_last_error(), Contains("struct_size"));
   o.top_p = 2.0f;
   CHECK(m3_session_generate(s, prompt.data(), prompt.size(), &o, nullptr, nullptr, nullptr) == M3_ERR_INVALID_ARGUMENT);
   CHECK_THAT(m3_last_error(), Contains("top_p"));

@@ -85,8 +85,13 @@ m3::Status ReadGenerateOptions(const m3_generate_options* o, m3::SamplingParams*
   return m3::Status::Ok();
 }
 
+// A stats struct must say its size (0 is a caller that forgot: refused before any work).
+bool StatsSizeOk(const m3_generate_stats* stats) {
+  return !stats || stats->struct_size >= offsetof(m3_generate_stats, prompt_tokens);
+}
+
 void WriteStats(const m3::GenerateStats& st, m3_generate_stats* out) {
-  if (!out || out->struct_size == 0) return;
+  if (!out) return;
   m3_generate_stats s{};
   s.struct_size = out->struct_size;
   s.prompt_tokens = st.prompt_tokens;
@@ -272,6 +277,8 @@ m3_status m3_session_generate(m3_session* session, const int32_t* prompt, size_t
                               m3_token_callback callback, void* user_data, m3_generate_stats* stats) {
   if (!session || !prompt || n == 0)
     return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_generate: session and a non-empty prompt are required");
+  if (!StatsSizeOk(stats))
+    return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_generate: stats->struct_size must be sizeof(m3_generate_stats)");
   return Guard([&] {
     m3::SamplingParams sp;
     m3::GenerateOptions go;
@@ -350,6 +357,8 @@ m3_status m3_session_chat(m3_session* session, const m3_tokenizer* tokenizer, co
   if (message_json) *message_json = nullptr;
   if (!session || !tokenizer || !request_json)
     return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_chat: session, tokenizer and request_json are required");
+  if (!StatsSizeOk(stats))
+    return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_chat: stats->struct_size must be sizeof(m3_generate_stats)");
   return Guard([&] {
     auto req = ParseChatRequest(request_json, /*allow_prompt=*/true);
     if (!req.ok()) return Prefixed("m3_session_chat", req.status());

@@ -108,7 +108,7 @@ typedef enum m3_stop_reason {
 } m3_stop_reason;
 
 typedef struct m3_generate_stats {
-  size_t struct_size;       /* set by the caller to sizeof(m3_generate_stats): fields beyond it are not written */
+  size_t struct_size;       /* the caller sets sizeof(m3_generate_stats); fields beyond it are not written */
   size_t prompt_tokens;     /* the prompt's length */
   size_t reused_tokens;     /* of those, served from the session's cache */
   size_t generated_tokens;  /* sampled tokens, a stop id included */
