@@ -71,7 +71,7 @@ struct Runner {
   }
 
   // Generates one assistant turn for `prompt`, streaming it; returns the parsed output.
-  StatusOr<ParsedOutput> Turn(const std::vector<int32_t>& prompt, ThinkState start) {
+  StatusOr<ParsedOutput> Turn(const std::vector<int32_t>& prompt, TurnOptions options) {
     bool in_reasoning = false;
     auto show = [&](const TurnDelta& d) {
       if (!d.reasoning.empty()) {
@@ -88,9 +88,7 @@ struct Runner {
         Print("\n[tool call] " + call.name + " " + SerializeArguments(call.arguments) + "\n", "\x1b[36m");
       return true;
     };
-    TurnOptions options;
     options.raw = args.raw;
-    options.start = start;
     options.generate = GenerateOptions{args.max_tokens, text->stop_ids()};
     GenerateStats stats;
     auto out = GenerateTurn(*session, text->tokenizer(), prompt, options, *sampler, show, &stats);
@@ -104,9 +102,10 @@ struct Runner {
 
   // Renders and runs one turn of `messages` (or the raw prompt).
   StatusOr<ParsedOutput> Reply(const ojson& messages) {
-    if (args.raw) return Turn(text->tokenizer().Encode(args.prompt), ThinkState::kOutside);
-    M3_ASSIGN_OR_RETURN(std::string rendered, text->RenderPrompt(messages, nullptr, {{"thinking_mode", args.think}}));
-    return Turn(text->tokenizer().Encode(rendered), OutputStart(rendered));
+    TurnOptions options;
+    if (args.raw) return Turn(text->tokenizer().Encode(args.prompt), options);
+    M3_ASSIGN_OR_RETURN(const auto prompt, text->TurnPrompt(messages, nullptr, {{"thinking_mode", args.think}}, &options));
+    return Turn(prompt, options);
   }
 };
 

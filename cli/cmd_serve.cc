@@ -99,10 +99,7 @@ struct Server {
     turn->stop_strings = r.stop;
     std::vector<int32_t> ids;
     if (r.chat) {
-      M3_ASSIGN_OR_RETURN(std::string rendered, text->RenderPrompt(r.messages, r.tools, r.template_options));
-      turn->start = OutputStart(rendered);
-      turn->tools = nlohmann::json::parse(r.tools.dump());
-      ids = text->tokenizer().Encode(rendered);
+      M3_ASSIGN_OR_RETURN(ids, text->TurnPrompt(r.messages, r.tools, r.template_options, turn));
     } else {
       ids = text->tokenizer().Encode(r.prompt);
     }

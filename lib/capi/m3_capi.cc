@@ -122,14 +122,8 @@ m3::StatusOr<ChatRequest> ParseChatRequest(const char* request_json, bool allow_
   if (req.is_discarded()) return m3::InvalidArgument("the request is not valid JSON");
   if (!req.is_object()) return m3::InvalidArgument("the request must be a JSON object");
   ChatRequest out;
-  if (allow_prompt && req.contains("stop") && !req["stop"].is_null()) {
-    const ojson list = req["stop"].is_string() ? ojson::array({req["stop"]}) : req["stop"];
-    if (!list.is_array()) return m3::InvalidArgument("\"stop\" must be a string or an array of strings");
-    for (const ojson& s : list) {
-      if (!s.is_string() || s.get<std::string>().empty())
-        return m3::InvalidArgument("\"stop\" must hold non-empty strings");
-      out.stop.push_back(s.get<std::string>());
-    }
+  if (allow_prompt && req.contains("stop")) {
+    M3_ASSIGN_OR_RETURN(out.stop, m3::ParseStopStrings(req["stop"]));
   }
   if (allow_prompt && req.contains("prompt")) {
     if (!req["prompt"].is_string()) return m3::InvalidArgument("\"prompt\" must be a string");
@@ -374,11 +368,9 @@ m3_status m3_session_chat(m3_session* session, const m3_tokenizer* tokenizer, co
       turn.raw = true;
       prompt = text.tokenizer().Encode(*req->prompt);
     } else {
-      auto rendered = text.RenderPrompt(req->messages, req->tools, req->options);
-      if (!rendered.ok()) return Report(rendered.status());
-      turn.start = m3::OutputStart(*rendered);
-      turn.tools = nlohmann::json::parse(req->tools.dump());
-      prompt = text.tokenizer().Encode(*rendered);
+      auto ids = text.TurnPrompt(req->messages, req->tools, req->options, &turn);
+      if (!ids.ok()) return Report(ids.status());
+      prompt = std::move(ids).value();
     }
     if (prompt.empty()) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_chat: the prompt is empty");
     m3::Sampler sampler(sp);

@@ -32,11 +32,15 @@ StatusOr<std::string> ChatText::Render(const ojson& messages, const ojson& tools
   return template_->Render(messages, tools, options);
 }
 
-StatusOr<std::string> ChatText::RenderPrompt(const ojson& messages, const ojson& tools, ojson options) const {
+StatusOr<std::vector<int32_t>> ChatText::TurnPrompt(const ojson& messages, const ojson& tools, ojson options,
+                                                    TurnOptions* turn) const {
   if (options.is_null()) options = ojson::object();
   if (!options.is_object()) return InvalidArgument("chat options must be a JSON object");
   options["add_generation_prompt"] = true;
-  return Render(messages, tools, options);
+  M3_ASSIGN_OR_RETURN(const std::string rendered, Render(messages, tools, options));
+  turn->start = OutputStart(rendered);
+  turn->tools = nlohmann::json::parse(tools.dump());  // the parser takes unordered json
+  return tokenizer_->Encode(rendered);
 }
 
 StopStrings::StopStrings(std::vector<std::string> stops) {
@@ -71,6 +75,21 @@ std::string StopStrings::Push(std::string_view piece) {
 std::string StopStrings::Flush() {
   std::string out = matched_ ? std::string() : std::move(held_);
   held_.clear();
+  return out;
+}
+
+StatusOr<std::vector<std::string>> ParseStopStrings(const ojson& stop, size_t max_count) {
+  std::vector<std::string> out;
+  if (stop.is_null()) return out;
+  const ojson list = stop.is_string() ? ojson::array({stop}) : stop;
+  if (!list.is_array() || list.size() > max_count)
+    return InvalidArgument(max_count == SIZE_MAX ? "\"stop\" must be a string or an array of strings"
+                                                 : Str("\"stop\" must be a string or an array of at most ",
+                                                       max_count, " strings"));
+  for (const ojson& s : list) {
+    if (!s.is_string() || s.get<std::string>().empty()) return InvalidArgument("\"stop\" must hold non-empty strings");
+    out.push_back(s.get<std::string>());
+  }
   return out;
 }
 

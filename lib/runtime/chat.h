@@ -3,6 +3,7 @@
 // content and tool calls as it arrives. Shared by `m3 run` / `m3 chat` and the C API.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,6 +22,8 @@
 
 namespace m3 {
 
+struct TurnOptions;
+
 // The text side of a folder: its tokenizer, its chat template when it has one, and the ids that
 // end an assistant turn. Immutable once loaded: one may serve several sessions and threads.
 class ChatText {
@@ -36,11 +39,13 @@ class ChatText {
   // NotFound when the folder has no template.
   StatusOr<std::string> Render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
                                const nlohmann::ordered_json& options) const;
-  // Renders `messages` (and `tools`, null for none) with add_generation_prompt set: the prompt of
-  // the next assistant turn. `options` (an object or null) become template variables
-  // (thinking_mode, ...).
-  StatusOr<std::string> RenderPrompt(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                                     nlohmann::ordered_json options) const;
+  // The prompt ids of the next assistant turn: `messages` (and `tools`, null for none) rendered
+  // with add_generation_prompt set, `options` (an object or null) as template variables
+  // (thinking_mode, ...). Sets turn->start from the rendered prompt (OutputStart) and turn->tools
+  // (which types tool-call arguments).
+  StatusOr<std::vector<int32_t>> TurnPrompt(const nlohmann::ordered_json& messages,
+                                            const nlohmann::ordered_json& tools, nlohmann::ordered_json options,
+                                            TurnOptions* turn) const;
   // The end of an assistant turn and the defensive stops of CHAT_FORMAT.md §5, those that exist.
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
 
@@ -73,6 +78,11 @@ class StopStrings {
   std::string held_;
   bool matched_ = false;
 };
+
+// A request's "stop": null (none), a string, or an array of at most `max_count` strings; every
+// string non-empty. InvalidArgument naming "stop" otherwise.
+StatusOr<std::vector<std::string>> ParseStopStrings(const nlohmann::ordered_json& stop,
+                                                    size_t max_count = SIZE_MAX);
 
 struct TurnOptions {
   bool raw = false;  // plain completion: all text is content, no markup parsed

@@ -67,16 +67,8 @@ Status ReadCommon(const ojson& body, const Defaults& defaults, Request* r) {
   M3_RETURN_IF_ERROR(ReadNumber(body, "frequency_penalty", &frequency_penalty));
   if (frequency_penalty != 0)
     return InvalidArgument("\"frequency_penalty\" is not supported (use presence_penalty or repetition_penalty)");
-  if (body.contains("stop") && !body["stop"].is_null()) {
-    const ojson& stop = body["stop"];
-    const ojson list = stop.is_string() ? ojson::array({stop}) : stop;
-    if (!list.is_array() || list.size() > 4)
-      return InvalidArgument("\"stop\" must be a string or an array of at most 4 strings");
-    for (const ojson& s : list) {
-      if (!s.is_string() || s.get<std::string>().empty())
-        return InvalidArgument("\"stop\" must hold non-empty strings");
-      r->stop.push_back(s.get<std::string>());
-    }
+  if (body.contains("stop")) {
+    M3_ASSIGN_OR_RETURN(r->stop, ParseStopStrings(body["stop"], 4));  // OpenAI's limit
   }
   bool logprobs = false;
   if (body.contains("logprobs") && body["logprobs"].is_boolean()) logprobs = body["logprobs"].get<bool>();
