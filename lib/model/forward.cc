@@ -60,13 +60,13 @@ void ForTokenRows(const ThreadConfig& tc, size_t n, Fn&& fn) {
   ParallelFor(tc, n, kMinRowsPerThread, [&](size_t t0, size_t t1, int) { fn(t0, t1); });
 }
 
-// Per-head RMSNorm then RoPE for `heads` vectors of `dim` per token.
+// Per-head RMSNorm then RoPE for `heads` vectors of `dim` per token; token t at positions[t].
 void NormRope(const ThreadConfig& tc, const Rope& rope, float* x, size_t n, size_t heads, size_t dim,
-              const std::vector<float>& norm, float eps, int64_t pos0) {
+              const std::vector<float>& norm, float eps, const int64_t* positions) {
   ForTokenRows(tc, n, [&](size_t t0, size_t t1) {
     float* rows = x + t0 * heads * dim;
     if (!norm.empty()) RmsNormRows(rows, dim, (t1 - t0) * heads, dim, norm.data(), eps, rows, dim);
-    for (size_t t = t0; t < t1; ++t) rope.Apply(x + t * heads * dim, heads, dim, pos0 + static_cast<int64_t>(t));
+    for (size_t t = t0; t < t1; ++t) rope.Apply(x + t * heads * dim, heads, dim, positions[t]);
   });
 }
 
@@ -107,26 +107,28 @@ void StoreRows(Pages& dst, size_t row0, const float* src, size_t n, size_t width
   for (size_t t = 0; t < n; ++t) dst.Write(row0 + t, src + t * width);
 }
 
-// Ok when x [n, width] (positions pos0...) is all finite; else the error for `what` (of `layer`
-// when >= 0). NaN or inf anywhere in a token's values is reported where it first shows instead
+// Ok when x [n, width] (row t at positions[t]) is all finite; else the error for `what` (of
+// `layer` when >= 0). NaN or inf anywhere in a token's values is reported where it first shows instead
 // of flowing on into garbage logits. The kernels keep such values non-finite (quantizers give NaN
 // scales, the router NaN weights), so one look at each block's output catches every source in it.
-Status CheckFinite(const float* x, size_t n, size_t width, int64_t pos0, const char* what, int layer) {
+Status CheckFinite(const float* x, size_t n, size_t width, const int64_t* positions, const char* what, int layer) {
   const size_t at = simd::FindNonFinite(x, n * width);
   if (at == n * width) return Status::Ok();
   const std::string where = layer < 0 ? std::string(what) : Str("layer ", layer, "'s ", what);
   const char* value = std::isnan(x[at]) ? "NaN" : x[at] > 0 ? "+inf" : "-inf";
-  return Corrupt(where, " gave a non-finite value (", value, ") at position ", pos0 + static_cast<int64_t>(at / width),
+  return Corrupt(where, " gave a non-finite value (", value, ") at position ", positions[at / width],
                  ": the model's weights are damaged or overflow fp32 (`m3 inspect --verify` finds a damaged tensor)");
 }
 
 }  // namespace
 
-Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,
-                             float* out, ForwardObserver* observer) const {
+Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, std::span<const Segment> segments,
+                             const int64_t* positions, float* out, ForwardObserver* observer) const {
   const ModelConfig& c = config_;
   const AttentionWeights& w = weights_.layers[layer].attn;
   const size_t H = c.hidden_size, Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+  size_t n = 0;
+  for (const Segment& s : segments) n += s.n;
 
   // Projections, per-head norm (before RoPE), RoPE; K and V go to the cache.
   // The lightning indexer's projections (sparse layers) read the same x: one quantization and
@@ -142,80 +144,116 @@ Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, 
   const MatMulTarget projections[] = {
       {&w.q, q, Hq * D}, {&w.k, k, Hkv * D}, {&w.v, v, Hkv * D}, {&w.index_q, iq, Hi * Di}, {&w.index_k, ik, Di}};
   MatMulSameInput(tc, std::span<const MatMulTarget>(projections, w.sparse ? 5 : 3), x, H, n);
-  NormRope(tc, *rope_, q, n, Hq, D, w.q_norm, c.rms_norm_eps, pos0);
-  NormRope(tc, *rope_, k, n, Hkv, D, w.k_norm, c.rms_norm_eps, pos0);
-  StoreRows(cache->k(layer), static_cast<size_t>(pos0), k, n, Hkv * D);
-  StoreRows(cache->v(layer), static_cast<size_t>(pos0), v, n, Hkv * D);
-
-  AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim, 1, 1};
-  BlockSelection selection;
-  const BlockSelection* sel = nullptr;
+  NormRope(tc, *rope_, q, n, Hq, D, w.q_norm, c.rms_norm_eps, positions);
+  NormRope(tc, *rope_, k, n, Hkv, D, w.k_norm, c.rms_norm_eps, positions);
   if (w.sparse) {
-    // Lightning indexer: index q per index head, ONE shared index key head; selection only.
-    const SparseAttentionConfig& s = c.sparse;
-    NormRope(tc, *rope_, iq, n, Hi, Di, w.index_q_norm, c.rms_norm_eps, pos0);
-    NormRope(tc, *rope_, ik, n, 1, Di, w.index_k_norm, c.rms_norm_eps, pos0);
+    NormRope(tc, *rope_, iq, n, Hi, Di, w.index_q_norm, c.rms_norm_eps, positions);
+    NormRope(tc, *rope_, ik, n, 1, Di, w.index_k_norm, c.rms_norm_eps, positions);
     // The indexer only chooses blocks: a NaN here would change the choice, not the values.
-    M3_RETURN_IF_ERROR(CheckFinite(iq, n, Hi * Di, pos0, "indexer queries", layer));
-    M3_RETURN_IF_ERROR(CheckFinite(ik, n, Di, pos0, "indexer keys", layer));
-    StoreRows(cache->index_k(layer), static_cast<size_t>(pos0), ik, n, Di);
-    SelectBlocks(tc, s, iq, cache->index_k(layer), pos0, n, &selection);
-    if (observer) observer->OnBlockSelection(layer, pos0, selection);
-    sel = &selection;
-    ap.num_index_heads = s.num_index_heads;
-    ap.block_size = s.block_size;
+    M3_RETURN_IF_ERROR(CheckFinite(iq, n, Hi * Di, positions, "indexer queries", layer));
+    M3_RETURN_IF_ERROR(CheckFinite(ik, n, Di, positions, "indexer keys", layer));
   }
+
+  // Per sequence: its cache rows, block selection and attention.
   float* core = Sized(scratch.core, n * Hq * D);
-  Attention(tc, ap, q, cache->k(layer), cache->v(layer), pos0, n, sel, core);
+  size_t row = 0;
+  for (const Segment& s : segments) {
+    KvCache* cache = s.cache;
+    const int64_t pos0 = positions[row];
+    StoreRows(cache->k(layer), static_cast<size_t>(pos0), k + row * Hkv * D, s.n, Hkv * D);
+    StoreRows(cache->v(layer), static_cast<size_t>(pos0), v + row * Hkv * D, s.n, Hkv * D);
+    AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim, 1, 1};
+    BlockSelection selection;
+    const BlockSelection* sel = nullptr;
+    if (w.sparse) {
+      // Lightning indexer: index q per index head, ONE shared index key head; selection only.
+      StoreRows(cache->index_k(layer), static_cast<size_t>(pos0), ik + row * Di, s.n, Di);
+      SelectBlocks(tc, sc, iq + row * Hi * Di, cache->index_k(layer), pos0, s.n, &selection);
+      if (observer) observer->OnBlockSelection(layer, pos0, selection);
+      sel = &selection;
+      ap.num_index_heads = sc.num_index_heads;
+      ap.block_size = sc.block_size;
+    }
+    Attention(tc, ap, q + row * Hq * D, cache->k(layer), cache->v(layer), pos0, s.n, sel, core + row * Hq * D);
+    row += s.n;
+  }
   MatMul(tc, w.o, core, Hq * D, n, out, H);
   return Status::Ok();
 }
 
 Status Model::Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
                       float* logits, ForwardObserver* observer) const {
+  const Segment one{ids, n, cache};
+  return ForwardBatch(tc, {&one, 1}, mode, logits, observer);
+}
+
+Status Model::ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segments, LogitsMode mode, float* logits,
+                           ForwardObserver* observer) const {
   const ModelConfig& c = config_;
   const size_t H = c.hidden_size;
-  const int64_t pos0 = static_cast<int64_t>(cache->length());
-  cache->Reserve(static_cast<size_t>(pos0) + n);
+  if (segments.empty()) return InvalidArgument("a forward pass needs at least one sequence");
+  if (observer && segments.size() > 1) return InvalidArgument("a forward observer takes one sequence at a time");
+  // Every row's position and token, in segment order.
+  std::vector<int64_t> positions;
+  std::vector<int32_t> ids;
+  std::vector<size_t> last_rows;  // of each segment
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
+    if (s.n == 0) return InvalidArgument("sequence ", i, " of a forward pass has no tokens");
+    for (size_t j = 0; j < i; ++j)
+      if (segments[j].cache == s.cache) return InvalidArgument("sequences ", j, " and ", i, " share one KV cache");
+    const int64_t pos0 = static_cast<int64_t>(s.cache->length());
+    for (size_t t = 0; t < s.n; ++t) positions.push_back(pos0 + static_cast<int64_t>(t));
+    ids.insert(ids.end(), s.ids, s.ids + s.n);
+    last_rows.push_back(ids.size() - 1);
+    s.cache->Reserve(static_cast<size_t>(pos0) + s.n);
+  }
+  const size_t n = ids.size();
+  const int64_t* pos = positions.data();
 
   ForwardScratch& scratch = ThreadScratch();
   float* h = Sized(scratch.h, n * H);
   float* x = Sized(scratch.x, n * H);
   float* delta = Sized(scratch.delta, n * H);
   // No embedding scale (spec G25).
-  ForTokenRows(tc, n, [&](size_t t0, size_t t1) { GatherRows(weights_.embed, ids + t0, t1 - t0, h + t0 * H); });
-  M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos0, "the token embedding", -1));
+  ForTokenRows(tc, n, [&](size_t t0, size_t t1) { GatherRows(weights_.embed, ids.data() + t0, t1 - t0, h + t0 * H); });
+  M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos, "the token embedding", -1));
   const MoeParams moe_params{c.experts_per_token, c.routed_scaling_factor, c.use_routing_bias,
                              {c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta}};
   std::vector<int32_t> routed;
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
     NormRows(tc, h, n, H, L.input_norm, c.rms_norm_eps, x);
-    M3_RETURN_IF_ERROR(AttentionBlock(tc, l, x, n, pos0, cache, delta, observer));
+    M3_RETURN_IF_ERROR(AttentionBlock(tc, l, x, segments, pos, delta, observer));
     AddRows(tc, delta, n, H, h);
-    M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos0, "attention", l));
+    M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos, "attention", l));
 
     NormRows(tc, h, n, H, L.post_norm, c.rms_norm_eps, x);
     if (L.is_moe) {
       routed.resize(n * c.experts_per_token);
       MoeForward(tc, L.moe, moe_params, x, n, delta, routed.data());
-      if (observer) observer->OnRouting(l, pos0, n, c.experts_per_token, routed.data());
+      if (observer) observer->OnRouting(l, pos[0], n, c.experts_per_token, routed.data());
     } else {
       MlpForward(tc, L.mlp, moe_params.act, x, n, delta);
     }
     AddRows(tc, delta, n, H, h);
-    M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos0, L.is_moe ? "MoE block" : "MLP", l));
+    M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos, L.is_moe ? "MoE block" : "MLP", l));
   }
 
   if (mode != LogitsMode::kNone) {
-    const size_t first = mode == LogitsMode::kAllRows ? 0 : n - 1;
-    const size_t rows = n - first;
-    NormRows(tc, h + first * H, rows, H, weights_.final_norm, c.rms_norm_eps, x);
+    // The rows that give logits, gathered in order, then one lm_head matmul.
+    size_t rows = n;
+    if (mode == LogitsMode::kLastRow) {
+      rows = last_rows.size();
+      for (size_t i = 0; i < rows; ++i)
+        if (last_rows[i] != i) std::memcpy(h + i * H, h + last_rows[i] * H, H * sizeof(float));
+      for (size_t i = 0; i < rows; ++i) positions[i] = positions[last_rows[i]];
+    }
+    NormRows(tc, h, rows, H, weights_.final_norm, c.rms_norm_eps, x);
     MatMul(tc, weights_.lm_head, x, H, rows, logits, c.vocab_size);
-    M3_RETURN_IF_ERROR(CheckFinite(logits, rows, c.vocab_size, pos0 + static_cast<int64_t>(first),
-                                   "the final norm and lm_head", -1));
+    M3_RETURN_IF_ERROR(CheckFinite(logits, rows, c.vocab_size, pos, "the final norm and lm_head", -1));
   }
-  cache->SetLength(static_cast<size_t>(pos0) + n);
+  for (const Segment& s : segments) s.cache->SetLength(s.cache->length() + s.n);
   return Status::Ok();
 }
 

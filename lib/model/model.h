@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "base/status.h"
@@ -69,6 +70,21 @@ class Model {
   Status Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
                  float* logits, ForwardObserver* observer = nullptr) const;
 
+  // One pass over several sequences (continuous batching): each segment's tokens run at its own
+  // cache's positions and attend to that cache alone, while every matmul (projections, MLP, MoE,
+  // lm_head) takes all segments' rows at once, so a decode step of B sequences reads each weight
+  // once instead of B times. Logits: kLastRow gives [segments, vocab], one row per segment (its
+  // last token); kAllRows [all tokens, vocab] in segment order. Each segment's result equals its
+  // own Forward up to the float rounding of matmuls over more rows. The caches must be distinct;
+  // an observer needs a single segment.
+  struct Segment {
+    const int32_t* ids;
+    size_t n;
+    KvCache* cache;
+  };
+  Status ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segments, LogitsMode mode, float* logits,
+                      ForwardObserver* observer = nullptr) const;
+
   // Memory placement, before the model is shared (Engine::Open).
   // --numa split: copies each node's row slices of every MoE layer's experts into memory local to
   // it (ops/moe_numa.h), and the dense matrices (attention, indexer, router, dense MLPs, an untied
@@ -83,8 +99,9 @@ class Model {
  private:
   Model() = default;
   Status SplitExperts(const Topology& topology, int nodes);  // the expert part of PlaceOnNodes
-  Status AttentionBlock(const ThreadConfig& tc, int layer, const float* x, size_t n, int64_t pos0, KvCache* cache,
-                        float* out, ForwardObserver* observer) const;
+  // Rows of `segments` in order; positions[i] is row i's position in its sequence.
+  Status AttentionBlock(const ThreadConfig& tc, int layer, const float* x, std::span<const Segment> segments,
+                        const int64_t* positions, float* out, ForwardObserver* observer) const;
 
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<PackFile> pack_;

@@ -97,42 +97,51 @@ ThinkState OutputStart(std::string_view rendered_prompt) {
   return rendered_prompt.ends_with("<mm:think>") ? ThinkState::kInside : ThinkState::kOutside;
 }
 
+TurnGeneration::TurnGeneration(Session& session, const Tokenizer& tokenizer, const TurnOptions& options,
+                               Sampler& sampler, std::function<bool(const TurnDelta&)> on_delta)
+    : options_(options),
+      on_delta_(std::move(on_delta)),
+      decoder_(tokenizer, /*skip_special_tokens=*/false),
+      parser_(options.start, options.tools, options.tool_call_id_prefix),
+      stops_(options.stop_strings),
+      generation_(session, options.generate, sampler, [this](int32_t id) {
+        const bool go = Emit(TextDelta(stops_.Push(decoder_.Push(id))));
+        return go && !stops_.matched();
+      }) {}
+
+bool TurnGeneration::Emit(TurnDelta d) {
+  if (d.empty()) return true;
+  all_.reasoning += d.reasoning;
+  all_.content += d.content;
+  all_.tool_calls.insert(all_.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+  return on_delta_(d);
+}
+
+TurnDelta TurnGeneration::TextDelta(std::string text) {
+  if (!options_.raw) return parser_.Push(text);
+  TurnDelta d;
+  d.content = std::move(text);
+  return d;
+}
+
+ParsedOutput TurnGeneration::Finish(GenerateStats* stats) {
+  Emit(TextDelta(stops_.Push(decoder_.Flush())));
+  Emit(TextDelta(stops_.Flush()));
+  if (!options_.raw) Emit(parser_.Finish());
+  GenerateStats st = generation_.stats();
+  if (stops_.matched()) st.stop_reason = "stop";
+  if (stats) *stats = st;
+  return std::move(all_);
+}
+
 StatusOr<ParsedOutput> GenerateTurn(Session& session, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                                     const TurnOptions& options, Sampler& sampler,
                                     const std::function<bool(const TurnDelta&)>& on_delta, GenerateStats* stats) {
-  StreamingDecoder decoder(tokenizer, /*skip_special_tokens=*/false);
-  StreamingOutputParser parser(options.start, options.tools, options.tool_call_id_prefix);
-  ParsedOutput all;
-  // Collects a delta into `all` and passes it on; false when the caller wants to stop.
-  auto emit = [&](TurnDelta d) {
-    if (d.empty()) return true;
-    all.reasoning += d.reasoning;
-    all.content += d.content;
-    all.tool_calls.insert(all.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
-    return on_delta(d);
-  };
-  auto text_delta = [&](std::string text) {
-    if (!options.raw) return parser.Push(text);
-    TurnDelta d;
-    d.content = std::move(text);
-    return d;
-  };
-  StopStrings stops(options.stop_strings);
-  GenerateStats st;
-  M3_RETURN_IF_ERROR(Generate(session, prompt, options.generate, sampler,
-                              [&](int32_t id) {
-                                const bool go = emit(text_delta(stops.Push(decoder.Push(id))));
-                                return go && !stops.matched();
-                              },
-                              &st));
-  // What the decoder, the stop strings and the parser still hold; the caller may no longer stop
-  // anything here.
-  emit(text_delta(stops.Push(decoder.Flush())));
-  emit(text_delta(stops.Flush()));
-  if (!options.raw) emit(parser.Finish());
-  if (stops.matched()) st.stop_reason = "stop";
-  if (stats) *stats = st;
-  return all;
+  TurnGeneration turn(session, tokenizer, options, sampler, on_delta);
+  M3_RETURN_IF_ERROR(turn.Start(prompt));
+  Generation& g = turn.generation();
+  for (int32_t id; g.Next(&id);) M3_RETURN_IF_ERROR(session.Eval({&id, 1}, LogitsMode::kLastRow, &g.logits()));
+  return turn.Finish(stats);
 }
 
 ojson ToolCallJson(const ToolCall& call) {

@@ -97,9 +97,38 @@ struct TurnOptions {
 
 using TurnDelta = StreamingOutputParser::Delta;
 
-// Generates one turn for `prompt` (the whole conversation's ids: the session's cached prefix is
-// reused), streaming every non-empty delta to on_delta as it is decoded; on_delta returning false
-// stops generation. Returns everything generated, parsed.
+// One assistant turn as steps: a Generation whose tokens are decoded as a UTF-8 stream, cut at
+// stop strings and split into reasoning, content and tool calls, every non-empty delta going to
+// on_delta as it is decoded (returning false stops generation). Step generation() as Generation
+// says (a server advances many turns with DecodeStep), then Finish.
+class TurnGeneration {
+ public:
+  TurnGeneration(Session& session, const Tokenizer& tokenizer, const TurnOptions& options, Sampler& sampler,
+                 std::function<bool(const TurnDelta&)> on_delta);
+  TurnGeneration(const TurnGeneration&) = delete;
+  TurnGeneration& operator=(const TurnGeneration&) = delete;
+
+  // Runs `prompt` (the whole conversation's ids: the session's cached prefix is reused).
+  Status Start(std::span<const int32_t> prompt) { return generation_.Start(prompt); }
+  Generation& generation() { return generation_; }
+  // After the generation has ended: passes on what the decoder, the stop strings and the parser
+  // still hold (on_delta can no longer stop anything) and returns the whole turn, parsed.
+  ParsedOutput Finish(GenerateStats* stats);
+
+ private:
+  bool Emit(TurnDelta d);  // collects into all_ and passes on; false when the caller wants to stop
+  TurnDelta TextDelta(std::string text);
+
+  const TurnOptions& options_;
+  std::function<bool(const TurnDelta&)> on_delta_;
+  StreamingDecoder decoder_;
+  StreamingOutputParser parser_;
+  StopStrings stops_;
+  ParsedOutput all_;
+  Generation generation_;
+};
+
+// Generates one turn for `prompt` start to end (TurnGeneration stepped with Session::Eval).
 StatusOr<ParsedOutput> GenerateTurn(Session& session, const Tokenizer& tokenizer, std::span<const int32_t> prompt,
                                     const TurnOptions& options, Sampler& sampler,
                                     const std::function<bool(const TurnDelta&)>& on_delta, GenerateStats* stats);

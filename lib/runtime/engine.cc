@@ -85,8 +85,7 @@ Status Session::CheckContextFits(size_t tokens) const {
                     ": use ", hint.empty() ? "" : hint + ", or ", "a shorter context"));
 }
 
-Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<float>* logits,
-                     ForwardObserver* observer) {
+Status Session::CheckAppend(std::span<const int32_t> ids) const {
   const ModelConfig& c = engine_.model().config();
   if (ids.empty()) return InvalidArgument("no tokens to evaluate");
   for (size_t i = 0; i < ids.size(); ++i)
@@ -95,7 +94,13 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
   if (position() + ids.size() > max_context_)
     return OutOfRange(position(), " cached + ", ids.size(), " new tokens exceed the context limit of ", max_context_,
                       " tokens");
-  M3_RETURN_IF_ERROR(CheckContextFits(position() + ids.size()));
+  return CheckContextFits(position() + ids.size());
+}
+
+Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<float>* logits,
+                     ForwardObserver* observer) {
+  const ModelConfig& c = engine_.model().config();
+  M3_RETURN_IF_ERROR(CheckAppend(ids));
   if (!logits) mode = LogitsMode::kNone;
   const size_t vocab = static_cast<size_t>(c.vocab_size);
   const size_t rows = mode == LogitsMode::kAllRows ? ids.size() : (mode == LogitsMode::kLastRow ? 1 : 0);
@@ -129,6 +134,43 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
     throw;
   }
   tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  return Status::Ok();
+}
+
+Status Session::DecodeBatch(std::span<Session* const> sessions, std::span<const int32_t> ids,
+                            std::vector<float>* logits) {
+  if (sessions.empty()) return InvalidArgument("no sessions to decode");
+  if (ids.size() != sessions.size())
+    return InvalidArgument(sessions.size(), " sessions but ", ids.size(), " token ids: one each");
+  const Engine& engine = sessions.front()->engine_;
+  std::vector<Model::Segment> segments;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    Session& s = *sessions[i];
+    if (&s.engine_ != &engine) return InvalidArgument("session ", i, " belongs to another engine");
+    for (size_t j = 0; j < i; ++j)
+      if (sessions[j] == &s) return InvalidArgument("session ", i, " is session ", j, " again");
+    if (Status st = s.CheckAppend(ids.subspan(i, 1)); !st.ok())
+      return Status(st.code(), Str("session ", i, ": ", st.message()));
+    segments.push_back({&ids[i], 1, &s.cache_});
+  }
+  const auto undo = [&] {
+    for (Session* s : sessions) s->cache_.Truncate(s->tokens_.size());
+  };
+  try {
+    logits->resize(sessions.size() * static_cast<size_t>(engine.model().config().vocab_size));
+    const Status st = engine.model().ForwardBatch(engine.threads(), segments, LogitsMode::kLastRow, logits->data());
+    if (!st.ok()) {
+      undo();
+      return st;
+    }
+  } catch (const std::bad_alloc&) {
+    undo();
+    return Status(StatusCode::kOutOfMemory, Str("out of memory decoding ", sessions.size(), " sessions"));
+  } catch (...) {
+    undo();
+    throw;
+  }
+  for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->tokens_.push_back(ids[i]);
   return Status::Ok();
 }
 

@@ -58,6 +58,12 @@ class Session {
   // session is as it was.
   Status Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<float>* logits,
               ForwardObserver* observer = nullptr);
+  // One decode step of several sessions of one engine in a single forward pass (continuous
+  // batching: each weight is read once for all of them): ids[i] runs after sessions[i]'s tokens.
+  // Logits are [sessions, vocab]. Each session is checked as Eval checks it; on error nothing is
+  // appended to any of them.
+  static Status DecodeBatch(std::span<Session* const> sessions, std::span<const int32_t> ids,
+                            std::vector<float>* logits);
   // Whether the caches of a context of `tokens` positions fit in memory: OutOfMemory, with what
   // they need, what can be had and what to change, when they need more than the memory budget
   // or, without one, than the memory this process can still get (lib/platform/memory.h) plus
@@ -75,6 +81,9 @@ class Session {
   const Engine& engine() const { return engine_; }
 
  private:
+  // Whether `ids` may follow the session's tokens: ids in the vocabulary, the context limit, memory.
+  Status CheckAppend(std::span<const int32_t> ids) const;
+
   const Engine& engine_;
   KvCache cache_;
   std::vector<int32_t> tokens_;

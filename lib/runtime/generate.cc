@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 namespace m3 {
 
@@ -12,43 +13,84 @@ double GenerateStats::decode_tok_s() const {
   return decode_seconds > 0 && generated_tokens > 1 ? (generated_tokens - 1) / decode_seconds : 0;
 }
 
+Generation::Generation(Session& session, const GenerateOptions& options, Sampler& sampler,
+                       std::function<bool(int32_t)> on_token)
+    : session_(session), options_(options), sampler_(sampler), on_token_(std::move(on_token)) {}
+
+Status Generation::Start(std::span<const int32_t> prompt) {
+  if (prompt.empty()) return InvalidArgument("empty prompt");
+  if (options_.max_tokens < 0) return InvalidArgument("max_tokens must be >= 0, got ", options_.max_tokens);
+  stats_ = GenerateStats();
+  stats_.prompt_tokens = prompt.size();
+  if (prompt.size() > session_.max_context())
+    return OutOfRange("the prompt has ", prompt.size(), " tokens but the context limit is ", session_.max_context());
+  stats_.reused_tokens = session_.ReusePrefix(prompt);
+  const auto t0 = Clock::now();
+  M3_RETURN_IF_ERROR(session_.Eval(prompt.subspan(stats_.reused_tokens), LogitsMode::kLastRow, &logits_));
+  decode_start_ = Clock::now();
+  stats_.prefill_seconds = std::chrono::duration<double>(decode_start_ - t0).count();
+  stats_.stop_reason = "length";
+  done_ = options_.max_tokens == 0;
+  return Status::Ok();
+}
+
+bool Generation::Next(int32_t* next) {
+  if (done_) return false;
+  done_ = true;  // unless it goes on below
+  const int32_t id = sampler_.Sample(logits_, session_.tokens());
+  ++stats_.generated_tokens;
+  if (std::find(options_.stop_ids.begin(), options_.stop_ids.end(), id) != options_.stop_ids.end()) {
+    stats_.stop_reason = "stop";
+    return false;
+  }
+  if (!on_token_(id)) {
+    stats_.stop_reason = "caller";
+    return false;
+  }
+  if (stats_.generated_tokens == static_cast<size_t>(options_.max_tokens)) return false;
+  if (session_.position() + 1 > session_.max_context()) {
+    stats_.stop_reason = "context";
+    return false;
+  }
+  *next = id;
+  done_ = false;
+  return true;
+}
+
+const GenerateStats& Generation::stats() {
+  if (done_ && !timed_) {
+    stats_.decode_seconds = std::chrono::duration<double>(Clock::now() - decode_start_).count();
+    timed_ = true;
+  }
+  return stats_;
+}
+
+std::vector<Status> DecodeStep(std::span<Generation* const> gens, std::span<const int32_t> ids) {
+  std::vector<Status> result(gens.size());
+  if (gens.size() == 1) {
+    result[0] = gens[0]->session().Eval(ids, LogitsMode::kLastRow, &gens[0]->logits());
+    return result;
+  }
+  std::vector<Session*> sessions;
+  for (Generation* g : gens) sessions.push_back(&g->session());
+  std::vector<float> logits;
+  if (Session::DecodeBatch(sessions, ids, &logits).ok()) {
+    const size_t vocab = logits.size() / gens.size();
+    for (size_t i = 0; i < gens.size(); ++i)
+      gens[i]->logits().assign(logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
+    return result;
+  }
+  for (size_t i = 0; i < gens.size(); ++i)
+    result[i] = gens[i]->session().Eval(ids.subspan(i, 1), LogitsMode::kLastRow, &gens[i]->logits());
+  return result;
+}
+
 Status Generate(Session& session, std::span<const int32_t> prompt, const GenerateOptions& options, Sampler& sampler,
                 const std::function<bool(int32_t)>& on_token, GenerateStats* stats) {
-  using Clock = std::chrono::steady_clock;
-  if (prompt.empty()) return InvalidArgument("empty prompt");
-  if (options.max_tokens < 0) return InvalidArgument("max_tokens must be >= 0, got ", options.max_tokens);
-  GenerateStats st;
-  st.prompt_tokens = prompt.size();
-  if (prompt.size() > session.max_context())
-    return OutOfRange("the prompt has ", prompt.size(), " tokens but the context limit is ", session.max_context());
-  st.reused_tokens = session.ReusePrefix(prompt);
-
-  const auto t0 = Clock::now();
-  std::vector<float> logits;
-  M3_RETURN_IF_ERROR(session.Eval(prompt.subspan(st.reused_tokens), LogitsMode::kLastRow, &logits));
-  const auto t1 = Clock::now();
-  st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
-  st.stop_reason = "length";
-  for (int i = 0; i < options.max_tokens; ++i) {
-    const int32_t id = sampler.Sample(logits, session.tokens());
-    ++st.generated_tokens;
-    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), id) != options.stop_ids.end()) {
-      st.stop_reason = "stop";
-      break;
-    }
-    if (!on_token(id)) {
-      st.stop_reason = "caller";
-      break;
-    }
-    if (i + 1 == options.max_tokens) break;
-    if (session.position() + 1 > session.max_context()) {
-      st.stop_reason = "context";
-      break;
-    }
-    M3_RETURN_IF_ERROR(session.Eval({&id, 1}, LogitsMode::kLastRow, &logits));
-  }
-  st.decode_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
-  if (stats) *stats = st;
+  Generation g(session, options, sampler, on_token);
+  M3_RETURN_IF_ERROR(g.Start(prompt));
+  for (int32_t id; g.Next(&id);) M3_RETURN_IF_ERROR(session.Eval({&id, 1}, LogitsMode::kLastRow, &g.logits()));
+  if (stats) *stats = g.stats();
   return Status::Ok();
 }
 
