@@ -426,6 +426,190 @@ TEST_CASE("bf16 and int8 caches keep the golden argmax and greedy ids", "[golden
   }
 }
 
+// Largest |a - b| relative to 1 + max |b|.
+double RelDiff(const float* a, const float* b, size_t n) {
+  double err = 0, mag = 0;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, std::fabs(double(a[i]) - b[i]));
+    mag = std::max(mag, std::fabs(double(b[i])));
+  }
+  return err / (1 + mag);
+}
+
+// Other prompts to batch the golden one with: its first half, and its ids reversed.
+std::vector<std::vector<int32_t>> CompanionPrompts(const std::vector<int32_t>& prompt) {
+  return {std::vector<int32_t>(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(prompt.size() / 2 + 1)),
+          std::vector<int32_t>(prompt.rbegin(), prompt.rend())};
+}
+
+TEST_CASE("batched decode of three sequences matches the golden case and each sequence alone", "[golden][batch]") {
+  for (const auto& name : GoldenCases()) {
+    SECTION(name) {
+      const std::string dir = test::GoldenDir(name);
+      auto cj = test::ReadPythonJson(dir + "/case.json");
+      const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+      const int steps = std::min(cj["decode_steps"].get<int>(), 6);
+      const double rel = cj["tolerance"]["logits"]["rel"].get<double>();
+      auto engine = Engine::Open(dir, EngineOptions{2});
+      REQUIRE(engine.ok());
+      const size_t vocab = (*engine)->model().config().vocab_size;
+      std::vector<std::vector<int32_t>> prompts = {prompt};
+      for (auto& p : CompanionPrompts(prompt)) prompts.push_back(std::move(p));
+      const size_t B = prompts.size();
+      // Each sequence twice: one session decoded in the batch, one alone.
+      std::vector<std::unique_ptr<Session>> batched, alone;
+      std::vector<int32_t> next(B);
+      std::vector<float> logits;
+      for (size_t i = 0; i < B; ++i) {
+        batched.push_back(std::make_unique<Session>(**engine));
+        alone.push_back(std::make_unique<Session>(**engine));
+        REQUIRE(batched[i]->Eval(prompts[i], LogitsMode::kLastRow, &logits).ok());
+        REQUIRE(alone[i]->Eval(prompts[i], LogitsMode::kLastRow, &logits).ok());
+        next[i] = Argmax(logits.data(), vocab);
+      }
+      std::vector<Session*> sessions;
+      for (auto& s : batched) sessions.push_back(s.get());
+      std::vector<float> golden_rows, step;
+      std::vector<int32_t> greedy = {next[0]};
+      double worst_vs_alone = 0;
+      for (int k = 0; k < steps; ++k) {
+        REQUIRE(Session::DecodeBatch(sessions, next, &logits).ok());
+        REQUIRE(logits.size() == B * vocab);
+        golden_rows.insert(golden_rows.end(), logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(vocab));
+        for (size_t i = 0; i < B; ++i) {
+          REQUIRE(alone[i]->Eval({&next[i], 1}, LogitsMode::kLastRow, &step).ok());
+          worst_vs_alone = std::max(worst_vs_alone, RelDiff(&logits[i * vocab], step.data(), vocab));
+          next[i] = Argmax(step.data(), vocab);  // both follow the sequence alone
+        }
+        greedy.push_back(next[0]);
+      }
+      for (size_t i = 0; i < B; ++i) CHECK(batched[i]->tokens() == alone[i]->tokens());
+      auto dec = ReadNpy(dir + "/decode_logits.npy");
+      REQUIRE(dec.ok());
+      dec->shape[0] = steps;
+      dec->data.resize(static_cast<size_t>(steps) * vocab);
+      const double golden_ratio = WorstRowRatio(golden_rows, *dec, rel);
+      WARN(name << ": batched decode, worst error / golden limit " << golden_ratio
+                << "; worst |diff| / (1 + max|logit|) against each sequence alone " << worst_vs_alone);
+      CHECK(golden_ratio <= 1.0);
+      const auto want_greedy = cj["greedy_ids"].get<std::vector<int32_t>>();
+      CHECK(greedy == std::vector<int32_t>(want_greedy.begin(), want_greedy.begin() + steps + 1));
+      CHECK(worst_vs_alone < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("a forward pass over several prompts gives each prompt's own logits", "[golden][batch]") {
+  for (const char* name : {"s1_fp32_basic", "s3_mxfp8_mixed_layers_local2", "s5_realprop_mxfp8_vl"}) {
+    SECTION(name) {
+      const std::string dir = test::GoldenDir(name);
+      auto cj = test::ReadPythonJson(dir + "/case.json");
+      const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+      const double rel = cj["tolerance"]["logits"]["rel"].get<double>();
+      auto engine = Engine::Open(dir, EngineOptions{2});
+      REQUIRE(engine.ok());
+      const Model& model = (*engine)->model();
+      const size_t vocab = model.config().vocab_size;
+      const auto others = CompanionPrompts(prompt);
+      // The golden prompt between the two others, all rows' logits.
+      KvCache a(model.config()), golden(model.config()), b(model.config());
+      const Model::Segment segments[] = {{others[0].data(), others[0].size(), &a},
+                                         {prompt.data(), prompt.size(), &golden},
+                                         {others[1].data(), others[1].size(), &b}};
+      const size_t rows = others[0].size() + prompt.size() + others[1].size();
+      std::vector<float> all(rows * vocab);
+      REQUIRE(model.ForwardBatch((*engine)->threads(), segments, LogitsMode::kAllRows, all.data()).ok());
+      CHECK(a.length() == others[0].size());
+      CHECK(golden.length() == prompt.size());
+      CHECK(b.length() == others[1].size());
+      auto pre = ReadNpy(dir + "/prefill_logits.npy");
+      REQUIRE(pre.ok());
+      const auto first = all.begin() + static_cast<std::ptrdiff_t>(others[0].size() * vocab);
+      const std::vector<float> golden_rows(first, first + static_cast<std::ptrdiff_t>(prompt.size() * vocab));
+      CHECK(WorstRowRatio(golden_rows, *pre, rel) <= 1.0);
+      // kLastRow: one row per sequence, each as its own pass gives it.
+      for (KvCache* c : {&a, &golden, &b}) c->Truncate(0);
+      std::vector<float> last(3 * vocab), alone(vocab);
+      REQUIRE(model.ForwardBatch((*engine)->threads(), segments, LogitsMode::kLastRow, last.data()).ok());
+      for (size_t i = 0; i < 3; ++i) {
+        KvCache own(model.config());
+        REQUIRE(model.Forward((*engine)->threads(), segments[i].ids, segments[i].n, &own, LogitsMode::kLastRow,
+                              alone.data()).ok());
+        CHECK(RelDiff(&last[i * vocab], alone.data(), vocab) < 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("batched decode refuses bad requests and leaves every session as it was", "[golden][batch][errors]") {
+  const std::string dir = test::GoldenDir("s1_fp32_basic");
+  auto engine = Engine::Open(dir, EngineOptions{1});
+  auto other_engine = Engine::Open(dir, EngineOptions{1});
+  REQUIRE(engine.ok());
+  REQUIRE(other_engine.ok());
+  SessionOptions short_context;
+  short_context.max_context = 4;
+  Session a(**engine), full(**engine, short_context), foreign(**other_engine);
+  std::vector<float> logits;
+  for (Session* s : {&a, &full, &foreign}) REQUIRE(s->Eval(std::vector<int32_t>{1, 2, 3, 4}, LogitsMode::kNone, nullptr).ok());
+  auto decode = [&](std::vector<Session*> sessions, std::vector<int32_t> ids) {
+    return Session::DecodeBatch(sessions, ids, &logits);
+  };
+  CHECK(decode({}, {}).code() == StatusCode::kInvalidArgument);
+  CHECK(decode({&a}, {1, 2}).code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(decode({&a, &a}, {1, 2}).message(), Catch::Contains("session 1 is session 0"));
+  CHECK_THAT(decode({&a, &foreign}, {1, 2}).message(), Catch::Contains("another engine"));
+  const Status at_limit = decode({&a, &full}, {1, 2});
+  CHECK(at_limit.code() == StatusCode::kOutOfRange);
+  CHECK_THAT(at_limit.message(), Catch::Contains("session 1") && Catch::Contains("context limit of 4"));
+  CHECK_THAT(decode({&a}, {100000}).message(), Catch::Contains("outside the vocabulary"));
+  CHECK(a.position() == 4);
+  CHECK(full.position() == 4);
+  // Still usable, and one sequence's error stays its own in a generation step.
+  REQUIRE(decode({&a, &foreign}, {5, 5}).code() == StatusCode::kInvalidArgument);
+  REQUIRE(decode({&a}, {5}).ok());
+  CHECK(a.position() == 5);
+}
+
+TEST_CASE("a generation step over several sequences keeps one sequence's error its own", "[golden][batch][errors]") {
+  const std::string dir = test::GoldenDir("s1_fp32_basic");
+  auto engine = Engine::Open(dir, EngineOptions{1});
+  REQUIRE(engine.ok());
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+  // `tight` may hold no page beyond its prompt's: its step into a new page fails for memory.
+  Session roomy(**engine), tight_probe(**engine);
+  REQUIRE(tight_probe.Eval(prompt, LogitsMode::kNone, nullptr).ok());
+  SessionOptions budget;
+  budget.memory_budget_bytes = tight_probe.cache().bytes();
+  Session tight(**engine, budget);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  Sampler greedy_a(greedy), greedy_b(greedy);
+  GenerateOptions options;
+  options.max_tokens = 64;
+  Generation ga(roomy, options, greedy_a, [](int32_t) { return true; });
+  Generation gb(tight, options, greedy_b, [](int32_t) { return true; });
+  REQUIRE(ga.Start(prompt).ok());
+  REQUIRE(gb.Start(prompt).ok());
+  Generation* gens[] = {&ga, &gb};
+  bool tight_failed = false;
+  for (int k = 0; k < 16 && !tight_failed; ++k) {
+    int32_t ids[2];
+    REQUIRE(ga.Next(&ids[0]));
+    REQUIRE(gb.Next(&ids[1]));
+    const std::vector<Status> st = DecodeStep(gens, ids);
+    REQUIRE(st.size() == 2);
+    CHECK(st[0].ok());
+    if (!st[1].ok()) {
+      CHECK(st[1].code() == StatusCode::kOutOfMemory);
+      tight_failed = true;
+    }
+  }
+  CHECK(tight_failed);
+  CHECK(roomy.position() == tight.position() + 1);
+  CHECK(std::equal(tight.tokens().begin(), tight.tokens().end(), roomy.tokens().begin()));
+}
+
 TEST_CASE("sessions refuse bad requests with clear errors and stay usable", "[golden][errors]") {
   const std::string dir = test::GoldenDir("s1_fp32_basic");
   auto engine = Engine::Open(dir, EngineOptions{1});
