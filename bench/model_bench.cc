@@ -150,6 +150,27 @@ class RoutedExpertBytes : public ForwardObserver {
   uint64_t total_ = 0;
 };
 
+// Sums the bytes of the distinct routed experts each layer's tokens chose: what a batched step,
+// which reads each chosen expert once for all its tokens, reads.
+class RoutedExpertUnionBytes : public ForwardObserver {
+ public:
+  explicit RoutedExpertUnionBytes(const std::vector<std::vector<uint64_t>>& bytes) : bytes_(bytes) {}
+  void OnRouting(int layer, int64_t, size_t n, int top_k, const int32_t* ids) override {
+    if (layer < 0 || static_cast<size_t>(layer) >= bytes_.size()) return;
+    const auto& sizes = bytes_[static_cast<size_t>(layer)];
+    std::vector<int32_t> chosen(ids, ids + n * static_cast<size_t>(top_k));
+    std::sort(chosen.begin(), chosen.end());
+    chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
+    for (int32_t id : chosen)
+      if (id >= 0 && static_cast<size_t>(id) < sizes.size()) total_ += sizes[static_cast<size_t>(id)];
+  }
+  uint64_t Take() { return std::exchange(total_, 0); }
+
+ private:
+  const std::vector<std::vector<uint64_t>>& bytes_;
+  uint64_t total_ = 0;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Figures.
 
@@ -203,12 +224,13 @@ void ReadIn(const ThreadConfig& tc, const std::vector<std::pair<const uint8_t*, 
   for (uint64_t v : sums) sink = sink + v;
 }
 
-int32_t Argmax(const std::vector<float>& v) {  // ties -> lower id; NaN never wins
+int32_t Argmax(const float* v, size_t n) {  // ties -> lower id; NaN never wins
   size_t best = 0;
-  for (size_t i = 1; i < v.size(); ++i)
+  for (size_t i = 1; i < n; ++i)
     if (v[i] > v[best] || (std::isnan(v[best]) && !std::isnan(v[i]))) best = i;
   return static_cast<int32_t>(best);
 }
+int32_t Argmax(const std::vector<float>& v) { return Argmax(v.data(), v.size()); }
 
 bool AllFinite(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
@@ -328,6 +350,12 @@ struct Result {
   // The limit decode is judged by: the paired reads where there are some, else the best sample.
   double read_limit_gbps() const { return steps_paired.read_gbps > 0 ? steps_paired.read_gbps : read_bw.best; }
   double t_rest_s = 0, t_layer_s = 0, projected_tok_s = 0, projected_bytes_per_token = 0;
+  // Batched decode (batch > 1): medians of batched steps and of the single steps paired with them.
+  int batch = 1, batch_steps = 0, batch_context = 0;
+  double batch_step_s = 0, batch_single_step_s = 0, batch_bytes_per_step = 0;
+  double batch_tok_s() const { return batch_step_s > 0 ? batch / batch_step_s : 0; }
+  double batch_single_tok_s() const { return batch_single_step_s > 0 ? 1 / batch_single_step_s : 0; }
+  double batch_gbps() const { return batch_step_s > 0 ? batch_bytes_per_step / batch_step_s / 1e9 : 0; }
   ProbeResult read_bw, int8_peak;
   bool logits_finite = true;
   double logits_rms = 0;  // of the last decode step: a sanity check of the synthetic weights
@@ -338,6 +366,7 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
   if (o.prompt_tokens < 1) return InvalidArgument("-p must be >= 1 prompt token, got ", o.prompt_tokens);
   if (o.decode_tokens < 1) return InvalidArgument("-n must be >= 1 decode token, got ", o.decode_tokens);
   if (o.engine.threads < 0) return InvalidArgument("-t must be >= 1 thread, got ", o.engine.threads);
+  if (o.batch < 1 || o.batch > 64) return InvalidArgument("--batch must be 1..64 sequences, got ", o.batch);
   if (o.layers && (*o.layers < 1 || *o.layers > static_cast<int>(shapes::kLayers)))
     return InvalidArgument("--layers must be 1..", shapes::kLayers, " (the real model has ", shapes::kLayers,
                            " layers), got ", *o.layers);
@@ -484,7 +513,70 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
   r.projected_bytes_per_token =
       (r.bytes_per_token - outside_layers) / std::max(1, r.layers) * static_cast<double>(shapes::kLayers) + outside_layers;
 
-  // 7. The limits again, same threads as the run.
+  // 7. Batched decode: `batch` sessions and one more, each with its own prompt of the same length
+  // (a shorter one than the prefill's, to keep this phase cheap), so that they route apart as
+  // different conversations do. Each step of the batch is paired with a step of the lone session
+  // (alternating which goes first), which is the yardstick of the batch's speedup.
+  r.batch = o.batch;
+  if (o.batch > 1) {
+    const size_t context = std::min<size_t>(prompt.size(), 64);
+    r.batch_context = static_cast<int>(context);
+    r.batch_steps = std::max(1, std::min(o.decode_tokens, 64));
+    if (log) std::fprintf(log, "m3 bench: decode of %d sequences at once, %d steps, paired with one sequence's\n",
+                          o.batch, r.batch_steps);
+    std::vector<std::unique_ptr<Session>> sessions;
+    std::vector<int32_t> next;
+    for (int i = 0; i <= o.batch; ++i) {
+      std::vector<int32_t> ids(context);
+      for (int32_t& id : ids) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        id = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
+      }
+      sessions.push_back(std::make_unique<Session>(*engine));
+      M3_RETURN_IF_ERROR(sessions.back()->Eval(ids, LogitsMode::kLastRow, &logits));
+      next.push_back(Argmax(logits));
+    }
+    Session& lone = *sessions.back();
+    std::vector<Session*> batch;
+    for (int i = 0; i < o.batch; ++i) batch.push_back(sessions[static_cast<size_t>(i)].get());
+    RoutedExpertUnionBytes union_bytes(fp.expert_bytes);
+    std::vector<double> batch_s, single_s, batch_bytes;
+    std::vector<float> batch_logits;
+    for (int k = 0; k < r.batch_steps; ++k) {
+      auto batch_step = [&] {
+        const auto t = Clock::now();
+        M3_RETURN_IF_ERROR(Session::DecodeBatch(batch, std::span<const int32_t>(next.data(), batch.size()),
+                                                &batch_logits, &union_bytes));
+        const size_t vocab = batch_logits.size() / batch.size();
+        for (size_t i = 0; i < batch.size(); ++i)
+          next[i] = Argmax(batch_logits.data() + i * vocab, vocab);
+        batch_s.push_back(Seconds(t, Clock::now()));
+        batch_bytes.push_back(static_cast<double>(fp.fixed_bytes + union_bytes.Take()));
+        return Status::Ok();
+      };
+      auto single_step = [&] {
+        const auto t = Clock::now();
+        M3_RETURN_IF_ERROR(lone.Eval(std::span<const int32_t>(&next.back(), 1), LogitsMode::kLastRow, &logits));
+        next.back() = Argmax(logits);
+        single_s.push_back(Seconds(t, Clock::now()));
+        return Status::Ok();
+      };
+      if (k % 2 == 0) {
+        M3_RETURN_IF_ERROR(batch_step());
+        M3_RETURN_IF_ERROR(single_step());
+      } else {
+        M3_RETURN_IF_ERROR(single_step());
+        M3_RETURN_IF_ERROR(batch_step());
+      }
+      r.logits_finite = r.logits_finite && AllFinite(batch_logits);
+    }
+    // What a batched step reads: the fixed weights once, each routed-to expert once.
+    r.batch_bytes_per_step = Median(batch_bytes);
+    r.batch_step_s = Median(batch_s);
+    r.batch_single_step_s = Median(single_s);
+  }
+
+  // 8. The limits again, same threads as the run.
   if (log) std::fprintf(log, "m3 bench: probing the machine limits again\n");
   r.read_bw.Merge(ProbeReadBandwidth(r.threads, 2));
   r.int8_peak.Merge(ProbeInt8Peak(r.threads, 0.2, 2));
@@ -554,6 +646,15 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
            " dense-attention + dense-MLP layers and ", shapes::kLayers - shapes::kDenseLayers,
            " MoE sparse ones); per-layer time = median over the steps of (decode step - an lm_head matmul timed "
            "right after it) / layers; assumes the weights stay in memory")},
+      {"batch", r.batch},
+      {"batch_steps", r.batch_steps},
+      {"batch_context", r.batch_context},
+      {"batch_tok_s", r.batch_tok_s()},
+      {"batch_single_tok_s", r.batch_single_tok_s()},
+      {"batch_speedup", Ratio(r.batch_tok_s(), r.batch_single_tok_s())},
+      {"batch_bytes_per_step", r.batch_bytes_per_step},
+      {"batch_gbps", r.batch_gbps()},
+      {"batch_bw_ratio_best", Ratio(r.batch_gbps(), r.read_bw.best)},
       {"logits_finite", r.logits_finite},
       {"logits_rms", r.logits_rms},
       {"loadavg_start", r.loadavg_start},
@@ -599,6 +700,12 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
   } else {
     row("decode bandwidth", r.decode_gbps, "GB/s", r.read_bw.best, "read_bw", "");
   }
+  if (r.batch > 1) {
+    row(Str("decode, ", r.batch, " sequences").c_str(), r.batch_tok_s(), "tok/s", r.batch_single_tok_s(), "1 seq",
+        "");
+    row("  weights read per step", r.batch_bytes_per_step / 1e6, "MB", 0, "", "");
+    row("  bandwidth", r.batch_gbps(), "GB/s", r.read_bw.best, "read_bw", "");
+  }
   row("disk reads during decode", r.disk_read_mbps, "MB/s", 0, "", "");
   row("peak RSS", static_cast<double>(r.peak_rss) / 1e9, "GB", 0, "",
       r.peak_rss_reset ? "" : "includes the 1st probe's buffer");
@@ -622,6 +729,12 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
                "projection: all %zu layers taken as MoE + sparse-attention layers (the real model has %zu dense "
                "ones), weights in memory.\n",
                shapes::kLayers, shapes::kDenseLayers);
+  if (r.batch > 1)
+    std::fprintf(out,
+                 "decode, %d sequences: aggregate tok/s of batched steps (median of %d) against one sequence's steps "
+                 "paired with them, all at %d-token contexts; per step the weights are read once, the routed "
+                 "experts as the union of the batch's choices.\n",
+                 r.batch, r.batch_steps, r.batch_context);
   if (!r.logits_finite) std::fprintf(out, "warning: some logits were not finite\n");
 }
 

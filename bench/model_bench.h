@@ -11,6 +11,10 @@
 //                of `m3 bench --kernels`, same threads, before and after the run) and, as the
 //                kernel benchmark pairs each GEMV, the median of reads of as many cold weight bytes
 //                right after each step (on a shared VM bandwidth swings from 34 to 60 GB/s)
+//   batch        `batch` sequences decoded together (continuous batching, Session::DecodeBatch),
+//                each batched step paired with a single-sequence step on sessions of the same
+//                context: aggregate tok/s and its ratio to one sequence's; weights read per step
+//                (each once, the experts the batch routed to as a union) and their GB/s
 //   projection   decode tok/s of the full 60-layer model: per step, the step minus an lm_head
 //                matmul timed right after it is the layers' time; medians, x 60 / layers + lm_head
 // Weights are read once before timing when they fit in available memory (a server keeps them
@@ -33,6 +37,7 @@ struct ModelBenchOptions {
   std::string cache_dir;      // synthetic model cache; empty: $XDG_CACHE_HOME/m3 or ~/.cache/m3
   int prompt_tokens = 512;
   int decode_tokens = 128;
+  int batch = 4;              // sequences of the batched decode (1: no batched phase)
   EngineOptions engine;       // threads (0: all cores), NUMA mode, mlock; limits probed on as many threads
   bool json = false;          // one JSON object instead of the table
 };

@@ -34,7 +34,7 @@ struct BenchArgs {
   // End to end only.
   std::string model, cache_dir;
   std::optional<int> layers;
-  int prompt_tokens = 512, decode_tokens = 128;
+  int prompt_tokens = 512, decode_tokens = 128, batch = 4;
   bool tiny = false;
   EngineArgs engine;  // --numa, --mlock-dense (threads come from -t above)
   std::vector<std::string> end_to_end_flags;  // the end-to-end-only options given (to refuse them in other modes)
@@ -140,6 +140,7 @@ int RunEndToEnd(const BenchArgs& args) {
   opts.cache_dir = args.cache_dir;
   opts.prompt_tokens = args.prompt_tokens;
   opts.decode_tokens = args.decode_tokens;
+  opts.batch = args.batch;
   opts.json = args.json;
   return bench::RunModelBench(opts, stdout, stderr);
 #else
@@ -221,6 +222,9 @@ void AddBenchCommand(CLI::App& app, int* rc) {
                       "Layers of the generated model (default: what fits in about a third of RAM)"),
       cmd->add_option("-p,--prompt-tokens", args->prompt_tokens, "Prompt tokens of the prefill (default 512)"),
       cmd->add_option("-n,--decode-tokens", args->decode_tokens, "Tokens to decode (default 128)"),
+      cmd->add_option("--batch", args->batch,
+                      "Sequences decoded together in the batched phase, against one sequence's steps (default 4; "
+                      "1: none)"),
       cmd->add_option("--cache-dir", args->cache_dir,
                       "Folder for the generated model (default $XDG_CACHE_HOME/m3 or ~/.cache/m3)"),
       cmd->add_option("--numa", args->engine.numa, "NUMA placement: off, distribute or split (as for m3 run)")

@@ -1,7 +1,10 @@
 // m3 serve: an OpenAI-compatible HTTP server (cpp-httplib) over one engine and --slots sessions.
-// Requests run one at a time (the engine uses every core). Each goes to the session whose cached
-// tokens share the longest prefix with its prompt (else the least recently used one) and reuses
-// that prefix, so clients that resend growing conversations pay only for their new tokens.
+// One scheduler thread runs the engine (which uses every core): up to --slots requests generate
+// at once, their decode steps batched into one forward pass (continuous batching: each weight is
+// read once per step for all of them); a new request's prompt runs as soon as a slot is free,
+// between two steps. Each goes to the free session whose cached tokens share the longest prefix
+// with its prompt (else an unused one, else the least recently used) and reuses that prefix, so
+// clients that resend growing conversations pay only for their new tokens.
 // Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions
 // (both with "stream": true as server-sent events).
 #include <httplib.h>
@@ -10,11 +13,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <condition_variable>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,32 +46,65 @@ struct ServeArgs {
 
 std::string Dump(const ojson& j) { return j.dump(-1, ' ', false, kReplaceInvalidUtf8); }
 
-// The model, its text layer and the sessions; `mu` serializes the requests that use them.
+// A request between its HTTP thread and the scheduler. The HTTP thread parses and renders it
+// (400s go out before any work), the scheduler generates it and hands the deltas and the end
+// back under `mu`.
+struct Job {
+  bool chat = true;
+  std::string id, path;
+  openai::Request request;
+  TurnOptions turn;
+  std::vector<int32_t> prompt;
+  std::atomic<bool> cancelled{false};  // the client went away: stop at the next step
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<TurnDelta> deltas;  // not yet taken by the HTTP thread
+  bool finished = false;
+  Status status;
+  ParsedOutput output;
+  GenerateStats stats;
+
+  // The scheduler's own.
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<TurnGeneration> generation;
+  size_t slot = 0;
+  size_t largest_batch = 0;  // the most requests one of its decode steps ran with
+};
+
+// The model, its text layer, the sessions and the scheduler thread that runs them.
 struct Server {
   struct Slot {
     std::unique_ptr<Session> session;
     uint64_t last_used = 0;
     size_t prompt_tokens = 0;  // of its last request
+    bool busy = false;         // a request is generating in it
   };
   ServeArgs args;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<ChatText> text;
-  std::vector<Slot> slots;
-  uint64_t clock = 0;  // under mu
-  std::mutex mu;
+  std::vector<Slot> slots;  // the scheduler's alone once it runs
+  uint64_t clock = 0;
   std::atomic<uint64_t> next_id{0};
 
-  // The session for `prompt` (under mu). First a slot whose conversation the prompt continues: it
-  // shares the slot's last prompt but for its last few tokens (the generation prompt, e.g.
-  // "<mm:think>", renders differently once the reply is part of the history); the longest such.
-  // Else an unused slot, else the least recently used. A conversation that shares only the system
-  // prompt and differs in its last user message (>= 6 tokens from the end with this template,
-  // "Hi" included) does not continue it: it would evict that conversation's cache.
-  Session& PickSession(const std::vector<int32_t>& prompt) {
+  std::mutex mu;  // guards queue and stop
+  std::condition_variable wake;
+  std::deque<std::shared_ptr<Job>> queue;
+  bool stop = false;
+  std::thread scheduler;
+
+  // A free slot for `prompt`. First one whose conversation the prompt continues: it shares the
+  // slot's last prompt but for its last few tokens (the generation prompt, e.g. "<mm:think>",
+  // renders differently once the reply is part of the history); the longest such. Else an unused
+  // slot, else the least recently used. A conversation that shares only the system prompt and
+  // differs in its last user message (>= 6 tokens from the end with this template, "Hi"
+  // included) does not continue it: it would evict that conversation's cache.
+  size_t PickSlot(const std::vector<int32_t>& prompt) {
     constexpr size_t kRenderSlack = 3;
     Slot* pick = nullptr;
     size_t pick_shared = 0;
     for (Slot& slot : slots) {
+      if (slot.busy) continue;
       const auto& cached = slot.session->tokens();
       const size_t shared = static_cast<size_t>(
           std::mismatch(cached.begin(), cached.end(), prompt.begin(), prompt.end()).first - cached.begin());
@@ -74,14 +113,15 @@ struct Server {
         pick_shared = shared;
       }
     }
-    auto unused = std::find_if(slots.begin(), slots.end(), [](const Slot& s) { return s.prompt_tokens == 0; });
-    if (!pick && unused != slots.end()) pick = &*unused;
-    if (!pick)
-      pick = &*std::min_element(slots.begin(), slots.end(),
-                                [](const Slot& x, const Slot& y) { return x.last_used < y.last_used; });
+    for (Slot& slot : slots)
+      if (!pick && !slot.busy && slot.prompt_tokens == 0) pick = &slot;
+    if (!pick)  // the scheduler admits a request only while a slot is free
+      for (Slot& slot : slots)
+        if (!slot.busy && (!pick || slot.last_used < pick->last_used)) pick = &slot;
     pick->last_used = ++clock;
     pick->prompt_tokens = prompt.size();
-    return *pick->session;
+    pick->busy = true;
+    return static_cast<size_t>(pick - slots.data());
   }
 
   std::string NewId() {
@@ -91,8 +131,9 @@ struct Server {
     return buf;
   }
 
-  // The turn's prompt ids and options for a parsed request.
-  StatusOr<std::vector<int32_t>> Prepare(const openai::Request& r, const std::string& id, TurnOptions* turn) {
+  // The turn's prompt ids and options for a parsed request (any thread: the text layer is
+  // immutable).
+  StatusOr<std::vector<int32_t>> Prepare(const openai::Request& r, const std::string& id, TurnOptions* turn) const {
     turn->raw = !r.chat;
     turn->generate = GenerateOptions{r.max_tokens, text->stop_ids()};
     turn->tool_call_id_prefix = "call_" + id + "_";
@@ -109,10 +150,124 @@ struct Server {
     return ids;
   }
 
-  void Log(const char* path, int status, const GenerateStats& st) {
-    std::fprintf(stderr, "m3 serve: %s %d | prompt %zu tokens (%zu cached) at %.1f tok/s | %zu generated at %.1f tok/s | %s\n",
+  void Submit(std::shared_ptr<Job> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      queue.push_back(std::move(job));
+    }
+    wake.notify_one();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    wake.notify_one();
+    if (scheduler.joinable()) scheduler.join();
+  }
+
+  // The scheduler: admit queued requests while slots are free (each runs its prompt), then one
+  // decode step for every active request together; repeat.
+  void Schedule() {
+    std::vector<std::shared_ptr<Job>> active;
+    for (;;) {
+      std::vector<std::shared_ptr<Job>> admitted;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        wake.wait(lock, [&] { return stop || !queue.empty() || !active.empty(); });
+        if (stop) break;
+        while (!queue.empty() && active.size() + admitted.size() < slots.size()) {
+          admitted.push_back(std::move(queue.front()));
+          queue.pop_front();
+        }
+      }
+      for (auto& job : admitted)
+        if (Begin(*job)) active.push_back(std::move(job));
+      Step(active);
+    }
+    for (auto& job : active) End(*job, Status(StatusCode::kInternal, "the server is stopping"));
+  }
+
+  // Runs a job's prompt in a free slot; false (and the job ended) on error.
+  bool Begin(Job& job) {
+    try {
+      job.slot = PickSlot(job.prompt);
+      job.sampler = std::make_unique<Sampler>(job.request.sampling);
+      job.generation = std::make_unique<TurnGeneration>(
+          *slots[job.slot].session, text->tokenizer(), job.turn, *job.sampler, [&job](const TurnDelta& d) {
+            {
+              std::lock_guard<std::mutex> lock(job.mu);
+              job.deltas.push_back(d);
+            }
+            job.cv.notify_all();
+            return !job.cancelled.load();  // a closed connection stops generation
+          });
+      if (Status st = job.generation->Start(job.prompt); !st.ok()) {
+        End(job, st);
+        return false;
+      }
+    } catch (const std::exception& e) {
+      End(job, Status(StatusCode::kInternal, Str("request ", job.id, ": ", e.what())));
+      return false;
+    }
+    return true;
+  }
+
+  // One token for every active job: sample, then one batched forward pass for those that go on.
+  void Step(std::vector<std::shared_ptr<Job>>& active) {
+    std::vector<Generation*> going;
+    std::vector<int32_t> ids;
+    std::vector<Job*> going_jobs;
+    std::vector<std::pair<Job*, Status>> ended;
+    for (auto& job : active) {
+      Generation& g = job->generation->generation();
+      if (job->cancelled) g.Cancel();
+      int32_t id;
+      if (g.Next(&id)) {
+        going.push_back(&g);
+        ids.push_back(id);
+        going_jobs.push_back(job.get());
+      } else {
+        ended.emplace_back(job.get(), Status::Ok());
+      }
+    }
+    if (!going.empty()) {
+      for (Job* job : going_jobs) job->largest_batch = std::max(job->largest_batch, going.size());
+      const std::vector<Status> st = DecodeStep(going, ids);
+      for (size_t i = 0; i < going.size(); ++i)
+        if (!st[i].ok()) ended.emplace_back(going_jobs[i], st[i]);
+    }
+    for (auto& [job, st] : ended) End(*job, st);
+    std::erase_if(active, [](const std::shared_ptr<Job>& j) { return j->finished; });
+  }
+
+  // Ends a job: frees its slot, finishes its turn (the held text goes out as deltas) and wakes
+  // its HTTP thread.
+  void End(Job& job, const Status& status) {
+    ParsedOutput out;
+    GenerateStats st;
+    if (job.generation) {
+      out = job.generation->Finish(&st);
+      slots[job.slot].busy = false;
+    }
+    Log(job.path.c_str(), status.ok() ? 200 : openai::HttpStatus(status), st, job.largest_batch);
+    {
+      std::lock_guard<std::mutex> lock(job.mu);
+      job.status = status;
+      job.output = std::move(out);
+      job.stats = st;
+      job.finished = true;
+    }
+    job.cv.notify_all();
+  }
+
+  void Log(const char* path, int status, const GenerateStats& st, size_t largest_batch) {
+    std::fprintf(stderr,
+                 "m3 serve: %s %d | prompt %zu tokens (%zu cached) at %.1f tok/s | %zu generated at %.1f tok/s, in "
+                 "batches of up to %zu | %s\n",
                  path, status, st.prompt_tokens, st.reused_tokens, st.prefill_tok_s(), st.generated_tokens,
-                 st.decode_tok_s(), st.stop_reason.c_str());
+                 st.decode_tok_s(), largest_batch, st.stop_reason.c_str());
   }
 };
 
@@ -129,72 +284,72 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   auto parsed = chat ? openai::ParseChatRequest(body, server->args.defaults)
                      : openai::ParseCompletionRequest(body, server->args.defaults);
   if (!parsed.ok()) return SendError(res, 400, parsed.status().message());
-  const auto r = std::make_shared<openai::Request>(std::move(parsed).value());
-  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + server->NewId();
+  auto job = std::make_shared<Job>();
+  job->chat = chat;
+  job->request = std::move(parsed).value();
+  job->id = (chat ? "chatcmpl-" : "cmpl-") + server->NewId();
+  job->path = chat ? "/v1/chat/completions" : "/v1/completions";
+  auto prompt = server->Prepare(job->request, job->id, &job->turn);
+  if (!prompt.ok()) return SendError(res, openai::HttpStatus(prompt.status()), prompt.status().message());
+  job->prompt = std::move(prompt).value();
   const int64_t created = std::time(nullptr);
-  const std::string& model = server->args.name;
-  const char* path = chat ? "/v1/chat/completions" : "/v1/completions";
+  server->Submit(job);
 
-  if (!r->stream) {
-    std::lock_guard<std::mutex> lock(server->mu);
-    TurnOptions turn;
-    auto prompt = server->Prepare(*r, id, &turn);
-    if (!prompt.ok()) return SendError(res, openai::HttpStatus(prompt.status()), prompt.status().message());
-    Sampler sampler(r->sampling);
-    GenerateStats st;
-    auto out = GenerateTurn(server->PickSession(*prompt), server->text->tokenizer(), *prompt, turn, sampler,
-                            [](const TurnDelta&) { return true; }, &st);
-    if (!out.ok()) return SendError(res, openai::HttpStatus(out.status()), out.status().message());
-    server->Log(path, 200, st);
-    res.set_content(Dump(chat ? openai::ChatResponse(id, created, model, *out, st)
-                              : openai::CompletionResponse(id, created, model, out->content, st)),
+  if (!job->request.stream) {
+    std::unique_lock<std::mutex> lock(job->mu);
+    job->cv.wait(lock, [&] { return job->finished; });
+    if (!job->status.ok()) return SendError(res, openai::HttpStatus(job->status), job->status.message());
+    const std::string& model = server->args.name;
+    res.set_content(Dump(chat ? openai::ChatResponse(job->id, created, model, job->output, job->stats)
+                              : openai::CompletionResponse(job->id, created, model, job->output.content, job->stats)),
                     "application/json");
     return;
   }
 
-  // Streamed: checked and rendered before the 200 goes out, so that a bad request is still a 400.
-  auto turn = std::make_shared<TurnOptions>();
-  auto lock = std::make_shared<std::unique_lock<std::mutex>>(server->mu);
-  auto prompt = server->Prepare(*r, id, turn.get());
-  if (!prompt.ok()) return SendError(res, openai::HttpStatus(prompt.status()), prompt.status().message());
-  auto ids = std::make_shared<std::vector<int32_t>>(std::move(prompt).value());
-  Session* session = &server->PickSession(*ids);
+  // Streamed: the deltas as server-sent events while the scheduler makes them.
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [server, session, r, turn, lock, ids, id, created, chat, path](size_t, httplib::DataSink& sink) {
-        const std::string& model = server->args.name;
-        auto send = [&](const ojson& j) {
-          const std::string event = "data: " + Dump(j) + "\n\n";
-          return sink.write(event.data(), event.size());
-        };
-        size_t tool_index = 0;
-        bool client_gone = false;
-        if (chat) client_gone = !send(openai::ChatChunk(id, created, model, {{"role", "assistant"}, {"content", ""}}));
-        Sampler sampler(r->sampling);
-        GenerateStats st;
-        auto on_delta = [&](const TurnDelta& d) {
-          if (client_gone) return false;
-          client_gone = !(chat ? send(openai::ChatChunk(id, created, model, openai::ChatDelta(d, &tool_index)))
-                               : send(openai::CompletionChunk(id, created, model, d.content)));
-          return !client_gone;  // a closed connection stops generation
-        };
-        auto out = GenerateTurn(*session, server->text->tokenizer(), *ids, *turn, sampler, on_delta, &st);
-        if (!out.ok()) {
-          send(openai::ErrorBody(out.status().message(), openai::HttpStatus(out.status())));
-        } else if (!client_gone) {
-          const std::string reason = openai::FinishReason(st, *out);
-          send(chat ? openai::ChatChunk(id, created, model, ojson::object(), reason)
-                    : openai::CompletionChunk(id, created, model, "", reason));
-          if (r->include_usage) send(openai::UsageChunk(id, created, model, chat, st));
-        }
-        server->Log(path, out.ok() ? 200 : openai::HttpStatus(out.status()), st);
-        lock->unlock();
-        static const char kDone[] = "data: [DONE]\n\n";
-        sink.write(kDone, sizeof(kDone) - 1);
-        sink.done();
-        return true;
-      });
+  res.set_chunked_content_provider("text/event-stream", [server, job, created](size_t, httplib::DataSink& sink) {
+    const std::string& model = server->args.name;
+    const std::string& id = job->id;
+    const bool chat = job->chat;
+    auto send = [&](const ojson& j) {
+      const std::string event = "data: " + Dump(j) + "\n\n";
+      return sink.write(event.data(), event.size());
+    };
+    size_t tool_index = 0;
+    bool client_gone = chat && !send(openai::ChatChunk(id, created, model, {{"role", "assistant"}, {"content", ""}}));
+    bool finished = false;
+    while (!finished && !client_gone) {
+      std::vector<TurnDelta> deltas;
+      {
+        std::unique_lock<std::mutex> lock(job->mu);
+        job->cv.wait(lock, [&] { return job->finished || !job->deltas.empty(); });
+        deltas.swap(job->deltas);
+        finished = job->finished;
+      }
+      for (const TurnDelta& d : deltas) {
+        client_gone = !(chat ? send(openai::ChatChunk(id, created, model, openai::ChatDelta(d, &tool_index)))
+                             : send(openai::CompletionChunk(id, created, model, d.content)));
+        if (client_gone) break;
+      }
+    }
+    if (client_gone) {
+      job->cancelled = true;  // the scheduler stops it at its next step
+      return false;
+    }
+    if (!job->status.ok()) {
+      send(openai::ErrorBody(job->status.message(), openai::HttpStatus(job->status)));
+    } else {
+      const std::string reason = openai::FinishReason(job->stats, job->output);
+      send(chat ? openai::ChatChunk(id, created, model, ojson::object(), reason)
+                : openai::CompletionChunk(id, created, model, "", reason));
+      if (job->request.include_usage) send(openai::UsageChunk(id, created, model, chat, job->stats));
+    }
+    static const char kDone[] = "data: [DONE]\n\n";
+    sink.write(kDone, sizeof(kDone) - 1);
+    sink.done();
+    return true;
+  });
 }
 
 int Serve(const ServeArgs& a) {
@@ -223,14 +378,19 @@ int Serve(const ServeArgs& a) {
   server->engine = std::move(engine).value();
   // Caches grow as contexts do: an idle slot costs only what its conversation holds.
   for (int i = 0; i < a.slots; ++i)
-    server->slots.push_back({std::make_unique<Session>(*server->engine, session_options), 0, 0});
+    server->slots.push_back({std::make_unique<Session>(*server->engine, session_options), 0, 0, false});
   const size_t max_context = server->slots.front().session->max_context();
   if (server->args.name.empty())
     server->args.name = std::filesystem::path(a.model).lexically_normal().filename().string();
   if (server->args.name.empty()) server->args.name = "m3";
 
+  server->scheduler = std::thread([server] { server->Schedule(); });
+
   httplib::Server http;
   http.set_payload_max_length(64 << 20);
+  // A thread per request in flight (each streams or waits for its reply), plus a few for the rest.
+  const size_t http_threads = static_cast<size_t>(a.slots) + 8;
+  http.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
@@ -269,13 +429,18 @@ int Serve(const ServeArgs& a) {
   });
 
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : (http.bind_to_port(a.host, a.port) ? a.port : -1);
-  if (port < 0) return fail(IoError("cannot listen on ", a.host, ":", a.port));
+  if (port < 0) {
+    server->Stop();
+    return fail(IoError("cannot listen on ", a.host, ":", a.port));
+  }
   // The one line a script waits for (stdout, flushed): where the server is.
   std::printf("m3 serve: %s on http://%s:%d (model \"%s\", context %zu tokens, %d slots)\n",
               server->engine->simd_target().c_str(), a.host.c_str(), port, server->args.name.c_str(), max_context,
               a.slots);
   std::fflush(stdout);
-  if (!http.listen_after_bind()) return fail(IoError("the server on ", a.host, ":", port, " stopped"));
+  const bool listened = http.listen_after_bind();
+  server->Stop();
+  if (!listened) return fail(IoError("the server on ", a.host, ":", port, " stopped"));
   return 0;
 }
 
@@ -293,8 +458,9 @@ void AddServeCommand(CLI::App& app, int* rc) {
   AddEngineOptions(cmd, &a->engine_args);
   cmd->add_option("-c,--context", a->context, "context limit in tokens (0 = the model's)")->default_val(0);
   cmd->add_option("--slots", a->slots,
-                  "sessions kept, each with the cache of one conversation: a request goes to the one sharing the "
-                  "longest prefix with it (each holds the memory of its context)")
+                  "sessions kept, each with the cache of one conversation, and the most requests generating at once "
+                  "(their decode steps batched); a request goes to the free one sharing the longest prefix with it "
+                  "(each holds the memory of its context)")
       ->default_val(1);
   cmd->add_option("-n,--max-tokens", a->defaults.max_tokens, "tokens per reply when a request gives no max_tokens")
       ->default_val(512);

@@ -3,7 +3,9 @@
 models; a chat completion streamed and not streamed gives the same text and usage; a plain
 completion, cut by a stop string; two conversations taking turns keep their caches in two slots; the cached prefix of the previous request is reused; bad requests get OpenAI-style
 errors with a message; a context overflow is a 400; a client that leaves a stream stops it; two
-concurrent requests both complete; a folder without a chat template serves completions only. No timing assertions.
+concurrent requests both complete; a folder without a chat template serves completions only;
+requests that generate at the same time are decoded in one batch and give the same greedy text as
+each alone. No timing assertions.
 Usage: serve_check.py M3_BINARY REAL_VOCAB_MODEL_DIR"""
 import http.client
 import json
@@ -200,6 +202,54 @@ finally:
         os.unlink(os.path.join(bare, f))
     os.rmdir(bare)
 check("no chat template" in err2, f"a note at start that chat is refused: {err2}")
+
+
+def start_server(slots):
+    proc = subprocess.Popen([m3, "serve", "-m", model, "--port", "0", "-t", "2", "-c", "400", "--slots", str(slots)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    return proc, int(line.split("http://127.0.0.1:")[1].split()[0])
+
+
+# Batching: a long streamed reply (A) and, once it is under way, a short one (B) on a fresh server
+# run their decode steps together; each equals its reply on another fresh server, alone.
+long_req = {"messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
+            "max_tokens": 120, "temperature": 0}
+short_req = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 12, "temperature": 0}
+server3, port = start_server(2)
+try:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(long_req, stream=True)),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    first = resp.readline()  # the role chunk; A is generating
+    check(first.startswith(b"data: "), f"batched: A's stream starts: {first!r}")
+    status, _, text = request("POST", "/v1/chat/completions", short_req)
+    check(status == 200, f"batched: B {status} {text}")
+    b_batched = json.loads(text)["choices"][0]["message"]
+    rest = (first + resp.read()).decode()
+    conn.close()
+    ev = [e for e in events(rest) if isinstance(e, dict)]
+    a_batched = ("".join(e["choices"][0]["delta"].get("reasoning_content", "") for e in ev),
+                 "".join(e["choices"][0]["delta"].get("content", "") for e in ev))
+finally:
+    server3.terminate()
+    _, err3 = server3.communicate(timeout=30)
+server4, port = start_server(2)
+try:
+    status, _, text = request("POST", "/v1/chat/completions", long_req)
+    a_alone = json.loads(text)["choices"][0]["message"]
+    status, _, text = request("POST", "/v1/chat/completions", short_req)
+    b_alone = json.loads(text)["choices"][0]["message"]
+finally:
+    server4.terminate()
+    server4.communicate(timeout=30)
+check(a_batched == (a_alone.get("reasoning_content", ""), a_alone["content"] or ""),
+      f"batched A == A alone: {a_batched!r} vs {a_alone!r}")
+check(b_batched == b_alone, f"batched B == B alone: {b_batched!r} vs {b_alone!r}")
+log3 = [l for l in err3.splitlines() if l.startswith("m3 serve: /v1/")]
+check(len(log3) == 2 and all("in batches of up to 2" in l for l in log3),
+      "A and B decoded in one batch: " + "\n".join(log3))
 
 log = [l for l in err.splitlines() if l.startswith("m3 serve: /v1/")]
 check(any("| caller" in l for l in log), "the hung-up stream was stopped (stop reason caller): " + "\n".join(log[-4:]))

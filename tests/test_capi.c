@@ -147,6 +147,43 @@ static int CheckChat(const char* model_dir) {
   return 0;
 }
 
+/* m3_decode_batch: two sessions in one step give the logits of each alone; a bad batch changes
+ * no session. */
+static int CheckDecodeBatch(m3_engine* engine, int32_t vocab) {
+  const int32_t prompt_a[] = {110, 454, 294, 36, 7}, prompt_b[] = {5, 17, 401};
+  m3_session *a = NULL, *b = NULL, *alone_a = NULL, *alone_b = NULL;
+  EXPECT(m3_session_new(engine, &a) == M3_OK && m3_session_new(engine, &b) == M3_OK);
+  EXPECT(m3_session_new(engine, &alone_a) == M3_OK && m3_session_new(engine, &alone_b) == M3_OK);
+  EXPECT(m3_session_eval(a, prompt_a, 5, NULL) == M3_OK && m3_session_eval(alone_a, prompt_a, 5, NULL) == M3_OK);
+  EXPECT(m3_session_eval(b, prompt_b, 3, NULL) == M3_OK && m3_session_eval(alone_b, prompt_b, 3, NULL) == M3_OK);
+  float* batch = malloc(sizeof(float) * 2 * (size_t)vocab);
+  float* one = malloc(sizeof(float) * (size_t)vocab);
+  m3_session* both[] = {a, b};
+  const int32_t next[] = {42, 9};
+  EXPECT(m3_decode_batch(both, next, 2, batch) == M3_OK);
+  EXPECT(m3_session_position(a) == 6 && m3_session_position(b) == 4);
+  EXPECT(m3_session_eval(alone_a, &next[0], 1, one) == M3_OK);
+  for (int32_t v = 0; v < vocab; ++v) EXPECT(fabsf(batch[v] - one[v]) <= 1e-5f * (1.0f + fabsf(one[v])));
+  EXPECT(m3_session_eval(alone_b, &next[1], 1, one) == M3_OK);
+  for (int32_t v = 0; v < vocab; ++v) EXPECT(fabsf(batch[vocab + v] - one[v]) <= 1e-5f * (1.0f + fabsf(one[v])));
+  m3_session* twice[] = {a, a};
+  EXPECT(m3_decode_batch(twice, next, 2, batch) == M3_ERR_INVALID_ARGUMENT);
+  const int32_t bad[] = {3, -1};
+  EXPECT(m3_decode_batch(both, bad, 2, batch) == M3_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(m3_last_error(), "session 1") != NULL);
+  EXPECT(m3_decode_batch(both, next, 0, batch) == M3_ERR_INVALID_ARGUMENT);
+  EXPECT(m3_session_position(a) == 6 && m3_session_position(b) == 4);
+  EXPECT(m3_decode_batch(both, next, 2, NULL) == M3_OK);
+  EXPECT(m3_session_position(a) == 7 && m3_session_position(b) == 5);
+  free(batch);
+  free(one);
+  m3_session_free(a);
+  m3_session_free(b);
+  m3_session_free(alone_a);
+  m3_session_free(alone_b);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   EXPECT(argc == 4);
   m3_engine* engine = NULL;
@@ -222,6 +259,7 @@ int main(int argc, char** argv) {
   m3_engine_free(small);
 
   EXPECT(CheckGenerate(engine, vocab) == 0);
+  EXPECT(CheckDecodeBatch(engine, vocab) == 0);
 
   free(logits);
   m3_session_free(session);

@@ -195,6 +195,31 @@ TEST_CASE("m3_session_generate at temperature 0 gives each golden case's greedy 
   }
 }
 
+TEST_CASE("Session::DecodeBatch decodes the golden greedy ids of two sequences at once", "[capi]") {
+  const auto cs = m3::test::ReadPythonJson(m3::test::GoldenDir("s2_bf16_sharded_init1") + "/case.json");
+  const auto prompt = cs["prompt_ids"].get<std::vector<int32_t>>();
+  const auto greedy = cs["greedy_ids"].get<std::vector<int32_t>>();
+  m3api::Engine engine(m3::test::GoldenDir("s2_bf16_sharded_init1"), 2);
+  const size_t vocab = static_cast<size_t>(engine.vocab_size());
+  // The golden prompt, and another one (its second half) whose greedy ids come from a lone session.
+  const std::vector<int32_t> other(prompt.begin() + static_cast<std::ptrdiff_t>(prompt.size() / 2), prompt.end());
+  m3api::Session a(engine), b(engine), alone(engine);
+  auto argmax = [&](const float* x) { return static_cast<int32_t>(std::max_element(x, x + vocab) - x); };
+  std::vector<int32_t> next = {argmax(a.Eval(prompt).data()), argmax(b.Eval(other).data())};
+  int32_t alone_next = argmax(alone.Eval(other).data());
+  std::vector<int32_t> got_a = {next[0]};
+  for (size_t k = 1; k < greedy.size(); ++k) {
+    const std::vector<float> logits = m3api::Session::DecodeBatch({&a, &b}, next);
+    REQUIRE(logits.size() == 2 * vocab);
+    CHECK(next[1] == alone_next);
+    alone_next = argmax(alone.Eval({alone_next}).data());
+    next = {argmax(logits.data()), argmax(logits.data() + vocab)};
+    got_a.push_back(next[0]);
+  }
+  CHECK(got_a == greedy);
+  CHECK_THROWS_AS(m3api::Session::DecodeBatch({&a, &a}, {1, 2}), m3api::Error);
+}
+
 TEST_CASE("m3_session_generate: stats, stop ids, the callback stopping, and bad options", "[capi]") {
   const auto cs = m3::test::ReadPythonJson(m3::test::GoldenDir("s1_fp32_basic") + "/case.json");
   const auto prompt = cs["prompt_ids"].get<std::vector<int32_t>>();

@@ -249,6 +249,22 @@ m3_status m3_session_eval(m3_session* session, const int32_t* ids, size_t n, flo
   }
 }
 
+m3_status m3_decode_batch(m3_session* const* sessions, const int32_t* ids, size_t n, float* logits) {
+  if (!sessions || !ids || n == 0)
+    return Fail(M3_ERR_INVALID_ARGUMENT, "m3_decode_batch: sessions and ids of at least one session are required");
+  return Guard([&] {
+    std::vector<m3::Session*> batch;
+    for (size_t i = 0; i < n; ++i) {
+      if (!sessions[i]) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_decode_batch: a session is NULL");
+      batch.push_back(sessions[i]->session.get());
+    }
+    std::vector<float> out;
+    m3::Status s = m3::Session::DecodeBatch(batch, {ids, n}, &out);
+    if (s.ok() && logits) std::copy(out.begin(), out.end(), logits);
+    return Report(s);
+  });
+}
+
 size_t m3_session_position(const m3_session* session) { return session ? session->session->position() : 0; }
 
 m3_status m3_session_rewind(m3_session* session, size_t position) {

@@ -192,7 +192,6 @@ Status Model::ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segm
   const ModelConfig& c = config_;
   const size_t H = c.hidden_size;
   if (segments.empty()) return InvalidArgument("a forward pass needs at least one sequence");
-  if (observer && segments.size() > 1) return InvalidArgument("a forward observer takes one sequence at a time");
   // Every row's position and token, in segment order.
   std::vector<int64_t> positions;
   std::vector<int32_t> ids;

@@ -75,8 +75,9 @@ class Model {
   // lm_head) takes all segments' rows at once, so a decode step of B sequences reads each weight
   // once instead of B times. Logits: kLastRow gives [segments, vocab], one row per segment (its
   // last token); kAllRows [all tokens, vocab] in segment order. Each segment's result equals its
-  // own Forward up to the float rounding of matmuls over more rows. The caches must be distinct;
-  // an observer needs a single segment.
+  // own Forward up to the float rounding of matmuls over more rows. The caches must be distinct.
+  // An observer sees each segment's block selections at its own positions, and the routing of
+  // all rows of the pass at once (pos0 then is the first row's).
   struct Segment {
     const int32_t* ids;
     size_t n;

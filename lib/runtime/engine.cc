@@ -138,7 +138,7 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
 }
 
 Status Session::DecodeBatch(std::span<Session* const> sessions, std::span<const int32_t> ids,
-                            std::vector<float>* logits) {
+                            std::vector<float>* logits, ForwardObserver* observer) {
   if (sessions.empty()) return InvalidArgument("no sessions to decode");
   if (ids.size() != sessions.size())
     return InvalidArgument(sessions.size(), " sessions but ", ids.size(), " token ids: one each");
@@ -158,7 +158,8 @@ Status Session::DecodeBatch(std::span<Session* const> sessions, std::span<const 
   };
   try {
     logits->resize(sessions.size() * static_cast<size_t>(engine.model().config().vocab_size));
-    const Status st = engine.model().ForwardBatch(engine.threads(), segments, LogitsMode::kLastRow, logits->data());
+    const Status st = engine.model().ForwardBatch(engine.threads(), segments, LogitsMode::kLastRow, logits->data(),
+                                                  observer);
     if (!st.ok()) {
       undo();
       return st;

@@ -63,7 +63,7 @@ class Session {
   // Logits are [sessions, vocab]. Each session is checked as Eval checks it; on error nothing is
   // appended to any of them.
   static Status DecodeBatch(std::span<Session* const> sessions, std::span<const int32_t> ids,
-                            std::vector<float>* logits);
+                            std::vector<float>* logits, ForwardObserver* observer = nullptr);
   // Whether the caches of a context of `tokens` positions fit in memory: OutOfMemory, with what
   // they need, what can be had and what to change, when they need more than the memory budget
   // or, without one, than the memory this process can still get (lib/platform/memory.h) plus

@@ -57,6 +57,12 @@ bool Generation::Next(int32_t* next) {
   return true;
 }
 
+void Generation::Cancel() {
+  if (done_) return;
+  done_ = true;
+  stats_.stop_reason = "caller";
+}
+
 const GenerateStats& Generation::stats() {
   if (done_ && !timed_) {
     stats_.decode_seconds = std::chrono::duration<double>(Clock::now() - decode_start_).count();

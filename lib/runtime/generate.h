@@ -45,6 +45,9 @@ class Generation {
   // Samples the next token and passes it on; true with *next set when it is to be evaluated,
   // false when the generation has ended (stats().stop_reason says why).
   bool Next(int32_t* next);
+  // Ends the generation now, as on_token returning false would (stop reason "caller").
+  void Cancel();
+  bool done() const { return done_; }
   std::vector<float>& logits() { return logits_; }
   Session& session() { return session_; }
   // Timing ends at the first call after the end.

@@ -73,6 +73,13 @@ void m3_session_free(m3_session* session);
  * M3_ERR_CORRUPT, naming the layer, block and position, when a NaN or inf shows in the hidden
  * state or the logits (damaged weights); on any error the session is as it was. */
 m3_status m3_session_eval(m3_session* session, const int32_t* ids, size_t n, float* logits);
+/* One decode step of n sessions of one engine in a single forward pass (continuous batching: each
+ * weight is read once for all of them): ids[i] is appended to sessions[i], and if logits != NULL
+ * its logits go to logits[i * vocab_size ...]. Each session's logits equal its own
+ * m3_session_eval's up to float rounding. The sessions must be distinct; each is checked as
+ * m3_session_eval checks it (the message names the session's index), and on any error none of them
+ * changes. */
+m3_status m3_decode_batch(m3_session* const* sessions, const int32_t* ids, size_t n, float* logits);
 size_t m3_session_position(const m3_session* session);
 /* Forgets every position >= position. */
 m3_status m3_session_rewind(m3_session* session, size_t position);

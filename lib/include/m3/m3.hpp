@@ -119,6 +119,16 @@ class Session {
     return logits;
   }
   m3_session* get() const { return session_.get(); }
+  // One decode step of several sessions in one forward pass (m3_decode_batch): ids[i] follows
+  // sessions[i]. Returns the logits, [sessions.size() * vocab_size].
+  static std::vector<float> DecodeBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& ids) {
+    std::vector<m3_session*> raw;
+    for (Session* s : sessions) raw.push_back(s->get());
+    std::vector<float> logits(sessions.empty() ? 0 : sessions.size() * static_cast<size_t>(sessions[0]->vocab_));
+    if (ids.size() != sessions.size()) throw Error(M3_ERR_INVALID_ARGUMENT, "DecodeBatch: one id per session");
+    Check(m3_decode_batch(raw.data(), ids.data(), raw.size(), logits.data()));
+    return logits;
+  }
   size_t position() const { return m3_session_position(session_.get()); }
   void Rewind(size_t position) { Check(m3_session_rewind(session_.get(), position)); }
 
