@@ -133,28 +133,11 @@ Footprint MeasureFootprint(const Model& model) {
   return f;
 }
 
-// Sums the bytes of the routed experts each token chose (decode: one token per call).
+// Sums the bytes of the distinct routed experts each layer's tokens chose: what a decode step
+// reads of them (a batched one reads each chosen expert once for all its tokens).
 class RoutedExpertBytes : public ForwardObserver {
  public:
   explicit RoutedExpertBytes(const std::vector<std::vector<uint64_t>>& bytes) : bytes_(bytes) {}
-  void OnRouting(int layer, int64_t, size_t n, int top_k, const int32_t* ids) override {
-    if (layer < 0 || static_cast<size_t>(layer) >= bytes_.size()) return;
-    const auto& sizes = bytes_[static_cast<size_t>(layer)];
-    for (size_t i = 0; i < n * static_cast<size_t>(top_k); ++i)
-      if (ids[i] >= 0 && static_cast<size_t>(ids[i]) < sizes.size()) total_ += sizes[static_cast<size_t>(ids[i])];
-  }
-  uint64_t Take() { return std::exchange(total_, 0); }
-
- private:
-  const std::vector<std::vector<uint64_t>>& bytes_;
-  uint64_t total_ = 0;
-};
-
-// Sums the bytes of the distinct routed experts each layer's tokens chose: what a batched step,
-// which reads each chosen expert once for all its tokens, reads.
-class RoutedExpertUnionBytes : public ForwardObserver {
- public:
-  explicit RoutedExpertUnionBytes(const std::vector<std::vector<uint64_t>>& bytes) : bytes_(bytes) {}
   void OnRouting(int layer, int64_t, size_t n, int top_k, const int32_t* ids) override {
     if (layer < 0 || static_cast<size_t>(layer) >= bytes_.size()) return;
     const auto& sizes = bytes_[static_cast<size_t>(layer)];
@@ -539,7 +522,7 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
     Session& lone = *sessions.back();
     std::vector<Session*> batch;
     for (int i = 0; i < o.batch; ++i) batch.push_back(sessions[static_cast<size_t>(i)].get());
-    RoutedExpertUnionBytes union_bytes(fp.expert_bytes);
+    RoutedExpertBytes union_bytes(fp.expert_bytes);
     std::vector<double> batch_s, single_s, batch_bytes;
     std::vector<float> batch_logits;
     for (int k = 0; k < r.batch_steps; ++k) {

@@ -97,6 +97,27 @@ Status Session::CheckAppend(std::span<const int32_t> ids) const {
   return CheckContextFits(position() + ids.size());
 }
 
+namespace {
+
+// Runs `work` (returning Status); when it fails or throws, `undo` first puts the sessions back as
+// they were. Out of memory is an error "out of memory <what>", never an exception to the caller.
+template <class Work, class Undo>
+Status Undoable(const std::string& what, Work&& work, Undo&& undo) {
+  try {
+    Status st = work();
+    if (!st.ok()) undo();
+    return st;
+  } catch (const std::bad_alloc&) {
+    undo();
+    return Status(StatusCode::kOutOfMemory, "out of memory " + what);
+  } catch (...) {
+    undo();
+    throw;
+  }
+}
+
+}  // namespace
+
 Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<float>* logits,
                      ForwardObserver* observer) {
   const ModelConfig& c = engine_.model().config();
@@ -105,34 +126,27 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
   const size_t vocab = static_cast<size_t>(c.vocab_size);
   const size_t rows = mode == LogitsMode::kAllRows ? ids.size() : (mode == LogitsMode::kLastRow ? 1 : 0);
   const size_t before = position();
-  const auto undo = [&] {  // a failed call leaves the session as it was
-    cache_.Truncate(before);
-    tokens_.resize(before);
-  };
-  try {
-    if (logits) logits->resize(rows * vocab);
-    cache_.Reserve(before + ids.size());  // the whole context before any work
-    // Chunks of the prompt in order: each appends its positions to the cache, which the next
-    // attends to, so the result is the one of a single pass up to float rounding.
-    for (size_t i = 0; i < ids.size(); i += prefill_chunk_) {
-      const size_t n = std::min(prefill_chunk_, ids.size() - i);
-      const bool last = i + n == ids.size();
-      const LogitsMode chunk_mode = mode == LogitsMode::kAllRows || last ? mode : LogitsMode::kNone;
-      float* out = mode == LogitsMode::kAllRows ? logits->data() + i * vocab : logits ? logits->data() : nullptr;
-      const Status st = engine_.model().Forward(engine_.threads(), ids.data() + i, n, &cache_, chunk_mode, out,
-                                                observer);
-      if (!st.ok()) {
-        undo();
-        return st;
-      }
-    }
-  } catch (const std::bad_alloc&) {
-    undo();
-    return Status(StatusCode::kOutOfMemory, Str("out of memory evaluating ", ids.size(), " tokens at position ", before));
-  } catch (...) {
-    undo();
-    throw;
-  }
+  M3_RETURN_IF_ERROR(Undoable(
+      Str("evaluating ", ids.size(), " tokens at position ", before),
+      [&] {
+        if (logits) logits->resize(rows * vocab);
+        cache_.Reserve(before + ids.size());  // the whole context before any work
+        // Chunks of the prompt in order: each appends its positions to the cache, which the next
+        // attends to, so the result is the one of a single pass up to float rounding.
+        for (size_t i = 0; i < ids.size(); i += prefill_chunk_) {
+          const size_t n = std::min(prefill_chunk_, ids.size() - i);
+          const bool last = i + n == ids.size();
+          const LogitsMode chunk_mode = mode == LogitsMode::kAllRows || last ? mode : LogitsMode::kNone;
+          float* out = mode == LogitsMode::kAllRows ? logits->data() + i * vocab : logits ? logits->data() : nullptr;
+          M3_RETURN_IF_ERROR(
+              engine_.model().Forward(engine_.threads(), ids.data() + i, n, &cache_, chunk_mode, out, observer));
+        }
+        return Status::Ok();
+      },
+      [&] {  // a failed call leaves the session as it was
+        cache_.Truncate(before);
+        tokens_.resize(before);
+      }));
   tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   return Status::Ok();
 }
@@ -153,24 +167,17 @@ Status Session::DecodeBatch(std::span<Session* const> sessions, std::span<const 
       return Status(st.code(), Str("session ", i, ": ", st.message()));
     segments.push_back({&ids[i], 1, &s.cache_});
   }
-  const auto undo = [&] {
-    for (Session* s : sessions) s->cache_.Truncate(s->tokens_.size());
-  };
-  try {
-    logits->resize(sessions.size() * static_cast<size_t>(engine.model().config().vocab_size));
-    const Status st = engine.model().ForwardBatch(engine.threads(), segments, LogitsMode::kLastRow, logits->data(),
-                                                  observer);
-    if (!st.ok()) {
-      undo();
-      return st;
-    }
-  } catch (const std::bad_alloc&) {
-    undo();
-    return Status(StatusCode::kOutOfMemory, Str("out of memory decoding ", sessions.size(), " sessions"));
-  } catch (...) {
-    undo();
-    throw;
-  }
+  M3_RETURN_IF_ERROR(Undoable(
+      Str("decoding ", sessions.size(), " sessions"),
+      [&] {
+        if (logits) logits->resize(sessions.size() * static_cast<size_t>(engine.model().config().vocab_size));
+        return engine.model().ForwardBatch(engine.threads(), segments,
+                                           logits ? LogitsMode::kLastRow : LogitsMode::kNone,
+                                           logits ? logits->data() : nullptr, observer);
+      },
+      [&] {
+        for (Session* s : sessions) s->cache_.Truncate(s->tokens_.size());
+      }));
   for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->tokens_.push_back(ids[i]);
   return Status::Ok();
 }

@@ -60,8 +60,8 @@ class Session {
               ForwardObserver* observer = nullptr);
   // One decode step of several sessions of one engine in a single forward pass (continuous
   // batching: each weight is read once for all of them): ids[i] runs after sessions[i]'s tokens.
-  // Logits are [sessions, vocab]. Each session is checked as Eval checks it; on error nothing is
-  // appended to any of them.
+  // Logits are [sessions, vocab] (none when `logits` is null). Each session is checked as Eval
+  // checks it; on error nothing is appended to any of them.
   static Status DecodeBatch(std::span<Session* const> sessions, std::span<const int32_t> ids,
                             std::vector<float>* logits, ForwardObserver* observer = nullptr);
   // Whether the caches of a context of `tokens` positions fit in memory: OutOfMemory, with what
