@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Smoke test of the end-to-end `m3 bench` on the tiny generated model: `--tiny --json -p 16 -n 4`
 twice in a fresh cache folder (the second run must reuse the cached model, not regenerate it), one
-JSON object with every report field, finite values, positive where they must be, ratios equal to
-value / limit. Bad input fails with a message: a missing model folder, -p 0, --layers 0, a damaged
+JSON object with every report field (the batched decode's included), finite values, positive where
+they must be, ratios equal to value / limit. Bad input fails with a message: a missing model folder, -p 0, --layers 0, a damaged
 cached model is regenerated. No timing assertions.
 Usage: bench_model_check.py M3_BINARY"""
 import json
@@ -27,7 +27,8 @@ def run(args, timeout=300):
 
 POSITIVE = ["prefill_tok_s", "decode_tok_s", "decode_tok_s_mean", "ttft_s", "bytes_per_token", "decode_gbps",
             "read_gbps", "decode_bw_ratio", "prefill_gops", "int8_peak_gops", "prefill_peak_ratio", "peak_rss_bytes",
-            "threads", "layers", "projected_full_model_tok_s", "active_params", "weight_bytes", "t_layer_s"]
+            "threads", "layers", "projected_full_model_tok_s", "active_params", "weight_bytes", "t_layer_s",
+            "batch_tok_s", "batch_single_tok_s", "batch_speedup", "batch_bytes_per_step", "batch_gbps"]
 NON_NEGATIVE = ["disk_read_mbps", "disk_read_bytes", "t_rest_s", "load_s", "routed_expert_bytes_per_token",
                 "read_gbps_paired", "decode_bw_ratio_paired", "read_gbps_best", "decode_bw_ratio_best",
                 "decode_pair_ratio_median", "fast_regime_steps", "fast_regime_ratio"]
@@ -55,10 +56,17 @@ def check_report(p, label):
     check(r.get("prompt_tokens") == 16 and r.get("decode_tokens") == 4, f"{label}: token counts {r.get('prompt_tokens')}, {r.get('decode_tokens')}")
     check(r.get("layers") == 2, f"{label}: layers {r.get('layers')}")
     check(r.get("logits_finite") is True, f"{label}: logits not finite")
+    check(r.get("batch") == 4 and r.get("batch_steps") == 4, f"{label}: batched phase {r.get('batch')} x {r.get('batch_steps')}")
+    if all(isinstance(r.get(k), (int, float)) for k in ("batch_bytes_per_step", "bytes_per_token")):
+        # Four sequences read the weights once, the experts as a union: at least one token's bytes
+        # (the fixed ones), at most four tokens'.
+        check(r["batch_bytes_per_step"] <= 4 * r["bytes_per_token"] * 1.5, f"{label}: batch bytes per step")
     for ratio, value, limit in (("decode_bw_ratio", "decode_gbps", "read_gbps"),
                                 ("decode_bw_ratio_paired", "decode_gbps", "read_gbps_paired"),
                                 ("decode_bw_ratio_best", "decode_gbps", "read_gbps_best"),
-                                ("prefill_peak_ratio", "prefill_gops", "int8_peak_gops")):
+                                ("prefill_peak_ratio", "prefill_gops", "int8_peak_gops"),
+                                ("batch_speedup", "batch_tok_s", "batch_single_tok_s"),
+                                ("batch_bw_ratio_best", "batch_gbps", "read_gbps_best")):
         if all(isinstance(r.get(k), (int, float)) and r.get(k) > 0 for k in (ratio, value, limit)):
             check(math.isclose(r[ratio], r[value] / r[limit], rel_tol=1e-9),
                   f"{label}: {ratio} {r[ratio]} != {value} / {limit} = {r[value] / r[limit]}")
@@ -89,7 +97,8 @@ with tempfile.TemporaryDirectory() as cache:
 
     # The human table.
     p = run(["--tiny", "-p", "16", "-n", "4", "--cache-dir", cache])
-    check(p.returncode == 0 and "decode bandwidth" in p.stdout and "read_bw" in p.stdout,
+    check(p.returncode == 0 and "decode bandwidth" in p.stdout and "read_bw" in p.stdout
+          and "decode, 4 sequences" in p.stdout,
           f"table run: rc {p.returncode}, stdout {p.stdout[:500]!r}")
 
     # A damaged cached model is regenerated, not used and not a crash.
@@ -120,7 +129,8 @@ with tempfile.TemporaryDirectory() as cache:
            (["--layers", "0", "--cache-dir", cache], "--layers"),
            (["--tiny", "-p", "5000", "-n", "4", "--cache-dir", cache], "context"),
            (["-m", cache, "--tiny"], "-m"),
-           (["--kernels", "-p", "16"], "end-to-end")]
+           (["--kernels", "-p", "16"], "end-to-end"),
+           (["--tiny", "--batch", "0", "--cache-dir", cache], "--batch")]
     for extra, needle in bad:
         p = run(extra, timeout=120)
         check(p.returncode not in (0,) and p.returncode > 0 and needle in p.stderr,
