@@ -184,7 +184,13 @@ struct Server {
       }
       for (auto& job : admitted)
         if (Begin(*job)) active.push_back(std::move(job));
-      Step(active);
+      try {
+        Step(active);
+      } catch (const std::exception& e) {  // e.g. out of memory in a sampler: those requests end
+        for (auto& job : active)
+          if (!job->finished) End(*job, Status(StatusCode::kInternal, Str("decode step: ", e.what())));
+        active.clear();
+      }
     }
     for (auto& job : active) End(*job, Status(StatusCode::kInternal, "the server is stopping"));
   }

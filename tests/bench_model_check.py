@@ -28,7 +28,8 @@ def run(args, timeout=300):
 POSITIVE = ["prefill_tok_s", "decode_tok_s", "decode_tok_s_mean", "ttft_s", "bytes_per_token", "decode_gbps",
             "read_gbps", "decode_bw_ratio", "prefill_gops", "int8_peak_gops", "prefill_peak_ratio", "peak_rss_bytes",
             "threads", "layers", "projected_full_model_tok_s", "active_params", "weight_bytes", "t_layer_s",
-            "batch_tok_s", "batch_single_tok_s", "batch_speedup", "batch_bytes_per_step", "batch_gbps"]
+            "batch_tok_s", "batch_single_tok_s", "batch_speedup", "batch_bytes_per_step", "batch_gbps",
+            "batch_projected_full_model_bytes_per_step", "batch_projected_full_model_speedup"]
 NON_NEGATIVE = ["disk_read_mbps", "disk_read_bytes", "t_rest_s", "load_s", "routed_expert_bytes_per_token",
                 "read_gbps_paired", "decode_bw_ratio_paired", "read_gbps_best", "decode_bw_ratio_best",
                 "decode_pair_ratio_median", "fast_regime_steps", "fast_regime_ratio"]

@@ -193,6 +193,17 @@ try:
     port = int(line.split("http://127.0.0.1:")[1].split()[0])
     status, _, text = request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
     check(status == 200, f"completion without a template: {status} {text}")
+    # One slot, three requests at once: they wait their turn in the queue and all complete.
+    queued = []
+    threads = [threading.Thread(target=lambda: queued.append(
+        request("POST", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0})))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    texts = [json.loads(q[2])["choices"][0]["text"] if q[0] == 200 else None for q in queued]
+    check(len(texts) == 3 and None not in texts and len(set(texts)) == 1, f"three queued requests on one slot: {queued}")
     status, _, text = request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
     check(status == 500 and "chat_template.jinja" in text, f"chat without a template: {status} {text}")
 finally:
