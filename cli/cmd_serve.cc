@@ -1,10 +1,11 @@
 // m3 serve: an OpenAI-compatible HTTP server (cpp-httplib) over one engine and --slots sessions.
 // One scheduler thread runs the engine (which uses every core): up to --slots requests generate
-// at once, their decode steps batched into one forward pass (continuous batching: each weight is
-// read once per step for all of them); a new request's prompt runs as soon as a slot is free,
-// between two steps. Each goes to the free session whose cached tokens share the longest prefix
-// with its prompt (else an unused one, else the least recently used) and reuses that prefix, so
-// clients that resend growing conversations pay only for their new tokens.
+// at once, one forward pass per step for all of them (continuous batching: each weight is read
+// once per step), with a token for each request that is decoding and chunks of the prompts still
+// pending (up to --prefill-chunk tokens a step), so a long new prompt slows the replies under way
+// instead of stalling them. Each request goes to the free session whose cached tokens share the
+// longest prefix with its prompt (else an unused one, else the least recently used) and reuses
+// that prefix, so clients that resend growing conversations pay only for their new tokens.
 // Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions
 // (both with "stream": true as server-sent events).
 #include <httplib.h>
@@ -69,7 +70,7 @@ struct Job {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<TurnGeneration> generation;
   size_t slot = 0;
-  size_t largest_batch = 0;  // the most requests one of its decode steps ran with
+  size_t largest_batch = 0;  // the most sequences one of its decode steps ran with
 };
 
 // The model, its text layer, the sessions and the scheduler thread that runs them.
@@ -167,8 +168,8 @@ struct Server {
     if (scheduler.joinable()) scheduler.join();
   }
 
-  // The scheduler: admit queued requests while slots are free (each runs its prompt), then one
-  // decode step for every active request together; repeat.
+  // The scheduler: admit queued requests while slots are free, then one step (Step) for every
+  // active request together; repeat.
   void Schedule() {
     std::vector<std::shared_ptr<Job>> active;
     for (;;) {
@@ -195,7 +196,8 @@ struct Server {
     for (auto& job : active) End(*job, Status(StatusCode::kInternal, "the server is stopping"));
   }
 
-  // Runs a job's prompt in a free slot; false (and the job ended) on error.
+  // Gives a job a free slot and its generation; false (and the job ended) on error. Its prompt
+  // runs in the following steps.
   bool Begin(Job& job) {
     try {
       job.slot = PickSlot(job.prompt);
@@ -209,7 +211,7 @@ struct Server {
             job.cv.notify_all();
             return !job.cancelled.load();  // a closed connection stops generation
           });
-      if (Status st = job.generation->Start(job.prompt); !st.ok()) {
+      if (Status st = job.generation->generation().Begin(job.prompt); !st.ok()) {
         End(job, st);
         return false;
       }
@@ -220,29 +222,45 @@ struct Server {
     return true;
   }
 
-  // One token for every active job: sample, then one batched forward pass for those that go on.
+  // One forward pass for the active jobs: a token for each that is decoding, and chunks of the
+  // prompts still pending, in order of arrival, up to one prefill chunk of tokens in all. So a
+  // long new prompt delays the replies under way by a chunk per token instead of stalling them
+  // until it is done, and their tokens share the chunk's weight reads.
   void Step(std::vector<std::shared_ptr<Job>>& active) {
-    std::vector<Generation*> going;
-    std::vector<int32_t> ids;
-    std::vector<Job*> going_jobs;
+    size_t budget = slots.front().session->prefill_chunk();
+    std::vector<int32_t> decode_ids(active.size());
+    std::vector<Generation*> gens;
+    std::vector<std::span<const int32_t>> ids;
+    std::vector<Job*> stepped;
     std::vector<std::pair<Job*, Status>> ended;
-    for (auto& job : active) {
+    for (size_t i = 0; i < active.size(); ++i) {
+      Job* job = active[i].get();
       Generation& g = job->generation->generation();
       if (job->cancelled) g.Cancel();
-      int32_t id;
-      if (g.Next(&id)) {
-        going.push_back(&g);
-        ids.push_back(id);
-        going_jobs.push_back(job.get());
+      if (g.done()) {
+        ended.emplace_back(job, Status::Ok());
+      } else if (!g.pending().empty()) {
+        if (budget == 0) continue;  // its turn comes in a later step
+        const std::span<const int32_t> chunk = g.pending().first(std::min(budget, g.pending().size()));
+        budget -= chunk.size();
+        gens.push_back(&g);
+        ids.push_back(chunk);
+        stepped.push_back(job);
+      } else if (g.Next(&decode_ids[i])) {
+        gens.push_back(&g);
+        ids.push_back({&decode_ids[i], 1});
+        stepped.push_back(job);
       } else {
-        ended.emplace_back(job.get(), Status::Ok());
+        ended.emplace_back(job, Status::Ok());
       }
     }
-    if (!going.empty()) {
-      for (Job* job : going_jobs) job->largest_batch = std::max(job->largest_batch, going.size());
-      const std::vector<Status> st = DecodeStep(going, ids);
-      for (size_t i = 0; i < going.size(); ++i)
-        if (!st[i].ok()) ended.emplace_back(going_jobs[i], st[i]);
+    if (!gens.empty()) {
+      for (Job* job : stepped)  // decoding ones: the sequences their token's pass ran with
+        if (job->generation->generation().pending().empty())
+          job->largest_batch = std::max(job->largest_batch, gens.size());
+      const std::vector<Status> st = BatchStep(gens, ids);
+      for (size_t i = 0; i < gens.size(); ++i)
+        if (!st[i].ok()) ended.emplace_back(stepped[i], st[i]);
     }
     for (auto& [job, st] : ended) End(*job, st);
     std::erase_if(active, [](const std::shared_ptr<Job>& j) { return j->finished; });

@@ -215,19 +215,20 @@ finally:
 check("no chat template" in err2, f"a note at start that chat is refused: {err2}")
 
 
-def start_server(slots):
-    proc = subprocess.Popen([m3, "serve", "-m", model, "--port", "0", "-t", "2", "-c", "400", "--slots", str(slots)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_server(slots, *extra):
+    proc = subprocess.Popen([m3, "serve", "-m", model, "--port", "0", "-t", "2", "-c", "400", "--slots", str(slots),
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     return proc, int(line.split("http://127.0.0.1:")[1].split()[0])
 
 
 # Batching: a long streamed reply (A) and, once it is under way, a short one (B) on a fresh server
-# run their decode steps together; each equals its reply on another fresh server, alone.
+# run their decode steps together, B's prompt in chunks of 8 tokens riding along A's decode
+# steps; each equals its reply on another fresh server, alone and with its prompt in one pass.
 long_req = {"messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
             "max_tokens": 120, "temperature": 0}
 short_req = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 12, "temperature": 0}
-server3, port = start_server(2)
+server3, port = start_server(2, "--prefill-chunk", "8")
 try:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(long_req, stream=True)),

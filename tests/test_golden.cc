@@ -541,6 +541,67 @@ TEST_CASE("a forward pass over several prompts gives each prompt's own logits", 
   }
 }
 
+TEST_CASE("a prompt prefilled in chunks beside another generation's decode steps gives the golden greedy ids",
+          "[golden][batch]") {
+  for (const char* name : {"s3_mxfp8_mixed_layers_local2", "s5_realprop_mxfp8_vl"}) {
+    SECTION(name) {
+      const std::string dir = test::GoldenDir(name);
+      auto cj = test::ReadPythonJson(dir + "/case.json");
+      const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+      const auto greedy = cj["greedy_ids"].get<std::vector<int32_t>>();
+      auto engine = Engine::Open(dir, EngineOptions{2});
+      REQUIRE(engine.ok());
+      SamplingParams params;
+      params.temperature = 0;
+      GenerateOptions options;
+      options.max_tokens = static_cast<int>(greedy.size());
+      // B decodes from the start; A (the golden prompt) joins it, its prompt in chunks of 37
+      // riding along B's decode steps, then both decode together.
+      const std::vector<int32_t> other = CompanionPrompts(prompt)[1];
+      std::vector<int32_t> got_a, got_b, alone_b;
+      Session sa(**engine), sb(**engine), sc(**engine);
+      Sampler pa(params), pb(params), pc(params);
+      GenerateOptions long_options = options;
+      long_options.max_tokens = 4 * options.max_tokens + static_cast<int>(prompt.size() / 37) + 8;
+      Generation a(sa, options, pa, [&](int32_t id) { return got_a.push_back(id), true; });
+      Generation b(sb, long_options, pb, [&](int32_t id) { return got_b.push_back(id), true; });
+      REQUIRE(b.Start(other).ok());
+      REQUIRE(a.Begin(prompt).ok());
+      REQUIRE(a.pending().size() == prompt.size());
+      int32_t next_a = 0, next_b = 0;
+      size_t chunks = 0, shared_steps = 0;
+      while (!a.done()) {
+        std::vector<Generation*> gens;
+        std::vector<std::span<const int32_t>> ids;
+        if (!a.pending().empty()) {
+          gens.push_back(&a);
+          ids.push_back(a.pending().first(std::min<size_t>(37, a.pending().size())));
+          ++chunks;
+        } else if (a.Next(&next_a)) {
+          gens.push_back(&a);
+          ids.push_back({&next_a, 1});
+        }
+        REQUIRE(b.Next(&next_b));  // B outlasts A
+        gens.push_back(&b);
+        ids.push_back({&next_b, 1});
+        shared_steps += gens.size() == 2;
+        for (const Status& st : BatchStep(gens, ids)) REQUIRE(st.ok());
+      }
+      CHECK(chunks == (prompt.size() + 36) / 37);
+      CHECK(got_a == greedy);
+      CHECK(a.stats().stop_reason == "length");
+      CHECK(a.stats().prompt_tokens == prompt.size());
+      CHECK(sa.tokens().size() == prompt.size() + greedy.size() - 1);
+      // B's tokens so far are the ones it gets alone.
+      GenerateOptions b_options = options;
+      b_options.max_tokens = static_cast<int>(got_b.size());
+      REQUIRE(Generate(sc, other, b_options, pc, [&](int32_t id) { return alone_b.push_back(id), true; }, nullptr).ok());
+      CHECK(got_b == alone_b);
+      CHECK(shared_steps > chunks);
+    }
+  }
+}
+
 TEST_CASE("batched decode refuses bad requests and leaves every session as it was", "[golden][batch][errors]") {
   const std::string dir = test::GoldenDir("s1_fp32_basic");
   auto engine = Engine::Open(dir, EngineOptions{1});
@@ -597,7 +658,8 @@ TEST_CASE("a generation step over several sequences keeps one sequence's error i
     int32_t ids[2];
     REQUIRE(ga.Next(&ids[0]));
     REQUIRE(gb.Next(&ids[1]));
-    const std::vector<Status> st = DecodeStep(gens, ids);
+    const std::span<const int32_t> steps[] = {{&ids[0], 1}, {&ids[1], 1}};
+    const std::vector<Status> st = BatchStep(gens, steps);
     REQUIRE(st.size() == 2);
     CHECK(st[0].ok());
     if (!st[1].ok()) {

@@ -100,7 +100,7 @@ using TurnDelta = StreamingOutputParser::Delta;
 // One assistant turn as steps: a Generation whose tokens are decoded as a UTF-8 stream, cut at
 // stop strings and split into reasoning, content and tool calls, every non-empty delta going to
 // on_delta as it is decoded (returning false stops generation). Step generation() as Generation
-// says (a server advances many turns with DecodeStep), then Finish.
+// says (a server advances many turns with BatchStep), then Finish.
 class TurnGeneration {
  public:
   TurnGeneration(Session& session, const Tokenizer& tokenizer, const TurnOptions& options, Sampler& sampler,

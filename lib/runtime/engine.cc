@@ -151,11 +151,11 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
   return Status::Ok();
 }
 
-Status Session::DecodeBatch(std::span<Session* const> sessions, std::span<const int32_t> ids,
-                            std::vector<float>* logits, ForwardObserver* observer) {
-  if (sessions.empty()) return InvalidArgument("no sessions to decode");
+Status Session::EvalBatch(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> ids,
+                          std::vector<float>* logits, ForwardObserver* observer) {
+  if (sessions.empty()) return InvalidArgument("no sessions to evaluate");
   if (ids.size() != sessions.size())
-    return InvalidArgument(sessions.size(), " sessions but ", ids.size(), " token ids: one each");
+    return InvalidArgument(sessions.size(), " sessions but ", ids.size(), " lists of token ids: one each");
   const Engine& engine = sessions.front()->engine_;
   std::vector<Model::Segment> segments;
   for (size_t i = 0; i < sessions.size(); ++i) {
@@ -163,12 +163,11 @@ Status Session::DecodeBatch(std::span<Session* const> sessions, std::span<const 
     if (&s.engine_ != &engine) return InvalidArgument("session ", i, " belongs to another engine");
     for (size_t j = 0; j < i; ++j)
       if (sessions[j] == &s) return InvalidArgument("session ", i, " is session ", j, " again");
-    if (Status st = s.CheckAppend(ids.subspan(i, 1)); !st.ok())
-      return Status(st.code(), Str("session ", i, ": ", st.message()));
-    segments.push_back({&ids[i], 1, &s.cache_});
+    if (Status st = s.CheckAppend(ids[i]); !st.ok()) return Status(st.code(), Str("session ", i, ": ", st.message()));
+    segments.push_back({ids[i].data(), ids[i].size(), &s.cache_});
   }
   M3_RETURN_IF_ERROR(Undoable(
-      Str("decoding ", sessions.size(), " sessions"),
+      Str("evaluating ", sessions.size(), " sessions"),
       [&] {
         if (logits) logits->resize(sessions.size() * static_cast<size_t>(engine.model().config().vocab_size));
         return engine.model().ForwardBatch(engine.threads(), segments,
@@ -178,8 +177,18 @@ Status Session::DecodeBatch(std::span<Session* const> sessions, std::span<const 
       [&] {
         for (Session* s : sessions) s->cache_.Truncate(s->tokens_.size());
       }));
-  for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->tokens_.push_back(ids[i]);
+  for (size_t i = 0; i < sessions.size(); ++i)
+    sessions[i]->tokens_.insert(sessions[i]->tokens_.end(), ids[i].begin(), ids[i].end());
   return Status::Ok();
+}
+
+Status Session::DecodeBatch(std::span<Session* const> sessions, std::span<const int32_t> ids,
+                            std::vector<float>* logits, ForwardObserver* observer) {
+  if (ids.size() != sessions.size())
+    return InvalidArgument(sessions.size(), " sessions but ", ids.size(), " token ids: one each");
+  std::vector<std::span<const int32_t>> one_each;
+  for (size_t i = 0; i < ids.size(); ++i) one_each.push_back(ids.subspan(i, 1));
+  return EvalBatch(sessions, one_each, logits, observer);
 }
 
 Status Session::Rewind(size_t n) {

@@ -58,10 +58,14 @@ class Session {
   // session is as it was.
   Status Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<float>* logits,
               ForwardObserver* observer = nullptr);
-  // One decode step of several sessions of one engine in a single forward pass (continuous
-  // batching: each weight is read once for all of them): ids[i] runs after sessions[i]'s tokens.
-  // Logits are [sessions, vocab] (none when `logits` is null). Each session is checked as Eval
-  // checks it; on error nothing is appended to any of them.
+  // One forward pass over several sessions of one engine (continuous batching: each weight is read
+  // once for all of them): ids[i] (one token or more, e.g. a prompt chunk) runs after sessions[i]'s
+  // tokens. Logits are [sessions, vocab], each session's last token's (none when `logits` is
+  // null). Each session is checked as Eval checks it; on error nothing is appended to any of them.
+  // The caller keeps each chunk within its prefill_chunk (one pass holds all the rows).
+  static Status EvalBatch(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> ids,
+                          std::vector<float>* logits, ForwardObserver* observer = nullptr);
+  // EvalBatch of one token per session: a decode step of all of them.
   static Status DecodeBatch(std::span<Session* const> sessions, std::span<const int32_t> ids,
                             std::vector<float>* logits, ForwardObserver* observer = nullptr);
   // Whether the caches of a context of `tokens` positions fit in memory: OutOfMemory, with what
@@ -71,6 +75,7 @@ class Session {
   Status CheckContextFits(size_t tokens) const;
   size_t position() const { return cache_.length(); }
   size_t max_context() const { return max_context_; }
+  size_t prefill_chunk() const { return prefill_chunk_; }
   // Forgets positions >= n (n <= position()).
   Status Rewind(size_t n);
   // Keeps the longest cached prefix shared with `prompt`, leaving at least one prompt token to

@@ -17,7 +17,7 @@ Generation::Generation(Session& session, const GenerateOptions& options, Sampler
                        std::function<bool(int32_t)> on_token)
     : session_(session), options_(options), sampler_(sampler), on_token_(std::move(on_token)) {}
 
-Status Generation::Start(std::span<const int32_t> prompt) {
+Status Generation::Begin(std::span<const int32_t> prompt) {
   if (prompt.empty()) return InvalidArgument("empty prompt");
   if (options_.max_tokens < 0) return InvalidArgument("max_tokens must be >= 0, got ", options_.max_tokens);
   stats_ = GenerateStats();
@@ -25,17 +25,31 @@ Status Generation::Start(std::span<const int32_t> prompt) {
   if (prompt.size() > session_.max_context())
     return OutOfRange("the prompt has ", prompt.size(), " tokens but the context limit is ", session_.max_context());
   stats_.reused_tokens = session_.ReusePrefix(prompt);
-  const auto t0 = Clock::now();
-  M3_RETURN_IF_ERROR(session_.Eval(prompt.subspan(stats_.reused_tokens), LogitsMode::kLastRow, &logits_));
-  decode_start_ = Clock::now();
-  stats_.prefill_seconds = std::chrono::duration<double>(decode_start_ - t0).count();
+  prompt_.assign(prompt.begin() + static_cast<std::ptrdiff_t>(stats_.reused_tokens), prompt.end());
+  evaluated_ = 0;
   stats_.stop_reason = "length";
-  done_ = options_.max_tokens == 0;
+  prefill_start_ = Clock::now();
   return Status::Ok();
 }
 
+Status Generation::Start(std::span<const int32_t> prompt) {
+  M3_RETURN_IF_ERROR(Begin(prompt));
+  M3_RETURN_IF_ERROR(session_.Eval(pending(), LogitsMode::kLastRow, &logits_));
+  Evaluated(pending().size());
+  return Status::Ok();
+}
+
+void Generation::Evaluated(size_t n) {
+  if (pending().empty()) return;  // a decode step
+  evaluated_ += n;
+  if (!pending().empty()) return;
+  decode_start_ = Clock::now();
+  stats_.prefill_seconds = std::chrono::duration<double>(decode_start_ - prefill_start_).count();
+  done_ = options_.max_tokens == 0;
+}
+
 bool Generation::Next(int32_t* next) {
-  if (done_) return false;
+  if (done_ || !pending().empty()) return false;
   done_ = true;  // unless it goes on below
   const int32_t id = sampler_.Sample(logits_, session_.tokens());
   ++stats_.generated_tokens;
@@ -71,23 +85,28 @@ const GenerateStats& Generation::stats() {
   return stats_;
 }
 
-std::vector<Status> DecodeStep(std::span<Generation* const> gens, std::span<const int32_t> ids) {
+std::vector<Status> BatchStep(std::span<Generation* const> gens, std::span<const std::span<const int32_t>> ids) {
   std::vector<Status> result(gens.size());
+  auto alone = [&](size_t i) {
+    result[i] = gens[i]->session().Eval(ids[i], LogitsMode::kLastRow, &gens[i]->logits());
+    if (result[i].ok()) gens[i]->Evaluated(ids[i].size());
+  };
   if (gens.size() == 1) {
-    result[0] = gens[0]->session().Eval(ids, LogitsMode::kLastRow, &gens[0]->logits());
+    alone(0);
     return result;
   }
   std::vector<Session*> sessions;
   for (Generation* g : gens) sessions.push_back(&g->session());
   std::vector<float> logits;
-  if (Session::DecodeBatch(sessions, ids, &logits).ok()) {
+  if (Session::EvalBatch(sessions, ids, &logits).ok()) {
     const size_t vocab = logits.size() / gens.size();
-    for (size_t i = 0; i < gens.size(); ++i)
+    for (size_t i = 0; i < gens.size(); ++i) {
       gens[i]->logits().assign(logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
+      gens[i]->Evaluated(ids[i].size());
+    }
     return result;
   }
-  for (size_t i = 0; i < gens.size(); ++i)
-    result[i] = gens[i]->session().Eval(ids.subspan(i, 1), LogitsMode::kLastRow, &gens[i]->logits());
+  for (size_t i = 0; i < gens.size(); ++i) alone(i);
   return result;
 }
 

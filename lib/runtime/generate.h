@@ -31,19 +31,30 @@ struct GenerateStats {
   double decode_tok_s() const;
 };
 
-// One generation as steps, so that a server can advance many at once: Start runs the prompt,
-// then each Next samples a token from the latest logits and says whether another forward pass
-// is wanted, which the caller runs for this generation alone (Session::Eval) or for several
-// together (DecodeBatch below), writing its logits to logits().
+// One generation as steps, so that a server can advance many at once. Begin takes the prompt
+// and leaves what the session has not cached pending; the caller runs it, in one pass or in
+// chunks (Evaluated), then each Next samples a token from the latest logits and says whether
+// another pass is wanted. Passes run for this generation alone (Session::Eval; Start does all
+// of it for a lone generation) or for several together (BatchStep below), writing logits().
 class Generation {
  public:
   // on_token(id) sees every generated id except a stop id; returning false stops generation.
   Generation(Session& session, const GenerateOptions& options, Sampler& sampler,
              std::function<bool(int32_t)> on_token);
-  // Runs `prompt` (the whole conversation so far: the session's cached prefix is reused).
+  // Checks `prompt` (the whole conversation so far) and keeps the session's cached prefix of it;
+  // the rest (at least its last token) is pending.
+  Status Begin(std::span<const int32_t> prompt);
+  // Begin, then the whole pending prompt in one Session::Eval.
   Status Start(std::span<const int32_t> prompt);
-  // Samples the next token and passes it on; true with *next set when it is to be evaluated,
-  // false when the generation has ended (stats().stop_reason says why).
+  // Prompt tokens not yet evaluated; empty once the prompt is done.
+  std::span<const int32_t> pending() const {
+    return std::span<const int32_t>(prompt_).subspan(std::min(evaluated_, prompt_.size()));
+  }
+  // The first n pending tokens (n > 0) went through a forward pass and logits() holds the last
+  // one's; none pending after a decode step.
+  void Evaluated(size_t n);
+  // Once nothing is pending: samples the next token and passes it on; true with *next set when it
+  // is to be evaluated, false when the generation has ended (stats().stop_reason says why).
   bool Next(int32_t* next);
   // Ends the generation now, as on_token returning false would (stop reason "caller").
   void Cancel();
@@ -59,16 +70,19 @@ class Generation {
   GenerateOptions options_;
   Sampler& sampler_;
   std::function<bool(int32_t)> on_token_;
+  std::vector<int32_t> prompt_;  // the part Begin did not find cached
+  size_t evaluated_ = 0;         // of prompt_
   std::vector<float> logits_;
   GenerateStats stats_;
-  Clock::time_point decode_start_;
+  Clock::time_point prefill_start_, decode_start_;
   bool done_ = false, timed_ = false;
 };
 
-// One decode step of every generation in `gens` (each wanting the token Next gave it, in `ids`)
-// in one forward pass. When the batched pass fails, each runs alone, so that one sequence's
-// error (its context, memory, a non-finite value) is its own: returns each one's status.
-std::vector<Status> DecodeStep(std::span<Generation* const> gens, std::span<const int32_t> ids);
+// One forward pass for several generations: gens[i] runs ids[i], a chunk of its pending prompt
+// or the token Next gave it (Session::EvalBatch), and is told so (Evaluated). When the batched
+// pass fails, each runs alone, so that one sequence's error (its context, memory, a non-finite
+// value) is its own: returns each one's status.
+std::vector<Status> BatchStep(std::span<Generation* const> gens, std::span<const std::span<const int32_t>> ids);
 
 // Runs `prompt` (the whole conversation so far: the session's cached prefix is reused) and
 // samples continuations. on_token(id) sees every generated id except a stop id; returning false
