@@ -12,7 +12,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <condition_variable>
 #include <ctime>
@@ -41,11 +44,38 @@ struct ServeArgs {
   int port = 8080;
   int slots = 1;
   size_t context = 0;
+  std::string cache_memory;  // --cache-memory: most bytes all slots' caches may hold ("" = no limit)
+  uint64_t cache_budget = 0;  // parsed
   EngineArgs engine_args;
   openai::Defaults defaults;
 };
 
 std::string Dump(const ojson& j) { return j.dump(-1, ' ', false, kReplaceInvalidUtf8); }
+
+// "16G", "512M", "1.5G", "4096" (bytes; K, M, G, T are powers of 1024, an optional "B" or "iB"
+// after them).
+StatusOr<uint64_t> ParseByteSize(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  for (const char* suffix : {"iB", "B"})
+    if (unit.size() > std::strlen(suffix) - 1 && unit.ends_with(suffix)) {
+      unit.erase(unit.size() - std::strlen(suffix));
+      break;
+    }
+  const std::string units = "KMGT";
+  const size_t power = unit.empty() ? 0 : unit.size() == 1 ? units.find(static_cast<char>(std::toupper(unit[0]))) + 1 : 0;
+  if (used == 0 || !(v > 0) || (!unit.empty() && power == 0))
+    return InvalidArgument("expected a size such as 16G, 512M or 1073741824, got '", text, "'");
+  const double bytes = v * std::pow(1024.0, static_cast<double>(power));
+  if (bytes < 1 || bytes > 9e18) return InvalidArgument("size out of range: '", text, "'");
+  return static_cast<uint64_t>(bytes);
+}
 
 // A request between its HTTP thread and the scheduler. The HTTP thread parses and renders it
 // (400s go out before any work), the scheduler generates it and hands the deltas and the end
@@ -258,12 +288,43 @@ struct Server {
       for (Job* job : stepped)  // decoding ones: the sequences their token's pass ran with
         if (job->generation->generation().pending().empty())
           job->largest_batch = std::max(job->largest_batch, gens.size());
+      ShareCacheBudget(stepped);
       const std::vector<Status> st = BatchStep(gens, ids);
-      for (size_t i = 0; i < gens.size(); ++i)
+      for (size_t i = 0; i < gens.size(); ++i) {
+        // Out of memory: the caches of idle conversations go first; the step is retried next time
+        // (a failed pass changes nothing, and Next gives the same token again).
+        if (st[i].code() == StatusCode::kOutOfMemory && ReleaseIdleSlot()) continue;
         if (!st[i].ok()) ended.emplace_back(stepped[i], st[i]);
+      }
     }
     for (auto& [job, st] : ended) End(*job, st);
     std::erase_if(active, [](const std::shared_ptr<Job>& j) { return j->finished; });
+  }
+
+  // --cache-memory: each stepped session may hold what the other slots leave of the budget.
+  void ShareCacheBudget(const std::vector<Job*>& stepped) {
+    if (!args.cache_budget) return;
+    uint64_t held = 0;
+    for (const Slot& slot : slots) held += slot.session->cache().bytes();
+    for (Job* job : stepped) {
+      Session& s = *slots[job->slot].session;
+      const uint64_t others = held - s.cache().bytes();
+      s.set_memory_budget(std::max<uint64_t>(1, args.cache_budget > others ? args.cache_budget - others : 1));
+    }
+  }
+
+  // Frees the caches of the least recently used idle slot that holds any; false when none does.
+  bool ReleaseIdleSlot() {
+    Slot* victim = nullptr;
+    for (Slot& slot : slots)
+      if (!slot.busy && slot.session->cache().bytes() > 0 && (!victim || slot.last_used < victim->last_used))
+        victim = &slot;
+    if (!victim) return false;
+    std::fprintf(stderr, "m3 serve: out of cache memory: released an idle conversation of %zu tokens\n",
+                 victim->session->position());
+    victim->session->Release();
+    victim->prompt_tokens = 0;
+    return true;
   }
 
   // Ends a job: frees its slot, finishes its turn (the held text goes out as deltas) and wakes
@@ -387,6 +448,11 @@ int Serve(const ServeArgs& a) {
   if (Status s = ValidateSamplingParams(a.defaults.sampling); !s.ok()) return fail(s);
   if (a.defaults.max_tokens < 1) return fail(InvalidArgument("--max-tokens must be at least 1"));
   if (a.slots < 1 || a.slots > 256) return fail(InvalidArgument("--slots must be 1..256, got ", a.slots));
+  if (!a.cache_memory.empty()) {
+    auto bytes = ParseByteSize(a.cache_memory);
+    if (!bytes.ok()) return fail(Status(bytes.status().code(), "--cache-memory: " + bytes.status().message()));
+    server->args.cache_budget = *bytes;
+  }
   auto engine_options = a.engine_args.Options();
   if (!engine_options.ok()) return fail(engine_options.status());
   SessionOptions session_options;
@@ -486,6 +552,9 @@ void AddServeCommand(CLI::App& app, int* rc) {
                   "(their decode steps batched); a request goes to the free one sharing the longest prefix with it "
                   "(each holds the memory of its context)")
       ->default_val(1);
+  cmd->add_option("--cache-memory", a->cache_memory,
+                  "most memory all slots' KV and index-key caches may hold together, e.g. 16G or 512M (default: what "
+                  "the process can get); idle conversations' caches are released first when a request needs more");
   cmd->add_option("-n,--max-tokens", a->defaults.max_tokens, "tokens per reply when a request gives no max_tokens")
       ->default_val(512);
   AddSamplingOptions(cmd, &a->defaults.sampling);

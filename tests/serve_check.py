@@ -5,7 +5,8 @@ completion, cut by a stop string; two conversations taking turns keep their cach
 errors with a message; a context overflow is a 400; a client that leaves a stream stops it; two
 concurrent requests both complete; a folder without a chat template serves completions only;
 requests that generate at the same time are decoded in one batch and give the same greedy text as
-each alone. No timing assertions.
+each alone; --cache-memory releases idle conversations' caches before refusing a request. No
+timing assertions.
 Usage: serve_check.py M3_BINARY REAL_VOCAB_MODEL_DIR"""
 import http.client
 import json
@@ -262,6 +263,37 @@ check(b_batched == b_alone, f"batched B == B alone: {b_batched!r} vs {b_alone!r}
 log3 = [l for l in err3.splitlines() if l.startswith("m3 serve: /v1/")]
 check(len(log3) == 2 and all("in batches of up to 2" in l for l in log3),
       "A and B decoded in one batch: " + "\n".join(log3))
+
+# --cache-memory: room for one conversation of ~300 tokens (the template adds ~180 to each). A second one releases the idle first
+# one's cache instead of failing; the first one then comes back without its cache; a prompt that
+# cannot fit even alone is a 503 that says so.
+cfg = json.load(open(os.path.join(model, "config.json")))
+sparse = cfg["sparse_attention_config"]
+page = sparse["sparse_block_size"]
+per_token = sum(2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4 + (sparse["sparse_index_dim"] * 4 if flag else 0)
+                for flag in sparse["sparse_attention_freq"])
+budget = (300 + page - 1) // page * page * per_token
+server5, port = start_server(2, "--cache-memory", str(budget))
+try:
+    alpha = {"messages": [{"role": "user", "content": "alpha " * 60}], "max_tokens": 3, "temperature": 0}
+    beta = {"messages": [{"role": "user", "content": "beta " * 60}], "max_tokens": 3, "temperature": 0}
+    status_a, _, text_a = request("POST", "/v1/chat/completions", alpha)
+    status_b, _, text_b = request("POST", "/v1/chat/completions", beta)
+    status_a2, _, text_a2 = request("POST", "/v1/chat/completions", alpha)
+    big = request("POST", "/v1/chat/completions",
+                  {"messages": [{"role": "user", "content": "gamma " * 150}], "max_tokens": 2})
+finally:
+    server5.terminate()
+    _, err5 = server5.communicate(timeout=30)
+prompt_a = json.loads(text_a)["usage"]["prompt_tokens"] if status_a == 200 else 0
+check(status_a == 200 and 200 < prompt_a < 290, f"--cache-memory: first conversation {status_a} {text_a[:300]}")
+check(status_b == 200, f"--cache-memory: a second conversation releases the idle first: {status_b} {text_b[:300]}")
+check(status_a2 == 200 and json.loads(text_a2)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0,
+      f"--cache-memory: the first conversation again, its cache released: {status_a2} {text_a2[:300]}")
+check(err5.count("released an idle conversation") >= 2, f"--cache-memory: releases logged: {err5[-800:]}")
+check(big[0] == 503 and "KV cache" in big[2], f"--cache-memory: a prompt past the budget: {big[0]} {big[2][:300]}")
+p = subprocess.run([m3, "serve", "-m", model, "--cache-memory", "lots"], capture_output=True, text=True, timeout=60)
+check(p.returncode != 0 and "--cache-memory" in p.stderr, f"--cache-memory lots: {p.returncode} {p.stderr[-300:]}")
 
 log = [l for l in err.splitlines() if l.startswith("m3 serve: /v1/")]
 check(any("| caller" in l for l in log), "the hung-up stream was stopped (stop reason caller): " + "\n".join(log[-4:]))

@@ -670,6 +670,29 @@ TEST_CASE("a generation step over several sequences keeps one sequence's error i
   CHECK(tight_failed);
   CHECK(roomy.position() == tight.position() + 1);
   CHECK(std::equal(tight.tokens().begin(), tight.tokens().end(), roomy.tokens().begin()));
+  // The failed token is given again, not sampled anew, and goes through once memory allows.
+  const int32_t failed = roomy.tokens()[tight.position()];
+  int32_t again = -1;
+  REQUIRE(gb.Next(&again));
+  CHECK(again == failed);
+  tight.set_memory_budget(0);
+  const std::span<const int32_t> retry[] = {{&again, 1}};
+  Generation* just_b[] = {&gb};
+  REQUIRE(BatchStep(just_b, retry)[0].ok());
+  CHECK(tight.tokens() == roomy.tokens());
+  int32_t next = -1;
+  REQUIRE(gb.Next(&next));
+  CHECK(gb.stats().generated_tokens == static_cast<size_t>(roomy.position() - prompt.size() + 1));
+  // Release gives the memory back; the session starts over.
+  CHECK(tight.cache().bytes() > 0);
+  tight.Release();
+  CHECK(tight.cache().bytes() == 0);
+  CHECK(tight.position() == 0);
+  std::vector<float> logits, fresh;
+  REQUIRE(tight.Eval(prompt, LogitsMode::kLastRow, &logits).ok());
+  Session other(**engine);
+  REQUIRE(other.Eval(prompt, LogitsMode::kLastRow, &fresh).ok());
+  CHECK(logits == fresh);
 }
 
 TEST_CASE("sessions refuse bad requests with clear errors and stay usable", "[golden][errors]") {

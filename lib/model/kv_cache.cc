@@ -21,6 +21,15 @@ void KvCache::Reserve(size_t n_tokens) {
   }
 }
 
+void KvCache::Release() {
+  length_ = 0;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    k_[l].Release();
+    v_[l].Release();
+    ik_[l].Release();
+  }
+}
+
 size_t KvCache::bytes() const {
   size_t b = 0;
   for (size_t l = 0; l < k_.size(); ++l) b += k_[l].bytes() + v_[l].bytes() + ik_[l].bytes();

@@ -26,6 +26,7 @@ class KvCache {
   void Truncate(size_t n) { length_ = std::min(length_, n); }
   void SetLength(size_t n) { length_ = n; }
   void Reserve(size_t n_tokens);  // may throw std::bad_alloc
+  void Release();                 // drops every position and frees every page
   size_t bytes() const;                    // allocated
   size_t BytesFor(size_t n_tokens) const;  // allocated once n_tokens are held (whole pages)
   const CacheOptions& options() const { return options_; }

@@ -35,6 +35,12 @@ void PageList::EnsurePages(size_t n) {
   }
 }
 
+void PageList::Release() {
+  pages_.clear();
+  arenas_.clear();
+  spare_ = 0;
+}
+
 size_t KvPages::BytesPerRow(size_t heads, size_t dim, CacheType type) {
   return heads * (dim * simd::CacheTypeBytes(type) + (type == CacheType::kInt8 ? sizeof(float) : 0));
 }

@@ -26,6 +26,7 @@ class PageList {
  public:
   explicit PageList(size_t page_bytes = 0) : page_bytes_((page_bytes + 63) / 64 * 64) {}
   void EnsurePages(size_t n);  // may throw std::bad_alloc
+  void Release();              // frees every page
   uint8_t* page(size_t i) { return pages_[i]; }
   const uint8_t* page(size_t i) const { return pages_[i]; }
   size_t pages() const { return pages_.size(); }
@@ -50,6 +51,7 @@ class RowPages {
   size_t capacity_rows() const { return pages_.pages() * page_rows_; }
   size_t bytes() const { return pages_.bytes(); }
   size_t BytesFor(size_t rows) const { return (rows + page_rows_ - 1) / page_rows_ * pages_.page_bytes(); }
+  void Release() { pages_.Release(); }  // frees every row
 
  protected:
   RowPages() = default;

@@ -140,7 +140,8 @@ StatusOr<ParsedOutput> GenerateTurn(Session& session, const Tokenizer& tokenizer
   TurnGeneration turn(session, tokenizer, options, sampler, on_delta);
   M3_RETURN_IF_ERROR(turn.Start(prompt));
   Generation& g = turn.generation();
-  for (int32_t id; g.Next(&id);) M3_RETURN_IF_ERROR(session.Eval({&id, 1}, LogitsMode::kLastRow, &g.logits()));
+  for (int32_t id; g.Next(&id); g.Evaluated(1))
+    M3_RETURN_IF_ERROR(session.Eval({&id, 1}, LogitsMode::kLastRow, &g.logits()));
   return turn.Finish(stats);
 }
 

@@ -198,6 +198,11 @@ Status Session::Rewind(size_t n) {
   return Status::Ok();
 }
 
+void Session::Release() {
+  cache_.Release();
+  tokens_.clear();
+}
+
 size_t Session::ReusePrefix(std::span<const int32_t> prompt) {
   size_t keep = 0;
   const size_t limit = std::min(tokens_.size(), prompt.empty() ? 0 : prompt.size() - 1);

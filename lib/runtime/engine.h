@@ -78,6 +78,11 @@ class Session {
   size_t prefill_chunk() const { return prefill_chunk_; }
   // Forgets positions >= n (n <= position()).
   Status Rewind(size_t n);
+  // Forgets every position and gives the caches' memory back (Rewind keeps it for reuse).
+  void Release();
+  // Most bytes the caches may hold from now on (0: what the process can still get), e.g. a
+  // server's share of a budget for all its sessions.
+  void set_memory_budget(uint64_t bytes) { memory_budget_ = bytes; }
   // Keeps the longest cached prefix shared with `prompt`, leaving at least one prompt token to
   // evaluate (its logits are needed), and returns how many tokens were kept.
   size_t ReusePrefix(std::span<const int32_t> prompt);

@@ -40,7 +40,10 @@ Status Generation::Start(std::span<const int32_t> prompt) {
 }
 
 void Generation::Evaluated(size_t n) {
-  if (pending().empty()) return;  // a decode step
+  if (pending().empty()) {  // a decode step
+    unevaluated_ = -1;
+    return;
+  }
   evaluated_ += n;
   if (!pending().empty()) return;
   decode_start_ = Clock::now();
@@ -50,6 +53,10 @@ void Generation::Evaluated(size_t n) {
 
 bool Generation::Next(int32_t* next) {
   if (done_ || !pending().empty()) return false;
+  if (unevaluated_ >= 0) {
+    *next = unevaluated_;
+    return true;
+  }
   done_ = true;  // unless it goes on below
   const int32_t id = sampler_.Sample(logits_, session_.tokens());
   ++stats_.generated_tokens;
@@ -66,7 +73,7 @@ bool Generation::Next(int32_t* next) {
     stats_.stop_reason = "context";
     return false;
   }
-  *next = id;
+  *next = unevaluated_ = id;
   done_ = false;
   return true;
 }
@@ -74,6 +81,7 @@ bool Generation::Next(int32_t* next) {
 void Generation::Cancel() {
   if (done_) return;
   done_ = true;
+  unevaluated_ = -1;
   stats_.stop_reason = "caller";
 }
 
@@ -114,7 +122,8 @@ Status Generate(Session& session, std::span<const int32_t> prompt, const Generat
                 const std::function<bool(int32_t)>& on_token, GenerateStats* stats) {
   Generation g(session, options, sampler, on_token);
   M3_RETURN_IF_ERROR(g.Start(prompt));
-  for (int32_t id; g.Next(&id);) M3_RETURN_IF_ERROR(session.Eval({&id, 1}, LogitsMode::kLastRow, &g.logits()));
+  for (int32_t id; g.Next(&id); g.Evaluated(1))
+    M3_RETURN_IF_ERROR(session.Eval({&id, 1}, LogitsMode::kLastRow, &g.logits()));
   if (stats) *stats = g.stats();
   return Status::Ok();
 }

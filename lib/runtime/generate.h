@@ -50,11 +50,13 @@ class Generation {
   std::span<const int32_t> pending() const {
     return std::span<const int32_t>(prompt_).subspan(std::min(evaluated_, prompt_.size()));
   }
-  // The first n pending tokens (n > 0) went through a forward pass and logits() holds the last
-  // one's; none pending after a decode step.
+  // The first n pending tokens (n > 0), or the token Next gave, went through a forward pass and
+  // logits() holds the last one's.
   void Evaluated(size_t n);
   // Once nothing is pending: samples the next token and passes it on; true with *next set when it
-  // is to be evaluated, false when the generation has ended (stats().stop_reason says why).
+  // is to be evaluated, false when the generation has ended (stats().stop_reason says why). Until
+  // Evaluated says it was, Next gives that token again without sampling (a pass that failed, e.g.
+  // for memory, can be retried).
   bool Next(int32_t* next);
   // Ends the generation now, as on_token returning false would (stop reason "caller").
   void Cancel();
@@ -72,6 +74,7 @@ class Generation {
   std::function<bool(int32_t)> on_token_;
   std::vector<int32_t> prompt_;  // the part Begin did not find cached
   size_t evaluated_ = 0;         // of prompt_
+  int32_t unevaluated_ = -1;     // the token Next gave, until Evaluated
   std::vector<float> logits_;
   GenerateStats stats_;
   Clock::time_point prefill_start_, decode_start_;
