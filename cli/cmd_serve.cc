@@ -37,7 +37,6 @@ namespace m3::cli {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-constexpr auto kReplaceInvalidUtf8 = nlohmann::json::error_handler_t::replace;
 
 struct ServeArgs {
   std::string model, tokenizer, host = "127.0.0.1", name;
@@ -50,7 +49,7 @@ struct ServeArgs {
   openai::Defaults defaults;
 };
 
-std::string Dump(const ojson& j) { return j.dump(-1, ' ', false, kReplaceInvalidUtf8); }
+std::string Dump(const ojson& j) { return JsonText(j); }
 
 // "16G", "512M", "1.5G", "4096" (bytes; K, M, G, T are powers of 1024, an optional "B" or "iB"
 // after them).

@@ -107,8 +107,6 @@ void WriteStats(const m3::GenerateStats& st, m3_generate_stats* out) {
 }
 
 using ojson = nlohmann::ordered_json;
-// Model text is valid UTF-8 by construction (the streaming decoder); never throw if it is not.
-constexpr auto kReplaceInvalidUtf8 = nlohmann::json::error_handler_t::replace;
 
 // A chat request's parts: messages, tools and options, or a raw prompt.
 struct ChatRequest {
@@ -399,12 +397,12 @@ m3_status m3_session_chat(m3_session* session, const m3_tokenizer* tokenizer, co
       bool go = send(M3_PART_REASONING, d.reasoning);
       go &= send(M3_PART_CONTENT, d.content);
       for (const m3::ToolCall& call : d.tool_calls)
-        go &= send(M3_PART_TOOL_CALL, m3::ToolCallJson(call).dump(-1, ' ', false, kReplaceInvalidUtf8));
+        go &= send(M3_PART_TOOL_CALL, m3::JsonText(m3::ToolCallJson(call)));
       return go;
     };
     auto out = m3::GenerateTurn(*session->session, text.tokenizer(), prompt, turn, sampler, on_delta, &st);
     if (!out.ok()) return Report(out.status());
-    session->message_json = m3::AssistantMessage(*out).dump(-1, ' ', false, kReplaceInvalidUtf8);
+    session->message_json = m3::JsonText(m3::AssistantMessage(*out));
     if (message_json) *message_json = session->message_json.c_str();
     WriteStats(st, stats);
     return Report(m3::Status::Ok());

@@ -149,6 +149,8 @@ ojson ToolCallJson(const ToolCall& call) {
   return {{"id", call.id}, {"type", "function"}, {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
 }
 
+std::string JsonText(const ojson& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
 ojson AssistantMessage(const ParsedOutput& out) {
   ojson m = {{"role", "assistant"}, {"content", out.content}};
   if (!out.reasoning.empty()) m["reasoning_content"] = out.reasoning;

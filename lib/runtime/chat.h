@@ -138,5 +138,8 @@ StatusOr<ParsedOutput> GenerateTurn(Session& session, const Tokenizer& tokenizer
 nlohmann::ordered_json AssistantMessage(const ParsedOutput& out);
 // One tool call as it appears in an assistant message's tool_calls (arguments as an object).
 nlohmann::ordered_json ToolCallJson(const ToolCall& call);
+// Compact JSON text of generated output: a model can emit invalid UTF-8, which is replaced
+// (U+FFFD) rather than thrown on.
+std::string JsonText(const nlohmann::ordered_json& j);
 
 }  // namespace m3

@@ -72,24 +72,28 @@ class Tokenizer {
   std::string Decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const {
     return Text([&](char* out, size_t cap, size_t* len) {
       return m3_detokenize(tokenizer_.get(), ids.data(), ids.size(), skip_special_tokens, out, cap, len);
-    });
+    }, 8 * ids.size());
   }
   // request_json: {"messages", "tools"?, "options"?} (m3_chat_render).
   std::string Render(const std::string& request_json) const {
     return Text([&](char* out, size_t cap, size_t* len) {
       return m3_chat_render(tokenizer_.get(), request_json.c_str(), out, cap, len);
-    });
+    }, 2 * request_json.size() + 4096);
   }
 
  private:
-  // Asks for the size, then fills a string of it.
+  // Fills a string of a first guess (most texts fit, so one call), again at the full length the
+  // call returned when it did not fit (M3_ERR_OUT_OF_RANGE).
   template <typename F>
-  static std::string Text(F&& call) {
+  static std::string Text(F&& call, size_t guess) {
+    std::string out(guess + 1, '\0');
     size_t len = 0;
-    const m3_status s = call(nullptr, 0, &len);
-    if (s != M3_OK && s != M3_ERR_OUT_OF_RANGE) Check(s);
-    std::string out(len + 1, '\0');
-    Check(call(out.data(), out.size(), &len));
+    m3_status s = call(out.data(), out.size(), &len);
+    if (s == M3_ERR_OUT_OF_RANGE) {
+      out.assign(len + 1, '\0');
+      s = call(out.data(), out.size(), &len);
+    }
+    Check(s);
     out.resize(len);
     return out;
   }
