@@ -222,7 +222,14 @@ struct Server {
         active.clear();
       }
     }
-    for (auto& job : active) End(*job, Status(StatusCode::kInternal, "the server is stopping"));
+    std::deque<std::shared_ptr<Job>> waiting;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      waiting.swap(queue);
+    }
+    const Status stopping(StatusCode::kInternal, "the server is stopping");
+    for (auto& job : active) End(*job, stopping);
+    for (auto& job : waiting) End(*job, stopping);
   }
 
   // Gives a job a free slot and its generation; false (and the job ended) on error. Its prompt
