@@ -1,11 +1,7 @@
-// m3 serve: an OpenAI-compatible HTTP server (cpp-httplib) over one engine and --slots sessions.
-// One scheduler thread runs the engine (which uses every core): up to --slots requests generate
-// at once, one forward pass per step for all of them (continuous batching: each weight is read
-// once per step), with a token for each request that is decoding and chunks of the prompts still
-// pending (up to --prefill-chunk tokens a step), so a long new prompt slows the replies under way
-// instead of stalling them. Each request goes to the free session whose cached tokens share the
-// longest prefix with its prompt (else an unused one, else the least recently used) and reuses
-// that prefix, so clients that resend growing conversations pay only for their new tokens.
+// m3 serve: an OpenAI-compatible HTTP server (cpp-httplib) over one engine. Requests are parsed
+// and rendered on their HTTP threads (a bad one gets its 400 before any work) and run by the
+// scheduler of lib/runtime/scheduler.h: up to --slots at once, batched into one forward pass per
+// step, each in the session that holds the longest cached prefix of its conversation.
 // Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions
 // (both with "stream": true as server-sent events).
 #include <httplib.h>
@@ -19,12 +15,10 @@
 #include <cstdio>
 #include <condition_variable>
 #include <ctime>
-#include <deque>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +26,7 @@
 #include "cli/commands.h"
 #include "runtime/chat.h"
 #include "runtime/openai.h"
+#include "runtime/scheduler.h"
 
 namespace m3::cli {
 namespace {
@@ -44,7 +39,6 @@ struct ServeArgs {
   int slots = 1;
   size_t context = 0;
   std::string cache_memory;  // --cache-memory: most bytes all slots' caches may hold ("" = no limit)
-  uint64_t cache_budget = 0;  // parsed
   EngineArgs engine_args;
   openai::Defaults defaults;
 };
@@ -76,16 +70,13 @@ StatusOr<uint64_t> ParseByteSize(const std::string& text) {
   return static_cast<uint64_t>(bytes);
 }
 
-// A request between its HTTP thread and the scheduler. The HTTP thread parses and renders it
-// (400s go out before any work), the scheduler generates it and hands the deltas and the end
-// back under `mu`.
+// A request seen from its HTTP thread: the scheduler's callbacks hand the deltas and the end
+// over under `mu`.
 struct Job {
   bool chat = true;
   std::string id, path;
-  openai::Request request;
-  TurnOptions turn;
-  std::vector<int32_t> prompt;
-  std::atomic<bool> cancelled{false};  // the client went away: stop at the next step
+  bool stream = false, include_usage = false;
+  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
 
   std::mutex mu;
   std::condition_variable cv;
@@ -94,65 +85,15 @@ struct Job {
   Status status;
   ParsedOutput output;
   GenerateStats stats;
-
-  // The scheduler's own.
-  std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<TurnGeneration> generation;
-  size_t slot = 0;
-  size_t largest_batch = 0;  // the most sequences one of its decode steps ran with
 };
 
-// The model, its text layer, the sessions and the scheduler thread that runs them.
+// The model, its text layer and the scheduler (lib/runtime/scheduler.h) that runs the requests.
 struct Server {
-  struct Slot {
-    std::unique_ptr<Session> session;
-    uint64_t last_used = 0;
-    size_t prompt_tokens = 0;  // of its last request
-    bool busy = false;         // a request is generating in it
-  };
   ServeArgs args;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<ChatText> text;
-  std::vector<Slot> slots;  // the scheduler's alone once it runs
-  uint64_t clock = 0;
+  std::unique_ptr<Scheduler> scheduler;
   std::atomic<uint64_t> next_id{0};
-
-  std::mutex mu;  // guards queue and stop
-  std::condition_variable wake;
-  std::deque<std::shared_ptr<Job>> queue;
-  bool stop = false;
-  std::thread scheduler;
-
-  // A free slot for `prompt`. First one whose conversation the prompt continues: it shares the
-  // slot's last prompt but for its last few tokens (the generation prompt, e.g. "<mm:think>",
-  // renders differently once the reply is part of the history); the longest such. Else an unused
-  // slot, else the least recently used. A conversation that shares only the system prompt and
-  // differs in its last user message (>= 6 tokens from the end with this template, "Hi"
-  // included) does not continue it: it would evict that conversation's cache.
-  size_t PickSlot(const std::vector<int32_t>& prompt) {
-    constexpr size_t kRenderSlack = 3;
-    Slot* pick = nullptr;
-    size_t pick_shared = 0;
-    for (Slot& slot : slots) {
-      if (slot.busy) continue;
-      const auto& cached = slot.session->tokens();
-      const size_t shared = static_cast<size_t>(
-          std::mismatch(cached.begin(), cached.end(), prompt.begin(), prompt.end()).first - cached.begin());
-      if (slot.prompt_tokens > 0 && shared + kRenderSlack >= slot.prompt_tokens && shared > pick_shared) {
-        pick = &slot;
-        pick_shared = shared;
-      }
-    }
-    for (Slot& slot : slots)
-      if (!pick && !slot.busy && slot.prompt_tokens == 0) pick = &slot;
-    if (!pick)  // the scheduler admits a request only while a slot is free
-      for (Slot& slot : slots)
-        if (!slot.busy && (!pick || slot.last_used < pick->last_used)) pick = &slot;
-    pick->last_used = ++clock;
-    pick->prompt_tokens = prompt.size();
-    pick->busy = true;
-    return static_cast<size_t>(pick - slots.data());
-  }
 
   std::string NewId() {
     char buf[32];
@@ -161,199 +102,37 @@ struct Server {
     return buf;
   }
 
-  // The turn's prompt ids and options for a parsed request (any thread: the text layer is
-  // immutable).
-  StatusOr<std::vector<int32_t>> Prepare(const openai::Request& r, const std::string& id, TurnOptions* turn) const {
-    turn->raw = !r.chat;
-    turn->generate = GenerateOptions{r.max_tokens, text->stop_ids()};
-    turn->tool_call_id_prefix = "call_" + id + "_";
-    turn->stop_strings = r.stop;
-    std::vector<int32_t> ids;
-    if (r.chat) {
-      M3_ASSIGN_OR_RETURN(ids, text->TurnPrompt(r.messages, r.tools, r.template_options, turn));
-    } else {
-      ids = text->tokenizer().Encode(r.prompt);
-    }
-    // Here as well as in Generate, so that a stream refuses it with a 400 before it starts.
-    const size_t limit = slots.front().session->max_context();
-    if (ids.size() > limit) return OutOfRange("the prompt has ", ids.size(), " tokens but the context limit is ", limit);
-    return ids;
-  }
-
-  void Submit(std::shared_ptr<Job> job) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      queue.push_back(std::move(job));
-    }
-    wake.notify_one();
-  }
-
-  void Stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stop = true;
-    }
-    wake.notify_one();
-    if (scheduler.joinable()) scheduler.join();
-  }
-
-  // The scheduler: admit queued requests while slots are free, then one step (Step) for every
-  // active request together; repeat.
-  void Schedule() {
-    std::vector<std::shared_ptr<Job>> active;
-    for (;;) {
-      std::vector<std::shared_ptr<Job>> admitted;
+  // Hands a prepared request to the scheduler, wired to `job`.
+  void Submit(const std::shared_ptr<Job>& job, const openai::Request& r, TurnOptions turn,
+              std::vector<int32_t> prompt) {
+    ScheduledRequest sr;
+    sr.prompt = std::move(prompt);
+    sr.turn = std::move(turn);
+    sr.sampling = r.sampling;
+    sr.cancelled = job->cancelled;
+    sr.on_delta = [job](const TurnDelta& d) {
       {
-        std::unique_lock<std::mutex> lock(mu);
-        wake.wait(lock, [&] { return stop || !queue.empty() || !active.empty(); });
-        if (stop) break;
-        while (!queue.empty() && active.size() + admitted.size() < slots.size()) {
-          admitted.push_back(std::move(queue.front()));
-          queue.pop_front();
-        }
+        std::lock_guard<std::mutex> lock(job->mu);
+        job->deltas.push_back(d);
       }
-      for (auto& job : admitted)
-        if (Begin(*job)) active.push_back(std::move(job));
-      try {
-        Step(active);
-      } catch (const std::exception& e) {  // e.g. out of memory in a sampler: those requests end
-        for (auto& job : active)
-          if (!job->finished) End(*job, Status(StatusCode::kInternal, Str("decode step: ", e.what())));
-        active.clear();
+      job->cv.notify_all();
+      return !job->cancelled->load();  // a closed connection stops generation
+    };
+    sr.on_end = [job](const Status& status, ParsedOutput out, const GenerateStats& st, size_t largest_batch) {
+      Log(job->path.c_str(), status.ok() ? 200 : openai::HttpStatus(status), st, largest_batch);
+      {
+        std::lock_guard<std::mutex> lock(job->mu);
+        job->status = status;
+        job->output = std::move(out);
+        job->stats = st;
+        job->finished = true;
       }
-    }
-    std::deque<std::shared_ptr<Job>> waiting;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      waiting.swap(queue);
-    }
-    const Status stopping(StatusCode::kInternal, "the server is stopping");
-    for (auto& job : active) End(*job, stopping);
-    for (auto& job : waiting) End(*job, stopping);
+      job->cv.notify_all();
+    };
+    scheduler->Submit(std::move(sr));
   }
 
-  // Gives a job a free slot and its generation; false (and the job ended) on error. Its prompt
-  // runs in the following steps.
-  bool Begin(Job& job) {
-    try {
-      job.slot = PickSlot(job.prompt);
-      job.sampler = std::make_unique<Sampler>(job.request.sampling);
-      job.generation = std::make_unique<TurnGeneration>(
-          *slots[job.slot].session, text->tokenizer(), job.turn, *job.sampler, [&job](const TurnDelta& d) {
-            {
-              std::lock_guard<std::mutex> lock(job.mu);
-              job.deltas.push_back(d);
-            }
-            job.cv.notify_all();
-            return !job.cancelled.load();  // a closed connection stops generation
-          });
-      if (Status st = job.generation->generation().Begin(job.prompt); !st.ok()) {
-        End(job, st);
-        return false;
-      }
-    } catch (const std::exception& e) {
-      End(job, Status(StatusCode::kInternal, Str("request ", job.id, ": ", e.what())));
-      return false;
-    }
-    return true;
-  }
-
-  // One forward pass for the active jobs: a token for each that is decoding, and chunks of the
-  // prompts still pending, in order of arrival, up to one prefill chunk of tokens in all. So a
-  // long new prompt delays the replies under way by a chunk per token instead of stalling them
-  // until it is done, and their tokens share the chunk's weight reads.
-  void Step(std::vector<std::shared_ptr<Job>>& active) {
-    size_t budget = slots.front().session->prefill_chunk();
-    std::vector<int32_t> decode_ids(active.size());
-    std::vector<Generation*> gens;
-    std::vector<std::span<const int32_t>> ids;
-    std::vector<Job*> stepped;
-    std::vector<std::pair<Job*, Status>> ended;
-    for (size_t i = 0; i < active.size(); ++i) {
-      Job* job = active[i].get();
-      Generation& g = job->generation->generation();
-      if (job->cancelled) g.Cancel();
-      if (g.done()) {
-        ended.emplace_back(job, Status::Ok());
-      } else if (!g.pending().empty()) {
-        if (budget == 0) continue;  // its turn comes in a later step
-        const std::span<const int32_t> chunk = g.pending().first(std::min(budget, g.pending().size()));
-        budget -= chunk.size();
-        gens.push_back(&g);
-        ids.push_back(chunk);
-        stepped.push_back(job);
-      } else if (g.Next(&decode_ids[i])) {
-        gens.push_back(&g);
-        ids.push_back({&decode_ids[i], 1});
-        stepped.push_back(job);
-      } else {
-        ended.emplace_back(job, Status::Ok());
-      }
-    }
-    if (!gens.empty()) {
-      for (Job* job : stepped)  // decoding ones: the sequences their token's pass ran with
-        if (job->generation->generation().pending().empty())
-          job->largest_batch = std::max(job->largest_batch, gens.size());
-      ShareCacheBudget(stepped);
-      const std::vector<Status> st = BatchStep(gens, ids);
-      for (size_t i = 0; i < gens.size(); ++i) {
-        // Out of memory: the caches of idle conversations go first; the step is retried next time
-        // (a failed pass changes nothing, and Next gives the same token again).
-        if (st[i].code() == StatusCode::kOutOfMemory && ReleaseIdleSlot()) continue;
-        if (!st[i].ok()) ended.emplace_back(stepped[i], st[i]);
-      }
-    }
-    for (auto& [job, st] : ended) End(*job, st);
-    std::erase_if(active, [](const std::shared_ptr<Job>& j) { return j->finished; });
-  }
-
-  // --cache-memory: each stepped session may hold what the other slots leave of the budget.
-  void ShareCacheBudget(const std::vector<Job*>& stepped) {
-    if (!args.cache_budget) return;
-    uint64_t held = 0;
-    for (const Slot& slot : slots) held += slot.session->cache().bytes();
-    for (Job* job : stepped) {
-      Session& s = *slots[job->slot].session;
-      const uint64_t others = held - s.cache().bytes();
-      s.set_memory_budget(std::max<uint64_t>(1, args.cache_budget > others ? args.cache_budget - others : 1));
-    }
-  }
-
-  // Frees the caches of the least recently used idle slot that holds any; false when none does.
-  bool ReleaseIdleSlot() {
-    Slot* victim = nullptr;
-    for (Slot& slot : slots)
-      if (!slot.busy && slot.session->cache().bytes() > 0 && (!victim || slot.last_used < victim->last_used))
-        victim = &slot;
-    if (!victim) return false;
-    std::fprintf(stderr, "m3 serve: out of cache memory: released an idle conversation of %zu tokens\n",
-                 victim->session->position());
-    victim->session->Release();
-    victim->prompt_tokens = 0;
-    return true;
-  }
-
-  // Ends a job: frees its slot, finishes its turn (the held text goes out as deltas) and wakes
-  // its HTTP thread.
-  void End(Job& job, const Status& status) {
-    ParsedOutput out;
-    GenerateStats st;
-    if (job.generation) {
-      out = job.generation->Finish(&st);
-      slots[job.slot].busy = false;
-    }
-    Log(job.path.c_str(), status.ok() ? 200 : openai::HttpStatus(status), st, job.largest_batch);
-    {
-      std::lock_guard<std::mutex> lock(job.mu);
-      job.status = status;
-      job.output = std::move(out);
-      job.stats = st;
-      job.finished = true;
-    }
-    job.cv.notify_all();
-  }
-
-  void Log(const char* path, int status, const GenerateStats& st, size_t largest_batch) {
+  static void Log(const char* path, int status, const GenerateStats& st, size_t largest_batch) {
     std::fprintf(stderr,
                  "m3 serve: %s %d | prompt %zu tokens (%zu cached) at %.1f tok/s | %zu generated at %.1f tok/s, in "
                  "batches of up to %zu | %s\n",
@@ -375,18 +154,22 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   auto parsed = chat ? openai::ParseChatRequest(body, server->args.defaults)
                      : openai::ParseCompletionRequest(body, server->args.defaults);
   if (!parsed.ok()) return SendError(res, 400, parsed.status().message());
+  const openai::Request& r = *parsed;
   auto job = std::make_shared<Job>();
   job->chat = chat;
-  job->request = std::move(parsed).value();
+  job->stream = r.stream;
+  job->include_usage = r.include_usage;
   job->id = (chat ? "chatcmpl-" : "cmpl-") + server->NewId();
   job->path = chat ? "/v1/chat/completions" : "/v1/completions";
-  auto prompt = server->Prepare(job->request, job->id, &job->turn);
+  TurnOptions turn;
+  // Checked here (the text layer is immutable, any thread may use it), so that even a stream
+  // refuses a bad request with a 400 before it starts.
+  auto prompt = openai::TurnInputs(*server->text, r, job->id, server->scheduler->max_context(), &turn);
   if (!prompt.ok()) return SendError(res, openai::HttpStatus(prompt.status()), prompt.status().message());
-  job->prompt = std::move(prompt).value();
   const int64_t created = std::time(nullptr);
-  server->Submit(job);
+  server->Submit(job, r, std::move(turn), std::move(prompt).value());
 
-  if (!job->request.stream) {
+  if (!job->stream) {
     std::unique_lock<std::mutex> lock(job->mu);
     job->cv.wait(lock, [&] { return job->finished; });
     if (!job->status.ok()) return SendError(res, openai::HttpStatus(job->status), job->status.message());
@@ -425,7 +208,7 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
       }
     }
     if (client_gone) {
-      job->cancelled = true;  // the scheduler stops it at its next step
+      *job->cancelled = true;  // the scheduler stops it at its next step
       return false;
     }
     if (!job->status.ok()) {
@@ -434,7 +217,7 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
       const std::string reason = openai::FinishReason(job->stats, job->output);
       send(chat ? openai::ChatChunk(id, created, model, ojson::object(), reason)
                 : openai::CompletionChunk(id, created, model, "", reason));
-      if (job->request.include_usage) send(openai::UsageChunk(id, created, model, chat, job->stats));
+      if (job->include_usage) send(openai::UsageChunk(id, created, model, chat, job->stats));
     }
     static const char kDone[] = "data: [DONE]\n\n";
     sink.write(kDone, sizeof(kDone) - 1);
@@ -454,16 +237,18 @@ int Serve(const ServeArgs& a) {
   if (Status s = ValidateSamplingParams(a.defaults.sampling); !s.ok()) return fail(s);
   if (a.defaults.max_tokens < 1) return fail(InvalidArgument("--max-tokens must be at least 1"));
   if (a.slots < 1 || a.slots > 256) return fail(InvalidArgument("--slots must be 1..256, got ", a.slots));
+  SchedulerOptions scheduling;
+  scheduling.slots = static_cast<size_t>(a.slots);
+  scheduling.log = [](const std::string& note) { std::fprintf(stderr, "m3 serve: %s\n", note.c_str()); };
   if (!a.cache_memory.empty()) {
     auto bytes = ParseByteSize(a.cache_memory);
     if (!bytes.ok()) return fail(Status(bytes.status().code(), "--cache-memory: " + bytes.status().message()));
-    server->args.cache_budget = *bytes;
+    scheduling.cache_budget = *bytes;
   }
   auto engine_options = a.engine_args.Options();
   if (!engine_options.ok()) return fail(engine_options.status());
-  SessionOptions session_options;
-  session_options.max_context = a.context;
-  if (Status s = a.engine_args.Configure(&session_options); !s.ok()) return fail(s);
+  scheduling.session.max_context = a.context;
+  if (Status s = a.engine_args.Configure(&scheduling.session); !s.ok()) return fail(s);
   auto text = ChatText::Load(a.tokenizer.empty() ? a.model : a.tokenizer, /*require_template=*/false);
   if (!text.ok()) return fail(text.status());
   server->text = std::move(text).value();
@@ -472,15 +257,13 @@ int Serve(const ServeArgs& a) {
   auto engine = Engine::Open(a.model, *engine_options);
   if (!engine.ok()) return fail(engine.status());
   server->engine = std::move(engine).value();
-  // Caches grow as contexts do: an idle slot costs only what its conversation holds.
-  for (int i = 0; i < a.slots; ++i)
-    server->slots.push_back({std::make_unique<Session>(*server->engine, session_options), 0, 0, false});
-  const size_t max_context = server->slots.front().session->max_context();
+  server->scheduler = std::make_unique<Scheduler>(*server->engine, server->text->tokenizer(), scheduling);
+  const size_t max_context = server->scheduler->max_context();
   if (server->args.name.empty())
     server->args.name = std::filesystem::path(a.model).lexically_normal().filename().string();
   if (server->args.name.empty()) server->args.name = "m3";
 
-  server->scheduler = std::thread([server] { server->Schedule(); });
+  server->scheduler->Start();
 
   httplib::Server http;
   http.set_payload_max_length(64 << 20);
@@ -497,7 +280,7 @@ int Serve(const ServeArgs& a) {
                              {"object", "model"},
                              {"created", 0},
                              {"owned_by", "m3"},
-                             {"max_model_len", server->slots.front().session->max_context()}}}}};
+                             {"max_model_len", server->scheduler->max_context()}}}}};
     res.set_content(Dump(models), "application/json");
   });
   http.Post("/v1/chat/completions", [server](const httplib::Request& req, httplib::Response& res) {
@@ -526,7 +309,7 @@ int Serve(const ServeArgs& a) {
 
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : (http.bind_to_port(a.host, a.port) ? a.port : -1);
   if (port < 0) {
-    server->Stop();
+    server->scheduler->Stop();
     return fail(IoError("cannot listen on ", a.host, ":", a.port));
   }
   // The one line a script waits for (stdout, flushed): where the server is.
@@ -535,7 +318,7 @@ int Serve(const ServeArgs& a) {
               a.slots);
   std::fflush(stdout);
   const bool listened = http.listen_after_bind();
-  server->Stop();
+  server->scheduler->Stop();
   if (!listened) return fail(IoError("the server on ", a.host, ":", port, " stopped"));
   return 0;
 }

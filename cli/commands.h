@@ -37,5 +37,6 @@ void AddRunCommands(CLI::App& app, int* rc);   // run, chat
 void AddPackCommand(CLI::App& app, int* rc);   // pack
 void AddBenchCommand(CLI::App& app, int* rc);  // bench (end to end), bench --kernels
 void AddServeCommand(CLI::App& app, int* rc);  // serve (OpenAI-compatible HTTP)
+void AddBatchCommand(CLI::App& app, int* rc);  // batch (offline, a file of requests)
 
 }  // namespace m3::cli

@@ -5,7 +5,7 @@ completion, cut by a stop string; two conversations taking turns keep their cach
 errors with a message; a context overflow is a 400; a client that leaves a stream stops it; two
 concurrent requests both complete; a folder without a chat template serves completions only;
 requests that generate at the same time are decoded in one batch and give the same greedy text as
-each alone; --cache-memory releases idle conversations' caches before refusing a request. No
+each alone, and so does `m3 batch` on a file of them; --cache-memory releases idle conversations' caches before refusing a request. No
 timing assertions.
 Usage: serve_check.py M3_BINARY REAL_VOCAB_MODEL_DIR"""
 import http.client
@@ -263,6 +263,32 @@ check(b_batched == b_alone, f"batched B == B alone: {b_batched!r} vs {b_alone!r}
 log3 = [l for l in err3.splitlines() if l.startswith("m3 serve: /v1/")]
 check(len(log3) == 2 and all("in batches of up to 2" in l for l in log3),
       "A and B decoded in one batch: " + "\n".join(log3))
+
+# `m3 batch`: the same two requests from a file, decoded together, equal to each alone; bad lines
+# get their error in place; results in input order.
+with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
+    f.write(json.dumps(long_req) + "\n" + "{not json\n" + json.dumps(short_req) + "\n"
+            + json.dumps({"prompt": "x", "n": 2}) + "\n")
+    requests_file = f.name
+p = subprocess.run([m3, "batch", "-m", model, "-i", requests_file, "--slots", "2", "-t", "2", "-c", "400"],
+                   capture_output=True, text=True, timeout=300)
+os.unlink(requests_file)
+results = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
+check(p.returncode == 0 and [r.get("index") for r in results] == [0, 1, 2, 3],
+      f"m3 batch: rc {p.returncode}, {p.stdout[:500]} {p.stderr[-500:]}")
+if len(results) == 4:
+    check(results[0].get("response", {}).get("choices", [{}])[0].get("message") == a_alone,
+          f"m3 batch: A == A alone: {results[0]} vs {a_alone}")
+    check(results[2].get("response", {}).get("choices", [{}])[0].get("message") == b_alone,
+          f"m3 batch: B == B alone: {results[2]} vs {b_alone}")
+    check("not valid JSON" in results[1].get("error", {}).get("message", "")
+          and "\"n\"" in results[3].get("error", {}).get("message", ""), f"m3 batch: errors in place: {results}")
+check("4 requests (2 failed)" in p.stderr, f"m3 batch: summary line: {p.stderr[-300:]}")
+p = subprocess.run([m3, "batch", "-m", model, "-i", "/nonexistent/requests.jsonl"], capture_output=True, text=True,
+                   timeout=60)
+check(p.returncode != 0 and "/nonexistent/requests.jsonl" in p.stderr, f"m3 batch, missing file: {p.stderr[-300:]}")
+p = subprocess.run([m3, "batch", "-m", model], input="\n", capture_output=True, text=True, timeout=60)
+check(p.returncode != 0 and "no requests" in p.stderr, f"m3 batch, empty input: {p.stderr[-300:]}")
 
 # --cache-memory: room for one conversation of ~300 tokens (the template adds ~180 to each). A second one releases the idle first
 # one's cache instead of failing; the first one then comes back without its cache; a prompt that

@@ -16,6 +16,8 @@
 #include "platform/parallel.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "runtime/scheduler.h"
+#include "text/tokenizer.h"
 #include "test_util.h"
 
 namespace m3 {
@@ -600,6 +602,88 @@ TEST_CASE("a prompt prefilled in chunks beside another generation's decode steps
       CHECK(shared_steps > chunks);
     }
   }
+}
+
+// The scheduler on golden s3 with the real tokenizer (raw turns: every id is text): five requests
+// over two slots, prompts in chunks of 16 beside decode steps, equal to each turn generated alone.
+TEST_CASE("the scheduler runs queued requests over its slots as each would run alone", "[golden][batch]") {
+  const std::string dir = test::GoldenDir("s3_mxfp8_mixed_layers_local2");
+  auto cj = test::ReadPythonJson(dir + "/case.json");
+  const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+  auto engine = Engine::Open(dir, EngineOptions{2});
+  REQUIRE(engine.ok());
+  auto tokenizer = Tokenizer::Load(test::SharedDir() + "/tokenizer/minimax-m3");
+  REQUIRE(tokenizer.ok());
+  std::vector<std::vector<int32_t>> prompts = {prompt};
+  for (auto& p : CompanionPrompts(prompt)) prompts.push_back(std::move(p));
+  prompts.push_back(std::vector<int32_t>(prompt.begin(), prompt.begin() + 5));
+  prompts.push_back(std::vector<int32_t>(prompt.begin() + 3, prompt.end()));
+  TurnOptions turn;
+  turn.raw = true;
+  turn.generate.max_tokens = 7;
+  SamplingParams params;
+  params.temperature = 0;
+  SchedulerOptions options;
+  options.slots = 2;
+  options.session.prefill_chunk = 16;
+  Scheduler scheduler(**engine, **tokenizer, options);
+  std::vector<std::string> streamed(prompts.size()), ended(prompts.size());
+  std::vector<size_t> batches(prompts.size()), generated(prompts.size());
+  size_t ends = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ScheduledRequest r;
+    r.prompt = prompts[i];
+    r.turn = turn;
+    r.sampling = params;
+    r.on_delta = [&streamed, i](const TurnDelta& d) { return streamed[i] += d.content, true; };
+    r.on_end = [&, i](const Status& st, ParsedOutput out, const GenerateStats& stats, size_t largest_batch) {
+      CHECK(st.ok());
+      ended[i] = out.content;
+      batches[i] = largest_batch;
+      generated[i] = stats.generated_tokens;
+      ++ends;
+    };
+    scheduler.Submit(std::move(r));
+  }
+  scheduler.RunUntilIdle();
+  CHECK(ends == prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    INFO("request " << i);
+    Session alone(**engine);
+    Sampler sampler(params);
+    GenerateStats stats;
+    auto want = GenerateTurn(alone, **tokenizer, prompts[i], turn, sampler, [](const TurnDelta&) { return true; },
+                             &stats);
+    REQUIRE(want.ok());
+    CHECK(ended[i] == want->content);
+    CHECK(streamed[i] == want->content);
+    CHECK(generated[i] == stats.generated_tokens);
+    CHECK((batches[i] == 1 || batches[i] == 2));
+  }
+  CHECK(std::count(batches.begin(), batches.end(), size_t{2}) >= 3);  // the last may run alone
+  // A cancelled request stops at its next step; a prompt past the context limit ends with its error.
+  auto cancelled = std::make_shared<std::atomic<bool>>(true);
+  Status late_status, long_status;
+  std::string stop_reason;
+  ScheduledRequest c;
+  c.prompt = prompts[0];
+  c.turn = turn;
+  c.sampling = params;
+  c.cancelled = cancelled;
+  c.on_end = [&](const Status& st, ParsedOutput, const GenerateStats& stats, size_t) {
+    late_status = st;
+    stop_reason = stats.stop_reason;
+  };
+  scheduler.Submit(std::move(c));
+  ScheduledRequest too_long;
+  too_long.prompt.assign(static_cast<size_t>((*engine)->model().config().max_position_embeddings) + 1, 1);
+  too_long.turn = turn;
+  too_long.on_end = [&](const Status& st, ParsedOutput, const GenerateStats&, size_t) { long_status = st; };
+  scheduler.Submit(std::move(too_long));
+  scheduler.RunUntilIdle();
+  CHECK(late_status.ok());
+  CHECK(stop_reason == "caller");
+  CHECK(long_status.code() == StatusCode::kOutOfRange);
 }
 
 TEST_CASE("batched decode refuses bad requests and leaves every session as it was", "[golden][batch][errors]") {

@@ -234,6 +234,23 @@ ojson ErrorBody(const std::string& message, int http_status) {
             {"code", http_status}}}};
 }
 
+StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,
+                                          size_t max_context, TurnOptions* turn) {
+  turn->raw = !r.chat;
+  turn->generate = GenerateOptions{r.max_tokens, text.stop_ids()};
+  turn->tool_call_id_prefix = "call_" + id + "_";
+  turn->stop_strings = r.stop;
+  std::vector<int32_t> ids;
+  if (r.chat) {
+    M3_ASSIGN_OR_RETURN(ids, text.TurnPrompt(r.messages, r.tools, r.template_options, turn));
+  } else {
+    ids = text.tokenizer().Encode(r.prompt);
+  }
+  if (ids.size() > max_context)
+    return OutOfRange("the prompt has ", ids.size(), " tokens but the context limit is ", max_context);
+  return ids;
+}
+
 int HttpStatus(const Status& s) {
   switch (s.code()) {
     case StatusCode::kInvalidArgument:

@@ -42,6 +42,12 @@ struct Request {
 StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults);
 StatusOr<Request> ParseCompletionRequest(const ojson& body, const Defaults& defaults);
 
+// A parsed request's prompt ids and turn options: the conversation rendered by `text`'s template
+// (chat) or the prompt encoded (completions), stop ids and strings, max_tokens, and tool-call ids
+// "call_<id>_<n>". OutOfRange when the prompt is longer than max_context.
+StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,
+                                          size_t max_context, TurnOptions* turn);
+
 // "tool_calls" when the turn ended on its own with tool calls, "stop" when it ended on its own
 // (or the caller stopped it), "length" at the token budget or the context limit.
 std::string FinishReason(const GenerateStats& stats, const ParsedOutput& out);

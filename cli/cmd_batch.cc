@@ -1,0 +1,170 @@
+// m3 batch: offline generation for a file of requests, continuously batched (lib/runtime/
+// scheduler.h) over --slots sessions. Input: one OpenAI request body per line, a chat completion
+// ({"messages", ...}) or a completion ({"prompt", ...}). Output: one line per request, in input
+// order, {"index", "response"} with the OpenAI response object, or {"index", "error"}.
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "runtime/chat.h"
+#include "runtime/openai.h"
+#include "runtime/scheduler.h"
+
+namespace m3::cli {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+struct BatchArgs {
+  std::string model, tokenizer, input = "-", output = "-", name;
+  int slots = 4;
+  size_t context = 0;
+  EngineArgs engine_args;
+  openai::Defaults defaults;
+};
+
+// Writes results in input order as they arrive.
+class OrderedWriter {
+ public:
+  explicit OrderedWriter(std::ostream& out) : out_(out) {}
+  void Put(size_t index, ojson line) {
+    pending_.emplace(index, std::move(line));
+    for (auto it = pending_.find(next_); it != pending_.end(); it = pending_.find(next_)) {
+      out_ << JsonText(it->second) << '\n';
+      pending_.erase(it);
+      ++next_;
+    }
+    out_.flush();
+  }
+
+ private:
+  std::ostream& out_;
+  std::map<size_t, ojson> pending_;
+  size_t next_ = 0;
+};
+
+ojson ErrorLine(size_t index, const Status& s) {
+  return {{"index", index}, {"error", openai::ErrorBody(s.message(), openai::HttpStatus(s))["error"]}};
+}
+
+int Batch(const BatchArgs& a) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "m3 batch: %s\n", s.ToString().c_str());
+    return 1;
+  };
+  if (Status s = ValidateSamplingParams(a.defaults.sampling); !s.ok()) return fail(s);
+  if (a.defaults.max_tokens < 1) return fail(InvalidArgument("--max-tokens must be at least 1"));
+  if (a.slots < 1 || a.slots > 256) return fail(InvalidArgument("--slots must be 1..256, got ", a.slots));
+
+  // The requests, read whole before the model loads (a bad file fails fast).
+  std::ifstream file;
+  if (a.input != "-") {
+    file.open(a.input);
+    if (!file) return fail(NotFound(a.input, ": cannot open the request file"));
+  }
+  std::istream& in = a.input == "-" ? std::cin : file;
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);)
+    if (line.find_first_not_of(" \t\r") != std::string::npos) lines.push_back(line);
+  if (lines.empty()) return fail(InvalidArgument("no requests in ", a.input == "-" ? "stdin" : a.input));
+
+  SchedulerOptions scheduling;
+  scheduling.slots = static_cast<size_t>(a.slots);
+  scheduling.log = [](const std::string& note) { std::fprintf(stderr, "m3 batch: %s\n", note.c_str()); };
+  scheduling.session.max_context = a.context;
+  if (Status s = a.engine_args.Configure(&scheduling.session); !s.ok()) return fail(s);
+  auto engine_options = a.engine_args.Options();
+  if (!engine_options.ok()) return fail(engine_options.status());
+  auto text = ChatText::Load(a.tokenizer.empty() ? a.model : a.tokenizer, /*require_template=*/false);
+  if (!text.ok()) return fail(text.status());
+  auto engine = Engine::Open(a.model, *engine_options);
+  if (!engine.ok()) return fail(engine.status());
+  Scheduler scheduler(**engine, (*text)->tokenizer(), scheduling);
+
+  std::ofstream out_file;
+  if (a.output != "-") {
+    out_file.open(a.output);
+    if (!out_file) return fail(IoError(a.output, ": cannot write the results"));
+  }
+  OrderedWriter writer(a.output == "-" ? std::cout : out_file);
+  const std::string model = a.name.empty() ? "m3" : a.name;
+  const int64_t created = std::time(nullptr);
+  size_t done = 0, failed = 0, prompt_tokens = 0, generated = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const ojson body = ojson::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+    StatusOr<openai::Request> parsed = InvalidArgument("line ", i + 1, " is not valid JSON");
+    if (!body.is_discarded())
+      parsed = body.is_object() && body.contains("messages") ? openai::ParseChatRequest(body, a.defaults)
+                                                             : openai::ParseCompletionRequest(body, a.defaults);
+    const std::string id = Str(parsed.ok() && parsed->chat ? "chatcmpl-batch-" : "cmpl-batch-", i);
+    TurnOptions turn;
+    StatusOr<std::vector<int32_t>> prompt = parsed.status();
+    if (parsed.ok()) prompt = openai::TurnInputs(**text, *parsed, id, scheduler.max_context(), &turn);
+    if (!prompt.ok()) {
+      writer.Put(i, ErrorLine(i, prompt.status()));
+      ++done, ++failed;
+      continue;
+    }
+    ScheduledRequest sr;
+    sr.prompt = std::move(prompt).value();
+    sr.turn = std::move(turn);
+    sr.sampling = parsed->sampling;
+    const bool chat = parsed->chat;
+    sr.on_end = [&, i, id, chat](const Status& status, ParsedOutput out, const GenerateStats& st, size_t) {
+      ++done;
+      prompt_tokens += st.prompt_tokens;
+      generated += st.generated_tokens;
+      if (!status.ok()) {
+        ++failed;
+        writer.Put(i, ErrorLine(i, status));
+      } else {
+        writer.Put(i, {{"index", i},
+                       {"response", chat ? openai::ChatResponse(id, created, model, out, st)
+                                         : openai::CompletionResponse(id, created, model, out.content, st)}});
+      }
+      std::fprintf(stderr, "\rm3 batch: %zu / %zu requests done", done, lines.size());
+    };
+    scheduler.Submit(std::move(sr));
+  }
+  scheduler.RunUntilIdle();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr,
+               "\rm3 batch: %zu requests (%zu failed) in %.1f s | %zu prompt tokens | %zu generated at %.1f tok/s "
+               "over %d slots\n",
+               lines.size(), failed, seconds, prompt_tokens, generated, seconds > 0 ? generated / seconds : 0.0,
+               a.slots);
+  return failed == lines.size() ? 1 : 0;
+}
+
+}  // namespace
+
+void AddBatchCommand(CLI::App& app, int* rc) {
+  auto a = std::make_shared<BatchArgs>();
+  auto* cmd = app.add_subcommand("batch",
+                                 "Offline generation for a JSON-lines file of OpenAI request bodies (chat "
+                                 "{\"messages\"} or completion {\"prompt\"}), decoded together; results in input order");
+  cmd->add_option("-m,--model", a->model, "model folder (with tokenizer.json and chat_template.jinja)")->required();
+  cmd->add_option("--tokenizer", a->tokenizer, "folder with the tokenizer files, if not the model folder");
+  cmd->add_option("-i,--input", a->input, "request file, one JSON body per line (- = stdin)")->default_val("-");
+  cmd->add_option("-o,--output", a->output, "result file, one JSON line per request (- = stdout)")->default_val("-");
+  cmd->add_option("--name", a->name, "model name in the responses")->default_val("m3");
+  cmd->add_option("--slots", a->slots, "requests generating at once, each in its own session")->default_val(4);
+  AddEngineOptions(cmd, &a->engine_args);
+  cmd->add_option("-c,--context", a->context, "context limit in tokens (0 = the model's)")->default_val(0);
+  cmd->add_option("-n,--max-tokens", a->defaults.max_tokens, "tokens per reply when a request gives no max_tokens")
+      ->default_val(512);
+  AddSamplingOptions(cmd, &a->defaults.sampling);
+  cmd->callback([a, rc] { *rc = Batch(*a); });
+}
+
+}  // namespace m3::cli

@@ -1,0 +1,232 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "ops/sampling.h"
+
+namespace m3 {
+
+struct Scheduler::Job {
+  ScheduledRequest request;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<TurnGeneration> generation;
+  size_t slot = 0;
+  size_t largest_batch = 0;
+  bool ended = false;
+};
+
+Scheduler::Scheduler(const Engine& engine, const Tokenizer& tokenizer, const SchedulerOptions& options)
+    : tokenizer_(tokenizer), options_(options) {
+  // Caches grow as contexts do: an idle slot costs only what its conversation holds.
+  for (size_t i = 0; i < std::max<size_t>(1, options.slots); ++i)
+    slots_.push_back({std::make_unique<Session>(engine, options.session)});
+}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Submit(ScheduledRequest request) {
+  auto job = std::make_unique<Job>();
+  job->request = std::move(request);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(job));
+  }
+  wake_.notify_one();
+}
+
+void Scheduler::Start() {
+  thread_ = std::thread([this] {
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return stop_ || !queue_.empty() || !active_.empty(); });
+        if (stop_) break;
+      }
+      if (Admit()) Step();
+    }
+    EndAll(Status(StatusCode::kInternal, "the server is stopping"));
+  });
+}
+
+void Scheduler::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+  EndAll(Status(StatusCode::kInternal, "the scheduler stopped"));
+}
+
+void Scheduler::RunUntilIdle() {
+  while (Admit()) Step();
+}
+
+bool Scheduler::Admit() {
+  std::vector<std::unique_ptr<Job>> admitted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!queue_.empty() && active_.size() + admitted.size() < slots_.size()) {
+      admitted.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+  }
+  for (auto& job : admitted)
+    if (Begin(*job)) active_.push_back(std::move(job));
+  return !active_.empty();
+}
+
+void Scheduler::EndAll(const Status& status) {
+  std::deque<std::unique_ptr<Job>> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting.swap(queue_);
+  }
+  for (auto& job : active_) End(*job, status);
+  active_.clear();
+  for (auto& job : waiting) End(*job, status);
+}
+
+// The free slot for `prompt`. First one whose conversation the prompt continues: it shares the
+// slot's last prompt but for its last few tokens (the generation prompt, e.g. "<mm:think>",
+// renders differently once the reply is part of the history); the longest such. Else an unused
+// slot, else the least recently used. A conversation that shares only the system prompt and
+// differs in its last user message (>= 6 tokens from the end with M3's template, "Hi" included)
+// does not continue it: it would evict that conversation's cache.
+size_t Scheduler::PickSlot(const std::vector<int32_t>& prompt) {
+  constexpr size_t kRenderSlack = 3;
+  Slot* pick = nullptr;
+  size_t pick_shared = 0;
+  for (Slot& slot : slots_) {
+    if (slot.busy) continue;
+    const auto& cached = slot.session->tokens();
+    const size_t shared = static_cast<size_t>(
+        std::mismatch(cached.begin(), cached.end(), prompt.begin(), prompt.end()).first - cached.begin());
+    if (slot.prompt_tokens > 0 && shared + kRenderSlack >= slot.prompt_tokens && shared > pick_shared) {
+      pick = &slot;
+      pick_shared = shared;
+    }
+  }
+  for (Slot& slot : slots_)
+    if (!pick && !slot.busy && slot.prompt_tokens == 0) pick = &slot;
+  if (!pick)  // Admit takes a request only while a slot is free
+    for (Slot& slot : slots_)
+      if (!slot.busy && (!pick || slot.last_used < pick->last_used)) pick = &slot;
+  pick->last_used = ++clock_;
+  pick->prompt_tokens = prompt.size();
+  pick->busy = true;
+  return static_cast<size_t>(pick - slots_.data());
+}
+
+// A free slot and the job's generation; false (and the job ended) on error. Its prompt runs in
+// the following steps.
+bool Scheduler::Begin(Job& job) {
+  try {
+    job.slot = PickSlot(job.request.prompt);
+    job.sampler = std::make_unique<Sampler>(job.request.sampling);
+    job.generation = std::make_unique<TurnGeneration>(
+        *slots_[job.slot].session, tokenizer_, job.request.turn, *job.sampler,
+        [&job](const TurnDelta& d) { return !job.request.on_delta || job.request.on_delta(d); });
+    if (Status st = job.generation->generation().Begin(job.request.prompt); !st.ok()) {
+      End(job, st);
+      return false;
+    }
+  } catch (const std::exception& e) {
+    End(job, Status(StatusCode::kInternal, e.what()));
+    return false;
+  }
+  return true;
+}
+
+void Scheduler::Step() {
+  try {
+    size_t budget = slots_.front().session->prefill_chunk();
+    std::vector<int32_t> decode_ids(active_.size());
+    std::vector<Generation*> gens;
+    std::vector<std::span<const int32_t>> ids;
+    std::vector<Job*> stepped;
+    std::vector<std::pair<Job*, Status>> ended;
+    for (size_t i = 0; i < active_.size(); ++i) {
+      Job* job = active_[i].get();
+      Generation& g = job->generation->generation();
+      if (job->request.cancelled && job->request.cancelled->load()) g.Cancel();
+      if (g.done()) {
+        ended.emplace_back(job, Status::Ok());
+      } else if (!g.pending().empty()) {
+        if (budget == 0) continue;  // its turn comes in a later step
+        const std::span<const int32_t> chunk = g.pending().first(std::min(budget, g.pending().size()));
+        budget -= chunk.size();
+        gens.push_back(&g);
+        ids.push_back(chunk);
+        stepped.push_back(job);
+      } else if (g.Next(&decode_ids[i])) {
+        gens.push_back(&g);
+        ids.push_back({&decode_ids[i], 1});
+        stepped.push_back(job);
+      } else {
+        ended.emplace_back(job, Status::Ok());
+      }
+    }
+    if (!gens.empty()) {
+      for (Job* job : stepped)  // decoding ones: the sequences their token's pass ran with
+        if (job->generation->generation().pending().empty())
+          job->largest_batch = std::max(job->largest_batch, gens.size());
+      ShareCacheBudget(stepped);
+      const std::vector<Status> st = BatchStep(gens, ids);
+      for (size_t i = 0; i < gens.size(); ++i) {
+        // Out of memory: the caches of idle conversations go first; the step is retried next time
+        // (a failed pass changes nothing, and Next gives the same token again).
+        if (st[i].code() == StatusCode::kOutOfMemory && ReleaseIdleSlot()) continue;
+        if (!st[i].ok()) ended.emplace_back(stepped[i], st[i]);
+      }
+    }
+    for (auto& [job, st] : ended) End(*job, st);
+  } catch (const std::exception& e) {  // e.g. out of memory in a sampler: those requests end
+    for (auto& job : active_) End(*job, Status(StatusCode::kInternal, Str("decode step: ", e.what())));
+  }
+  std::erase_if(active_, [](const std::unique_ptr<Job>& j) { return j->ended; });
+}
+
+// With a cache budget, each stepped session may hold what the other slots leave of it.
+void Scheduler::ShareCacheBudget(const std::vector<Job*>& stepped) {
+  if (!options_.cache_budget) return;
+  uint64_t held = 0;
+  for (const Slot& slot : slots_) held += slot.session->cache().bytes();
+  for (Job* job : stepped) {
+    Session& s = *slots_[job->slot].session;
+    const uint64_t others = held - s.cache().bytes();
+    s.set_memory_budget(options_.cache_budget > others ? options_.cache_budget - others : 1);
+  }
+}
+
+// Frees the caches of the least recently used idle slot that holds any; false when none does.
+bool Scheduler::ReleaseIdleSlot() {
+  Slot* victim = nullptr;
+  for (Slot& slot : slots_)
+    if (!slot.busy && slot.session->cache().bytes() > 0 && (!victim || slot.last_used < victim->last_used))
+      victim = &slot;
+  if (!victim) return false;
+  if (options_.log)
+    options_.log(Str("out of cache memory: released an idle conversation of ", victim->session->position(), " tokens"));
+  victim->session->Release();
+  victim->prompt_tokens = 0;
+  return true;
+}
+
+// Ends a job once: frees its slot, finishes its turn (the held text goes out as deltas) and
+// reports it.
+void Scheduler::End(Job& job, const Status& status) {
+  if (job.ended) return;
+  job.ended = true;
+  ParsedOutput out;
+  GenerateStats st;
+  if (job.generation) {
+    out = job.generation->Finish(&st);
+    slots_[job.slot].busy = false;
+  }
+  if (job.request.on_end) job.request.on_end(status, std::move(out), st, job.largest_batch);
+}
+
+}  // namespace m3

@@ -1,0 +1,98 @@
+// Continuous batching over a pool of sessions (`m3 serve`, `m3 batch`). Requests wait in a queue
+// until a session is free; then every step runs one forward pass for all active requests
+// (BatchStep): a token for each that is decoding, and chunks of the prompts still pending, oldest
+// first, up to one prefill chunk of tokens a step, so that a long new prompt slows the replies
+// under way instead of stalling them. Each weight is read once per step for all of them.
+//
+// A request goes to the free session whose last prompt it continues (so a client resending a
+// growing conversation pays only for its new tokens), else to an unused one, else to the least
+// recently used. With a cache budget, the caches of idle sessions are released (least recently
+// used first) before a request is refused for memory, and its step is retried.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/chat.h"
+#include "runtime/engine.h"
+
+namespace m3 {
+
+struct SchedulerOptions {
+  size_t slots = 1;          // sessions, and the most requests generating at once
+  SessionOptions session;    // of every slot
+  uint64_t cache_budget = 0;  // most bytes all slots' caches hold together (0: what the process can get)
+  std::function<void(const std::string&)> log;  // notes such as a released cache (may be empty)
+};
+
+struct ScheduledRequest {
+  std::vector<int32_t> prompt;  // the whole conversation's ids
+  TurnOptions turn;
+  SamplingParams sampling;
+  // On the scheduler's thread: every non-empty piece of the turn as it is decoded; false stops it.
+  std::function<bool(const TurnDelta&)> on_delta;
+  // On the scheduler's thread, once: the status (on error, what was generated before it), the
+  // turn, its stats, and the most sequences one of its decode passes ran with.
+  std::function<void(const Status&, ParsedOutput, const GenerateStats&, size_t largest_batch)> on_end;
+  // Optional: set from any thread to stop the request at its next step (stop reason "caller").
+  std::shared_ptr<std::atomic<bool>> cancelled;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Engine& engine, const Tokenizer& tokenizer, const SchedulerOptions& options);
+  ~Scheduler();  // Stop()
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  size_t max_context() const { return slots_.front().session->max_context(); }
+  // From any thread. A prompt past the context limit ends with OutOfRange at its first step.
+  void Submit(ScheduledRequest request);
+  // Runs steps on a thread of its own until Stop.
+  void Start();
+  // Ends that thread; requests not ended yet end with an error.
+  void Stop();
+  // Runs steps on the calling thread until no request is queued or generating (without Start).
+  void RunUntilIdle();
+
+ private:
+  struct Job;
+  struct Slot {
+    std::unique_ptr<Session> session;
+    uint64_t last_used = 0;
+    size_t prompt_tokens = 0;  // of its last request
+    bool busy = false;
+  };
+
+  // Takes queued requests while slots are free; false when nothing is queued or active.
+  bool Admit();
+  void Step();
+  bool Begin(Job& job);
+  void End(Job& job, const Status& status);
+  size_t PickSlot(const std::vector<int32_t>& prompt);
+  void ShareCacheBudget(const std::vector<Job*>& stepped);
+  bool ReleaseIdleSlot();
+  void EndAll(const Status& status);
+
+  const Tokenizer& tokenizer_;
+  SchedulerOptions options_;
+  std::vector<Slot> slots_;  // the stepping thread's alone
+  uint64_t clock_ = 0;
+  std::vector<std::unique_ptr<Job>> active_;
+
+  std::mutex mu_;  // guards queue_ and stop_
+  std::condition_variable wake_;
+  std::deque<std::unique_ptr<Job>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace m3
