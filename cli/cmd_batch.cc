@@ -88,8 +88,6 @@ int Batch(const BatchArgs& a) {
   if (!text.ok()) return fail(text.status());
   auto engine = Engine::Open(a.model, *engine_options);
   if (!engine.ok()) return fail(engine.status());
-  Scheduler scheduler(**engine, (*text)->tokenizer(), scheduling);
-
   std::ofstream out_file;
   if (a.output != "-") {
     out_file.open(a.output);
@@ -99,6 +97,8 @@ int Batch(const BatchArgs& a) {
   const std::string model = a.name.empty() ? "m3" : a.name;
   const int64_t created = std::time(nullptr);
   size_t done = 0, failed = 0, prompt_tokens = 0, generated = 0;
+  // After what its callbacks use: it ends (and reports) any request left when it goes.
+  Scheduler scheduler(**engine, (*text)->tokenizer(), scheduling);
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < lines.size(); ++i) {
     const ojson body = ojson::parse(lines[i], nullptr, /*allow_exceptions=*/false);
