@@ -39,40 +39,82 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   if (params_.temperature == 0.0f)
     return static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
 
-  // Candidates in descending logit order (ties -> lower id); top-k limits how many are sorted.
-  order_.resize(vocab);
-  std::iota(order_.begin(), order_.end(), 0);
-  const size_t k = params_.top_k > 0 ? std::min<size_t>(params_.top_k, vocab) : vocab;
-  auto by_logit = [&](int32_t a, int32_t b) { return work_[a] > work_[b] || (work_[a] == work_[b] && a < b); };
-  std::partial_sort(order_.begin(), order_.begin() + k, order_.end(), by_logit);
-  order_.resize(k);
+  // Relative probabilities exp((logit - max) / T); the max is the first largest logit (top-k
+  // finds it as its first candidate, without a pass of its own).
+  size_t top = 0;
+  double max_logit = 0;
+  auto weight = [&](int32_t id) { return std::exp((work_[id] - max_logit) / params_.temperature); };
+  const double u = Uniform();
+  if (params_.top_k == 0) {
+    top = static_cast<size_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+    max_logit = work_[top];
+    if (!std::isfinite(max_logit)) return static_cast<int32_t>(top);
+  }
 
-  // Softmax over the candidates at the temperature, in double for stable sums.
-  const double max_logit = work_[order_[0]];
-  if (!std::isfinite(max_logit)) return order_[0];
-  std::vector<double> prob(k);
-  double sum = 0;
-  for (size_t i = 0; i < k; ++i) sum += prob[i] = std::exp((work_[order_[i]] - max_logit) / params_.temperature);
-  size_t keep = k;
-  if (params_.top_p < 1.0f) {
-    double cum = 0;
-    for (size_t i = 0; i < k; ++i) {
-      cum += prob[i] / sum;
-      if (cum >= params_.top_p) {
-        keep = i + 1;
-        break;
+  // No filter: the draw walks the vocabulary in id order, one pass and no sort.
+  if (params_.top_k == 0 && params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
+    double total = 0;
+    for (size_t i = 0; i < vocab; ++i) total += weight(static_cast<int32_t>(i));
+    double r = u * total;
+    for (size_t i = 0; i < vocab; ++i)
+      if ((r -= weight(static_cast<int32_t>(i))) < 0) return static_cast<int32_t>(i);
+    return static_cast<int32_t>(top);  // rounding left r >= 0: the likeliest token
+  }
+
+  // Candidates in descending logit order (ties -> lower id). Top-k sorts k of them. Without it,
+  // top-p / min-p keep a prefix that is usually short: sort a few, and more only while the
+  // prefix might go on past them (a full sort of a 200K vocabulary took ~35 ms per token).
+  double total = 0;  // all tokens' weight, for top-p without top-k
+  if (params_.top_k == 0)
+    for (size_t i = 0; i < vocab; ++i) total += weight(static_cast<int32_t>(i));
+  auto by_logit = [&](int32_t a, int32_t b) { return work_[a] > work_[b] || (work_[a] == work_[b] && a < b); };
+  const double floor = params_.min_p;  // min-p: weight >= min_p (the top token's weight is 1)
+  std::vector<double> prob;
+  size_t k = params_.top_k > 0 ? std::min<size_t>(params_.top_k, vocab) : std::min<size_t>(256, vocab);
+  size_t keep = 0;
+  for (;;) {
+    order_.resize(vocab);
+    std::iota(order_.begin(), order_.end(), 0);
+    const auto kth = order_.begin() + static_cast<std::ptrdiff_t>(k);
+    if (k <= 1024) {  // a heap of k: one comparison for most tokens
+      std::partial_sort(order_.begin(), kth, order_.end(), by_logit);
+    } else {  // selection, then a sort of the k alone
+      std::nth_element(order_.begin(), kth - 1, order_.end(), by_logit);
+      std::sort(order_.begin(), kth, by_logit);
+    }
+    order_.resize(k);
+    if (params_.top_k > 0) {
+      max_logit = work_[order_[0]];
+      if (!std::isfinite(max_logit)) return order_[0];
+    }
+    prob.resize(k);
+    for (size_t i = 0; i < k; ++i) prob[i] = weight(order_[i]);
+    const double sum = params_.top_k > 0 ? std::accumulate(prob.begin(), prob.end(), 0.0) : total;
+    keep = k;
+    bool decided = params_.top_k > 0 || k == vocab;
+    if (params_.top_p < 1.0f) {
+      double cum = 0;
+      for (size_t i = 0; i < k; ++i) {
+        cum += prob[i] / sum;
+        if (cum >= params_.top_p) {
+          keep = i + 1;
+          decided = true;
+          break;
+        }
       }
     }
-  }
-  if (params_.min_p > 0.0f) {
-    const double floor = params_.min_p * prob[0];  // prob[0] is the largest
-    size_t n = 1;
-    while (n < keep && prob[n] >= floor) ++n;
-    keep = n;
+    if (params_.min_p > 0.0f) {
+      size_t n = 1;
+      while (n < keep && prob[n] >= floor) ++n;
+      if (n < keep || prob[k - 1] < floor) decided = true;  // the cut falls inside the sorted ones
+      keep = std::min(keep, n);
+    }
+    if (decided) break;
+    k = std::min(vocab, k * 4);
   }
   double kept = 0;
   for (size_t i = 0; i < keep; ++i) kept += prob[i];
-  double r = Uniform() * kept;
+  double r = u * kept;
   for (size_t i = 0; i < keep; ++i) {
     r -= prob[i];
     if (r < 0) return order_[i];
