@@ -30,6 +30,7 @@
 #include "model/model.h"
 #include "model/packer.h"
 #include "platform/mapped_file.h"
+#include "runtime/engine.h"
 #include "test_util.h"
 #include "weight_pack.h"
 
@@ -361,6 +362,47 @@ TEST_CASE("every golden checkpoint packs as q8, q4 and q4-mixed, exactly", "[pac
         const double expert_bpw = summary.value().expert_bits_per_weight();
         if (type == m3::PackType::kQ8) CHECK(expert_bpw >= 8.0);
         if (type != m3::PackType::kQ8) CHECK(expert_bpw < 5.0);
+      }
+    }
+  }
+}
+
+// The int8 kernels take a batch's tokens as one GEMV/GEMM: each sequence's logits must be the ones
+// it gets decoded alone (they are, bit for bit: integer dot products, per-token scales).
+TEST_CASE("packed models decode a batch of sequences as each alone", "[pack][batch]") {
+  for (const char* name : {"s2_bf16_sharded_init1", "s5_realprop_mxfp8_vl"}) {
+    for (m3::PackType type : {m3::PackType::kQ8, m3::PackType::kQ4Mixed}) {
+      DYNAMIC_SECTION(name << " " << m3::PackTypeName(type)) {
+        m3::test::TempDir tmp;
+        const fs::path out = tmp.path() / "packed";
+        RequireOk(Pack(m3::test::GoldenDir(name), out, type));
+        auto engine = m3::Engine::Open(out.string(), m3::EngineOptions{2});
+        RequireOk(engine.status());
+        const size_t vocab = (*engine)->model().config().vocab_size;
+        const std::vector<std::vector<int32_t>> prompts = {{5, 17, 200, 3, 99, 250}, {7, 7, 7}, {30, 2, 64, 128, 1}};
+        std::vector<std::unique_ptr<m3::Session>> batched, alone;
+        std::vector<int32_t> next;
+        std::vector<float> logits;
+        for (const auto& p : prompts) {
+          batched.push_back(std::make_unique<m3::Session>(**engine));
+          alone.push_back(std::make_unique<m3::Session>(**engine));
+          RequireOk(batched.back()->Eval(p, m3::LogitsMode::kNone, nullptr));
+          RequireOk(alone.back()->Eval(p, m3::LogitsMode::kLastRow, &logits));
+          next.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+        }
+        std::vector<m3::Session*> sessions;
+        for (auto& s : batched) sessions.push_back(s.get());
+        size_t differing = 0;
+        for (int step = 0; step < 4; ++step) {
+          RequireOk(m3::Session::DecodeBatch(sessions, next, &logits));
+          for (size_t i = 0; i < prompts.size(); ++i) {
+            std::vector<float> own;
+            RequireOk(alone[i]->Eval({&next[i], 1}, m3::LogitsMode::kLastRow, &own));
+            differing += !std::equal(own.begin(), own.end(), logits.begin() + static_cast<std::ptrdiff_t>(i * vocab));
+            next[i] = static_cast<int32_t>(std::max_element(own.begin(), own.end()) - own.begin());
+          }
+        }
+        CHECK(differing == 0);
       }
     }
   }
