@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/npy.h"
+#include "kernels.h"
 #include "format/safetensors.h"
 #include "platform/parallel.h"
 #include "runtime/engine.h"
@@ -497,6 +498,46 @@ TEST_CASE("batched decode of three sequences matches the golden case and each se
       const auto want_greedy = cj["greedy_ids"].get<std::vector<int32_t>>();
       CHECK(greedy == std::vector<int32_t>(want_greedy.begin(), want_greedy.begin() + steps + 1));
       CHECK(worst_vs_alone < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("batched decode is bit-identical to decoding alone on every SIMD target", "[golden][batch]") {
+  for (const char* name : {"s1_fp32_basic", "s2_bf16_sharded_init1", "s6_fp16_mha_top1_sharded3"}) {
+    for (int64_t target : simd::RunnableTargets()) {
+      DYNAMIC_SECTION(name << " " << simd::TargetName(target)) {
+        simd::ForceTargetForTest(target);
+        const std::string dir = test::GoldenDir(name);
+        const auto prompt = test::ReadPythonJson(dir + "/case.json")["prompt_ids"].get<std::vector<int32_t>>();
+        auto engine = Engine::Open(dir, EngineOptions{2});
+        REQUIRE(engine.ok());
+        const size_t vocab = (*engine)->model().config().vocab_size;
+        std::vector<std::vector<int32_t>> prompts = {prompt};
+        for (auto& p : CompanionPrompts(prompt)) prompts.push_back(std::move(p));
+        std::vector<std::unique_ptr<Session>> batched, alone;
+        std::vector<int32_t> next;
+        std::vector<float> logits, own;
+        for (const auto& p : prompts) {
+          batched.push_back(std::make_unique<Session>(**engine));
+          alone.push_back(std::make_unique<Session>(**engine));
+          REQUIRE(batched.back()->Eval(p, LogitsMode::kNone, nullptr).ok());
+          REQUIRE(alone.back()->Eval(p, LogitsMode::kLastRow, &own).ok());
+          next.push_back(Argmax(own.data(), vocab));
+        }
+        std::vector<Session*> sessions;
+        for (auto& s : batched) sessions.push_back(s.get());
+        size_t differing = 0;
+        for (int step = 0; step < 3; ++step) {
+          REQUIRE(Session::DecodeBatch(sessions, next, &logits).ok());
+          for (size_t i = 0; i < prompts.size(); ++i) {
+            REQUIRE(alone[i]->Eval({&next[i], 1}, LogitsMode::kLastRow, &own).ok());
+            differing += !std::equal(own.begin(), own.end(), logits.begin() + static_cast<std::ptrdiff_t>(i * vocab));
+            next[i] = Argmax(own.data(), vocab);
+          }
+        }
+        CHECK(differing == 0);
+        simd::ForceTargetForTest(0);
+      }
     }
   }
 }

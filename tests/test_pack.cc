@@ -32,6 +32,7 @@
 #include "platform/mapped_file.h"
 #include "runtime/engine.h"
 #include "test_util.h"
+#include "quant_kernels.h"
 #include "weight_pack.h"
 
 namespace {
@@ -372,7 +373,9 @@ TEST_CASE("every golden checkpoint packs as q8, q4 and q4-mixed, exactly", "[pac
 TEST_CASE("packed models decode a batch of sequences as each alone", "[pack][batch]") {
   for (const char* name : {"s2_bf16_sharded_init1", "s5_realprop_mxfp8_vl"}) {
     for (m3::PackType type : {m3::PackType::kQ8, m3::PackType::kQ4Mixed}) {
-      DYNAMIC_SECTION(name << " " << m3::PackTypeName(type)) {
+      for (const std::string& kernel : m3::simd::RunnableQuantKernels())
+      DYNAMIC_SECTION(name << " " << m3::PackTypeName(type) << " " << kernel) {
+        REQUIRE(m3::simd::ForceQuantKernelForTest(kernel.c_str()));
         m3::test::TempDir tmp;
         const fs::path out = tmp.path() / "packed";
         RequireOk(Pack(m3::test::GoldenDir(name), out, type));
@@ -403,6 +406,7 @@ TEST_CASE("packed models decode a batch of sequences as each alone", "[pack][bat
           }
         }
         CHECK(differing == 0);
+        m3::simd::ForceQuantKernelForTest(nullptr);
       }
     }
   }
