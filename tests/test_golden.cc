@@ -19,6 +19,7 @@
 #include "runtime/generate.h"
 #include "runtime/scheduler.h"
 #include "text/tokenizer.h"
+#include "batch_check.h"
 #include "test_util.h"
 
 namespace m3 {
@@ -511,31 +512,9 @@ TEST_CASE("batched decode is bit-identical to decoding alone on every SIMD targe
         const auto prompt = test::ReadPythonJson(dir + "/case.json")["prompt_ids"].get<std::vector<int32_t>>();
         auto engine = Engine::Open(dir, EngineOptions{2});
         REQUIRE(engine.ok());
-        const size_t vocab = (*engine)->model().config().vocab_size;
         std::vector<std::vector<int32_t>> prompts = {prompt};
         for (auto& p : CompanionPrompts(prompt)) prompts.push_back(std::move(p));
-        std::vector<std::unique_ptr<Session>> batched, alone;
-        std::vector<int32_t> next;
-        std::vector<float> logits, own;
-        for (const auto& p : prompts) {
-          batched.push_back(std::make_unique<Session>(**engine));
-          alone.push_back(std::make_unique<Session>(**engine));
-          REQUIRE(batched.back()->Eval(p, LogitsMode::kNone, nullptr).ok());
-          REQUIRE(alone.back()->Eval(p, LogitsMode::kLastRow, &own).ok());
-          next.push_back(Argmax(own.data(), vocab));
-        }
-        std::vector<Session*> sessions;
-        for (auto& s : batched) sessions.push_back(s.get());
-        size_t differing = 0;
-        for (int step = 0; step < 3; ++step) {
-          REQUIRE(Session::DecodeBatch(sessions, next, &logits).ok());
-          for (size_t i = 0; i < prompts.size(); ++i) {
-            REQUIRE(alone[i]->Eval({&next[i], 1}, LogitsMode::kLastRow, &own).ok());
-            differing += !std::equal(own.begin(), own.end(), logits.begin() + static_cast<std::ptrdiff_t>(i * vocab));
-            next[i] = Argmax(own.data(), vocab);
-          }
-        }
-        CHECK(differing == 0);
+        CHECK(test::BatchedStepsDifferingFromAlone(**engine, prompts, 3) == 0);
         simd::ForceTargetForTest(0);
       }
     }

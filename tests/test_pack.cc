@@ -30,7 +30,7 @@
 #include "model/model.h"
 #include "model/packer.h"
 #include "platform/mapped_file.h"
-#include "runtime/engine.h"
+#include "batch_check.h"
 #include "test_util.h"
 #include "quant_kernels.h"
 #include "weight_pack.h"
@@ -381,31 +381,8 @@ TEST_CASE("packed models decode a batch of sequences as each alone", "[pack][bat
         RequireOk(Pack(m3::test::GoldenDir(name), out, type));
         auto engine = m3::Engine::Open(out.string(), m3::EngineOptions{2});
         RequireOk(engine.status());
-        const size_t vocab = (*engine)->model().config().vocab_size;
         const std::vector<std::vector<int32_t>> prompts = {{5, 17, 200, 3, 99, 250}, {7, 7, 7}, {30, 2, 64, 128, 1}};
-        std::vector<std::unique_ptr<m3::Session>> batched, alone;
-        std::vector<int32_t> next;
-        std::vector<float> logits;
-        for (const auto& p : prompts) {
-          batched.push_back(std::make_unique<m3::Session>(**engine));
-          alone.push_back(std::make_unique<m3::Session>(**engine));
-          RequireOk(batched.back()->Eval(p, m3::LogitsMode::kNone, nullptr));
-          RequireOk(alone.back()->Eval(p, m3::LogitsMode::kLastRow, &logits));
-          next.push_back(static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
-        }
-        std::vector<m3::Session*> sessions;
-        for (auto& s : batched) sessions.push_back(s.get());
-        size_t differing = 0;
-        for (int step = 0; step < 4; ++step) {
-          RequireOk(m3::Session::DecodeBatch(sessions, next, &logits));
-          for (size_t i = 0; i < prompts.size(); ++i) {
-            std::vector<float> own;
-            RequireOk(alone[i]->Eval({&next[i], 1}, m3::LogitsMode::kLastRow, &own));
-            differing += !std::equal(own.begin(), own.end(), logits.begin() + static_cast<std::ptrdiff_t>(i * vocab));
-            next[i] = static_cast<int32_t>(std::max_element(own.begin(), own.end()) - own.begin());
-          }
-        }
-        CHECK(differing == 0);
+        CHECK(m3::test::BatchedStepsDifferingFromAlone(**engine, prompts, 4) == 0);
         m3::simd::ForceQuantKernelForTest(nullptr);
       }
     }
