@@ -446,6 +446,93 @@ TEST_CASE("m3_session_chat: raw prompts, stopping from the callback, the C++ wra
   CHECK(session.Chat(tok, R"({"prompt": "x"})", Greedy(2)).size() > 0);  // still usable
 }
 
+TEST_CASE("m3_scheduler: queued chat requests over two slots equal each m3_session_chat alone", "[capi]") {
+  const std::string model = RealVocabModel();
+  m3api::Engine engine(model, 2);
+  const m3api::Tokenizer tok(model);
+  const std::vector<std::string> requests = {
+      R"({"messages": [{"role": "user", "content": "Hello! Who are you?"}], "options": {"thinking_mode": "enabled"}})",
+      R"({"prompt": "The capital of France is"})",
+      R"({"messages": [{"role": "user", "content": "Name three colours."}]})",
+      R"({"prompt": "Once upon a time", "stop": ["the"]})"};
+  const m3_generate_options o = Greedy(12);
+  std::vector<std::string> alone;
+  for (const std::string& r : requests) {
+    m3api::Session session(engine);
+    alone.push_back(session.Chat(tok, r, o));
+  }
+  // C: two slots, four requests; parts streamed, the end once each.
+  m3_scheduler* sched = nullptr;
+  REQUIRE(m3_scheduler_new(engine.get(), tok.get(), 2, &sched) == M3_OK);
+  struct End {
+    m3_status status = M3_ERR_INTERNAL;
+    std::string text;
+    uint64_t generated = 0;
+    int calls = 0;
+  };
+  std::vector<Parts> parts(requests.size());
+  std::vector<End> ends(requests.size());
+  struct Ctx {
+    Parts* parts;
+    End* end;
+  };
+  std::vector<Ctx> ctx;
+  for (size_t i = 0; i < requests.size(); ++i) ctx.push_back({&parts[i], &ends[i]});
+  for (size_t i = 0; i < requests.size(); ++i)
+    REQUIRE(m3_scheduler_submit(
+                sched, requests[i].c_str(), &o,
+                [](m3_chat_part part, const char* text, size_t len, void* user) {
+                  return CollectPart(part, text, len, static_cast<Ctx*>(user)->parts);
+                },
+                [](m3_status status, const char* text, const m3_generate_stats* stats, void* user) {
+                  End* e = static_cast<Ctx*>(user)->end;
+                  e->status = status;
+                  e->text = text;
+                  e->generated = stats->generated_tokens;
+                  ++e->calls;
+                },
+                &ctx[i]) == M3_OK);
+  REQUIRE(m3_scheduler_run(sched) == M3_OK);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    INFO("request " << i);
+    CHECK(ends[i].calls == 1);
+    CHECK(ends[i].status == M3_OK);
+    CHECK(ends[i].text == alone[i]);
+    CHECK(ends[i].generated > 0);
+    const ojson msg = ojson::parse(ends[i].text);
+    CHECK(parts[i].content == msg["content"].get<std::string>());
+  }
+  // Bad requests are refused at submit, with no callback.
+  CHECK(m3_scheduler_submit(sched, "{not json", &o, nullptr, nullptr, nullptr) == M3_ERR_INVALID_ARGUMENT);
+  CHECK_THAT(m3_last_error(), Contains("m3_scheduler_submit"));
+  CHECK(m3_scheduler_submit(nullptr, "{}", &o, nullptr, nullptr, nullptr) == M3_ERR_INVALID_ARGUMENT);
+  CHECK(m3_scheduler_new(engine.get(), tok.get(), 0, &sched) == M3_ERR_INVALID_ARGUMENT);
+  CHECK(sched == nullptr);
+  // A request left queued at free ends with an error.
+  REQUIRE(m3_scheduler_new(engine.get(), tok.get(), 1, &sched) == M3_OK);
+  End left;
+  Parts left_parts;
+  Ctx left_ctx{&left_parts, &left};
+  REQUIRE(m3_scheduler_submit(sched, requests[1].c_str(), &o, nullptr,
+                              [](m3_status status, const char* text, const m3_generate_stats*, void* user) {
+                                static_cast<Ctx*>(user)->end->status = status;
+                                static_cast<Ctx*>(user)->end->text = text;
+                              },
+                              &left_ctx) == M3_OK);
+  m3_scheduler_free(sched);
+  CHECK(left.status == M3_ERR_INTERNAL);
+
+  // C++: the same through m3api::Scheduler; a throwing callback comes out of Run.
+  m3api::Scheduler scheduler(engine, tok, 2);
+  std::vector<std::string> got(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i)
+    scheduler.Submit(requests[i], o, nullptr, [&got, i](const m3api::Scheduler::Result& r) { got[i] = r.text; });
+  scheduler.Run();
+  CHECK(got == alone);
+  scheduler.Submit(requests[1], o, [](m3_chat_part, std::string_view) -> bool { throw std::runtime_error("boom"); });
+  CHECK_THROWS_WITH(scheduler.Run(), "boom");
+}
+
 TEST_CASE("m3_session_chat refuses bad requests with a message and leaves the session usable", "[capi]") {
   const std::string model = RealVocabModel();
   m3api::Engine engine(model, 1);

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "kernels.h"
 #include "runtime/chat.h"
 #include "runtime/engine.h"
+#include "runtime/scheduler.h"
 
 struct m3_engine {
   std::unique_ptr<m3::Engine> engine;
@@ -23,6 +25,10 @@ struct m3_session {
 };
 struct m3_tokenizer {
   std::unique_ptr<m3::ChatText> text;
+};
+struct m3_scheduler {
+  std::unique_ptr<m3::Scheduler> scheduler;
+  const m3_tokenizer* tokenizer;
 };
 
 namespace {
@@ -142,6 +148,50 @@ m3::StatusOr<ChatRequest> ParseChatRequest(const char* request_json, bool allow_
 
 m3_status Prefixed(const char* fn, const m3::Status& s) {
   return Report(m3::Status(s.code(), std::string(fn) + ": " + s.message()));
+}
+
+// A chat request as m3_session_chat and m3_scheduler_submit take it, ready to generate.
+struct ChatInputs {
+  std::vector<int32_t> prompt;
+  m3::TurnOptions turn;
+  m3::SamplingParams sampling;
+  bool template_error = false;  // the template refused the conversation (its own message)
+};
+
+m3::Status PrepareChat(const m3_tokenizer& tokenizer, const char* request_json, const m3_generate_options* options,
+                       ChatInputs* in) {
+  M3_ASSIGN_OR_RETURN(ChatRequest req, ParseChatRequest(request_json, /*allow_prompt=*/true));
+  M3_RETURN_IF_ERROR(ReadGenerateOptions(options, &in->sampling, &in->turn.generate));
+  in->turn.stop_strings = req.stop;
+  const m3::ChatText& text = *tokenizer.text;
+  for (const int32_t id : text.stop_ids()) in->turn.generate.stop_ids.push_back(id);
+  if (req.prompt) {
+    in->turn.raw = true;
+    in->prompt = text.tokenizer().Encode(*req.prompt);
+  } else {
+    auto ids = text.TurnPrompt(req.messages, req.tools, req.options, &in->turn);
+    if (!ids.ok()) {
+      in->template_error = true;
+      return ids.status();
+    }
+    in->prompt = std::move(ids).value();
+  }
+  if (in->prompt.empty()) return m3::InvalidArgument("the prompt is empty");
+  return m3::Status::Ok();
+}
+
+// The pieces of a turn to a C chat callback (may be NULL); false when it asks to stop.
+std::function<bool(const m3::TurnDelta&)> ChatParts(m3_chat_callback callback, void* user_data) {
+  return [callback, user_data](const m3::TurnDelta& d) {
+    if (!callback) return true;
+    auto send = [&](m3_chat_part part, const std::string& text) {
+      return text.empty() || callback(part, text.data(), text.size(), user_data) == 0;
+    };
+    bool go = send(M3_PART_REASONING, d.reasoning);
+    go &= send(M3_PART_CONTENT, d.content);
+    for (const m3::ToolCall& call : d.tool_calls) go &= send(M3_PART_TOOL_CALL, m3::JsonText(m3::ToolCallJson(call)));
+    return go;
+  };
 }
 
 bool ToCacheType(int32_t value, m3::CacheType* out) {
@@ -368,43 +418,71 @@ m3_status m3_session_chat(m3_session* session, const m3_tokenizer* tokenizer, co
   if (!StatsSizeOk(stats))
     return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_chat: stats->struct_size must be sizeof(m3_generate_stats)");
   return Guard([&] {
-    auto req = ParseChatRequest(request_json, /*allow_prompt=*/true);
-    if (!req.ok()) return Prefixed("m3_session_chat", req.status());
-    m3::SamplingParams sp;
-    m3::TurnOptions turn;
-    if (m3::Status s = ReadGenerateOptions(options, &sp, &turn.generate); !s.ok())
-      return Prefixed("m3_session_chat", s);
-    turn.stop_strings = req->stop;
-    const m3::ChatText& text = *tokenizer->text;
-    for (const int32_t id : text.stop_ids()) turn.generate.stop_ids.push_back(id);
-    std::vector<int32_t> prompt;
-    if (req->prompt) {
-      turn.raw = true;
-      prompt = text.tokenizer().Encode(*req->prompt);
-    } else {
-      auto ids = text.TurnPrompt(req->messages, req->tools, req->options, &turn);
-      if (!ids.ok()) return Report(ids.status());
-      prompt = std::move(ids).value();
-    }
-    if (prompt.empty()) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_chat: the prompt is empty");
-    m3::Sampler sampler(sp);
+    ChatInputs in;
+    if (m3::Status s = PrepareChat(*tokenizer, request_json, options, &in); !s.ok())
+      return s.code() == m3::StatusCode::kInvalidArgument && !in.template_error ? Prefixed("m3_session_chat", s)
+                                                                                : Report(s);
+    m3::Sampler sampler(in.sampling);
     m3::GenerateStats st;
-    auto on_delta = [&](const m3::TurnDelta& d) {
-      if (!callback) return true;
-      auto send = [&](m3_chat_part part, const std::string& text) {
-        return text.empty() || callback(part, text.data(), text.size(), user_data) == 0;
-      };
-      bool go = send(M3_PART_REASONING, d.reasoning);
-      go &= send(M3_PART_CONTENT, d.content);
-      for (const m3::ToolCall& call : d.tool_calls)
-        go &= send(M3_PART_TOOL_CALL, m3::JsonText(m3::ToolCallJson(call)));
-      return go;
-    };
-    auto out = m3::GenerateTurn(*session->session, text.tokenizer(), prompt, turn, sampler, on_delta, &st);
+    auto out = m3::GenerateTurn(*session->session, tokenizer->text->tokenizer(), in.prompt, in.turn, sampler,
+                                ChatParts(callback, user_data), &st);
     if (!out.ok()) return Report(out.status());
     session->message_json = m3::JsonText(m3::AssistantMessage(*out));
     if (message_json) *message_json = session->message_json.c_str();
     WriteStats(st, stats);
+    return Report(m3::Status::Ok());
+  });
+}
+
+m3_status m3_scheduler_new(m3_engine* engine, const m3_tokenizer* tokenizer, size_t slots, m3_scheduler** out) {
+  if (out) *out = nullptr;
+  if (!engine || !tokenizer || !out)
+    return Fail(M3_ERR_INVALID_ARGUMENT, "m3_scheduler_new: engine, tokenizer and out_scheduler are required");
+  if (slots < 1 || slots > 256) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_scheduler_new: slots must be 1..256");
+  return Guard([&] {
+    m3::SchedulerOptions o;
+    o.slots = slots;
+    o.session = engine->session_options;
+    *out = new m3_scheduler{std::make_unique<m3::Scheduler>(*engine->engine, tokenizer->text->tokenizer(), o),
+                            tokenizer};
+    return Report(m3::Status::Ok());
+  });
+}
+
+void m3_scheduler_free(m3_scheduler* scheduler) { delete scheduler; }
+
+m3_status m3_scheduler_submit(m3_scheduler* scheduler, const char* request_json, const m3_generate_options* options,
+                              m3_chat_callback on_part, m3_request_end_callback on_end, void* user_data) {
+  if (!scheduler || !request_json)
+    return Fail(M3_ERR_INVALID_ARGUMENT, "m3_scheduler_submit: scheduler and request_json are required");
+  return Guard([&] {
+    ChatInputs in;
+    if (m3::Status s = PrepareChat(*scheduler->tokenizer, request_json, options, &in); !s.ok())
+      return s.code() == m3::StatusCode::kInvalidArgument && !in.template_error ? Prefixed("m3_scheduler_submit", s)
+                                                                                : Report(s);
+    m3::ScheduledRequest r;
+    r.prompt = std::move(in.prompt);
+    r.turn = std::move(in.turn);
+    r.sampling = in.sampling;
+    r.on_delta = ChatParts(on_part, user_data);
+    r.on_end = [on_end, user_data](const m3::Status& status, m3::ParsedOutput out, const m3::GenerateStats& st,
+                                   size_t) {
+      if (!on_end) return;
+      m3_generate_stats stats{};
+      stats.struct_size = sizeof(stats);
+      WriteStats(st, &stats);
+      const std::string text = status.ok() ? m3::JsonText(m3::AssistantMessage(out)) : status.message();
+      on_end(static_cast<m3_status>(status.code()), text.c_str(), &stats, user_data);
+    };
+    scheduler->scheduler->Submit(std::move(r));
+    return Report(m3::Status::Ok());
+  });
+}
+
+m3_status m3_scheduler_run(m3_scheduler* scheduler) {
+  if (!scheduler) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_scheduler_run: scheduler is required");
+  return Guard([&] {
+    scheduler->scheduler->RunUntilIdle();
     return Report(m3::Status::Ok());
   });
 }

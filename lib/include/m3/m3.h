@@ -196,6 +196,30 @@ m3_status m3_session_chat(m3_session* session, const m3_tokenizer* tokenizer, co
                           const m3_generate_options* options, m3_chat_callback callback, void* user_data,
                           const char** message_json, m3_generate_stats* stats);
 
+/* ---------------------------------------------------------------------------------------------
+ * Continuous batching, as `m3 serve` and `m3 batch` run requests: queued chat requests wait until
+ * one of `slots` sessions is free, then every step runs one forward pass for all running ones (a
+ * token for each that is decoding, chunks of pending prompts), so each weight is read once per
+ * step for all of them. A request goes to the free session holding the longest cached prefix of
+ * its conversation. The engine and tokenizer must outlive the scheduler. */
+typedef struct m3_scheduler m3_scheduler;
+m3_status m3_scheduler_new(m3_engine* engine, const m3_tokenizer* tokenizer, size_t slots,
+                           m3_scheduler** out_scheduler);
+/* Requests not ended yet end with M3_ERR_INTERNAL (their end callback is called). */
+void m3_scheduler_free(m3_scheduler* scheduler);
+/* The end of a request, once: status M3_OK with the assistant message JSON (as m3_session_chat
+ * returns it), or an error code with its message; text and stats are valid during the call. */
+typedef void (*m3_request_end_callback)(m3_status status, const char* text, const m3_generate_stats* stats,
+                                        void* user_data);
+/* Queues a request: request_json and options as m3_session_chat takes them. Its parts go to
+ * on_part as they are decoded (nonzero stops it), then on_end is called; both from the thread in
+ * m3_scheduler_run, and either may be NULL. A malformed request or bad options are an error here,
+ * with no callback. Thread-safe. */
+m3_status m3_scheduler_submit(m3_scheduler* scheduler, const char* request_json, const m3_generate_options* options,
+                              m3_chat_callback on_part, m3_request_end_callback on_end, void* user_data);
+/* Runs steps on the calling thread until every queued request has ended. */
+m3_status m3_scheduler_run(m3_scheduler* scheduler);
+
 #ifdef __cplusplus
 }
 #endif

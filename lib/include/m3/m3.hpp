@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "m3/m3.h"
@@ -195,6 +196,69 @@ class Session {
   };
   int vocab_;
   std::unique_ptr<m3_session, Free> session_;
+};
+
+// Continuous batching over `slots` sessions (m3_scheduler): Submit requests (from any thread),
+// then Run steps them all together until every one has ended. An exception thrown in a callback
+// stops that request and comes out of Run.
+class Scheduler {
+ public:
+  struct Result {
+    m3_status status;
+    std::string text;  // the assistant message JSON, or the error message
+    m3_generate_stats stats;
+  };
+  Scheduler(const Engine& engine, const Tokenizer& tokenizer, size_t slots) {
+    m3_scheduler* s = nullptr;
+    Check(m3_scheduler_new(engine.get(), tokenizer.get(), slots, &s));
+    scheduler_.reset(s);
+  }
+  void Submit(const std::string& request_json, const m3_generate_options& options = DefaultGenerateOptions(),
+              std::function<bool(m3_chat_part, std::string_view)> on_part = nullptr,
+              std::function<void(const Result&)> on_end = nullptr) {
+    auto* r = new Request{std::move(on_part), std::move(on_end), this};
+    const m3_status s = m3_scheduler_submit(
+        scheduler_.get(), request_json.c_str(), &options,
+        [](m3_chat_part part, const char* text, size_t len, void* user) -> int {
+          auto* req = static_cast<Request*>(user);
+          return req->owner->Guarded([&] { return !req->on_part || req->on_part(part, {text, len}); }) ? 0 : 1;
+        },
+        [](m3_status status, const char* text, const m3_generate_stats* stats, void* user) {
+          std::unique_ptr<Request> req(static_cast<Request*>(user));  // the last call for it
+          req->owner->Guarded([&] {
+            if (req->on_end) req->on_end(Result{status, text, *stats});
+            return true;
+          });
+        },
+        r);
+    if (s != M3_OK) delete r;
+    Check(s);
+  }
+  void Run() {
+    Check(m3_scheduler_run(scheduler_.get()));
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  struct Request {
+    std::function<bool(m3_chat_part, std::string_view)> on_part;
+    std::function<void(const Result&)> on_end;
+    Scheduler* owner;
+  };
+  template <typename F>
+  bool Guarded(F&& f) {
+    try {
+      return f();
+    } catch (...) {
+      if (!error_) error_ = std::current_exception();
+      return false;
+    }
+  }
+  struct Free {
+    void operator()(m3_scheduler* s) const { m3_scheduler_free(s); }
+  };
+  std::exception_ptr error_;
+  std::unique_ptr<m3_scheduler, Free> scheduler_;
 };
 
 }  // namespace m3api
