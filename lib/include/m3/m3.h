@@ -205,7 +205,8 @@ m3_status m3_session_chat(m3_session* session, const m3_tokenizer* tokenizer, co
 typedef struct m3_scheduler m3_scheduler;
 m3_status m3_scheduler_new(m3_engine* engine, const m3_tokenizer* tokenizer, size_t slots,
                            m3_scheduler** out_scheduler);
-/* Requests not ended yet end with M3_ERR_INTERNAL (their end callback is called). */
+/* Requests not ended yet end with M3_ERR_INTERNAL (their end callback is called). Not while
+ * m3_scheduler_run runs on another thread. */
 void m3_scheduler_free(m3_scheduler* scheduler);
 /* The end of a request, once: status M3_OK with the assistant message JSON (as m3_session_chat
  * returns it), or an error code with its message; text and stats are valid during the call. */
