@@ -2,9 +2,12 @@
 // wrappers (m3.hpp): the tokenizer and chat goldens through it, the output-buffer protocol, greedy
 // generation against the golden ids, chat turns against the same turn done by hand, and errors.
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -521,6 +524,37 @@ TEST_CASE("m3_scheduler: queued chat requests over two slots equal each m3_sessi
                               &left_ctx) == M3_OK);
   m3_scheduler_free(sched);
   CHECK(left.status == M3_ERR_INTERNAL);
+
+  // Started: its own thread steps while this one submits and waits.
+  REQUIRE(m3_scheduler_new(engine.get(), tok.get(), 2, &sched) == M3_OK);
+  REQUIRE(m3_scheduler_start(sched) == M3_OK);
+  CHECK(m3_scheduler_start(sched) == M3_ERR_INVALID_ARGUMENT);
+  CHECK(m3_scheduler_run(sched) == M3_ERR_INVALID_ARGUMENT);
+  struct Waiter {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::string> texts;
+    size_t ended = 0;
+  } waiter;
+  waiter.texts.resize(requests.size());
+  std::vector<std::pair<Waiter*, size_t>> slots_of;
+  for (size_t i = 0; i < requests.size(); ++i) slots_of.emplace_back(&waiter, i);
+  for (size_t i = 0; i < requests.size(); ++i)
+    REQUIRE(m3_scheduler_submit(sched, requests[i].c_str(), &o, nullptr,
+                                [](m3_status, const char* text, const m3_generate_stats*, void* user) {
+                                  const auto [w, index] = *static_cast<std::pair<Waiter*, size_t>*>(user);
+                                  std::lock_guard<std::mutex> lock(w->mu);
+                                  w->texts[index] = text;
+                                  ++w->ended;
+                                  w->cv.notify_all();
+                                },
+                                &slots_of[i]) == M3_OK);
+  {
+    std::unique_lock<std::mutex> lock(waiter.mu);
+    REQUIRE(waiter.cv.wait_for(lock, std::chrono::minutes(2), [&] { return waiter.ended == requests.size(); }));
+  }
+  CHECK(waiter.texts == alone);
+  m3_scheduler_free(sched);
 
   // C++: the same through m3api::Scheduler; a throwing callback comes out of Run.
   m3api::Scheduler scheduler(engine, tok, 2);

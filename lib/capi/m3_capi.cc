@@ -2,6 +2,7 @@
 #include "m3/m3.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -29,6 +30,7 @@ struct m3_tokenizer {
 struct m3_scheduler {
   std::unique_ptr<m3::Scheduler> scheduler;
   const m3_tokenizer* tokenizer;
+  std::atomic<bool> started{false};  // m3_scheduler_start: its own thread steps
 };
 
 namespace {
@@ -443,8 +445,10 @@ m3_status m3_scheduler_new(m3_engine* engine, const m3_tokenizer* tokenizer, siz
     m3::SchedulerOptions o;
     o.slots = slots;
     o.session = engine->session_options;
-    *out = new m3_scheduler{std::make_unique<m3::Scheduler>(*engine->engine, tokenizer->text->tokenizer(), o),
-                            tokenizer};
+    auto* made = new m3_scheduler;
+    made->scheduler = std::make_unique<m3::Scheduler>(*engine->engine, tokenizer->text->tokenizer(), o);
+    made->tokenizer = tokenizer;
+    *out = made;
     return Report(m3::Status::Ok());
   });
 }
@@ -481,8 +485,20 @@ m3_status m3_scheduler_submit(m3_scheduler* scheduler, const char* request_json,
 
 m3_status m3_scheduler_run(m3_scheduler* scheduler) {
   if (!scheduler) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_scheduler_run: scheduler is required");
+  if (scheduler->started)
+    return Fail(M3_ERR_INVALID_ARGUMENT, "m3_scheduler_run: the scheduler runs on its own thread (m3_scheduler_start)");
   return Guard([&] {
     scheduler->scheduler->RunUntilIdle();
+    return Report(m3::Status::Ok());
+  });
+}
+
+m3_status m3_scheduler_start(m3_scheduler* scheduler) {
+  if (!scheduler) return Fail(M3_ERR_INVALID_ARGUMENT, "m3_scheduler_start: scheduler is required");
+  if (scheduler->started.exchange(true))
+    return Fail(M3_ERR_INVALID_ARGUMENT, "m3_scheduler_start: the scheduler is already started");
+  return Guard([&] {
+    scheduler->scheduler->Start();
     return Report(m3::Status::Ok());
   });
 }

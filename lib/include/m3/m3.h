@@ -220,6 +220,9 @@ m3_status m3_scheduler_submit(m3_scheduler* scheduler, const char* request_json,
                               m3_chat_callback on_part, m3_request_end_callback on_end, void* user_data);
 /* Runs steps on the calling thread until every queued request has ended. */
 m3_status m3_scheduler_run(m3_scheduler* scheduler);
+/* Or: runs steps on a thread of its own, as `m3 serve` does, from now until m3_scheduler_free;
+ * the callbacks then come from that thread, and m3_scheduler_run is refused. */
+m3_status m3_scheduler_start(m3_scheduler* scheduler);
 
 #ifdef __cplusplus
 }
