@@ -6,10 +6,8 @@
 // (both with "stream": true as server-sent events).
 #include <httplib.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <cstdio>

@@ -445,10 +445,10 @@ m3_status m3_scheduler_new(m3_engine* engine, const m3_tokenizer* tokenizer, siz
     m3::SchedulerOptions o;
     o.slots = slots;
     o.session = engine->session_options;
-    auto* made = new m3_scheduler;
+    auto made = std::make_unique<m3_scheduler>();  // nothing leaks if the scheduler throws
     made->scheduler = std::make_unique<m3::Scheduler>(*engine->engine, tokenizer->text->tokenizer(), o);
     made->tokenizer = tokenizer;
-    *out = made;
+    *out = made.release();
     return Report(m3::Status::Ok());
   });
 }
