@@ -110,6 +110,37 @@ TEST_CASE("the same seed gives the same tokens, and frequencies follow the distr
   CHECK(top / 20000.0 == Approx(0.1296 / 0.1378).margin(0.01));
 }
 
+TEST_CASE("a draft token keeps the distribution: taken with its probability, else drawn from the rest", "[sampling]") {
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  // Unfiltered (walks the vocabulary), top-k (a kept prefix) and top-p 0.9 (drops id 3).
+  for (const SamplingParams base : {SamplingParams{}, SamplingParams{.top_k = 3}, SamplingParams{.top_p = 0.9f}}) {
+    const bool filtered = base.top_k > 0 || base.top_p < 1.0f;
+    const double kept = filtered ? 0.95 : 1.0;
+    for (const int32_t draft : {0, 1, 3}) {
+      SamplingParams sp = base;
+      sp.seed = 7 + static_cast<uint64_t>(draft);
+      Sampler s(sp);
+      std::map<int32_t, int> count;
+      constexpr int kDraws = 40000;
+      for (int i = 0; i < kDraws; ++i) ++count[s.Sample(logits, {}, draft)];
+      const double expect[4] = {0.5 / kept, 0.3 / kept, 0.15 / kept, filtered ? 0.0 : 0.05};
+      for (int32_t id = 0; id < 4; ++id) {
+        INFO("top_k " << base.top_k << " top_p " << base.top_p << " draft " << draft << " id " << id);
+        CHECK(count[id] / double(kDraws) == Approx(expect[id]).margin(0.01));
+      }
+    }
+  }
+  // A draft that filtering drops (or out of range) changes nothing: the same draws as without one.
+  Sampler with(SamplingParams{.top_k = 2, .seed = 3}), without(SamplingParams{.top_k = 2, .seed = 3});
+  for (int i = 0; i < 200; ++i) CHECK(with.Sample(logits, {}, i % 2 ? 3 : 99) == without.Sample(logits, {}));
+  // Greedy ignores it.
+  Sampler greedy(SamplingParams{.temperature = 0});
+  CHECK(greedy.Sample(logits, {}, 2) == 0);
+  // The only candidate is always taken.
+  Sampler one(SamplingParams{.top_k = 1, .seed = 5});
+  for (int i = 0; i < 50; ++i) CHECK(one.Sample(logits, {}, 0) == 0);
+}
+
 TEST_CASE("invalid sampling options are refused by name", "[sampling]") {
   CHECK(ValidateSamplingParams(SamplingParams{}).ok());
   CHECK_THAT(ValidateSamplingParams(SamplingParams{.temperature = -1}).message(), Catch::Contains("temperature"));

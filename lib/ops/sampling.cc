@@ -22,7 +22,22 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 
 double Sampler::Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
-int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history) {
+namespace {
+
+// The speculative-sampling split of one uniform u against a draft of probability p_draft: the
+// draft when u < p_draft, else u rescaled to [0, 1) for a draw among the other tokens.
+struct DraftSplit {
+  bool take_draft;
+  double u;
+};
+DraftSplit SplitForDraft(double u, double p_draft) {
+  if (u < p_draft) return {true, u};
+  return {false, p_draft > 0 ? std::min((u - p_draft) / (1.0 - p_draft), std::nextafter(1.0, 0.0)) : u};
+}
+
+}  // namespace
+
+int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history, int32_t draft) {
   const size_t vocab = logits.size();
   work_.assign(logits.begin(), logits.end());
   for (auto& x : work_)
@@ -45,6 +60,7 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   double max_logit = 0;
   auto weight = [&](int32_t id) { return std::exp((work_[id] - max_logit) / params_.temperature); };
   const double u = Uniform();
+  if (draft >= 0 && static_cast<size_t>(draft) >= vocab) draft = -1;
   if (params_.top_k == 0) {
     top = static_cast<size_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
     max_logit = work_[top];
@@ -55,9 +71,12 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   if (params_.top_k == 0 && params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
     double total = 0;
     for (size_t i = 0; i < vocab; ++i) total += weight(static_cast<int32_t>(i));
-    double r = u * total;
+    const double w_draft = draft >= 0 ? weight(draft) : 0.0;
+    const DraftSplit split = SplitForDraft(u, w_draft / total);
+    if (split.take_draft) return draft;
+    double r = split.u * (total - w_draft);
     for (size_t i = 0; i < vocab; ++i)
-      if ((r -= weight(static_cast<int32_t>(i))) < 0) return static_cast<int32_t>(i);
+      if (static_cast<int32_t>(i) != draft && (r -= weight(static_cast<int32_t>(i))) < 0) return static_cast<int32_t>(i);
     return static_cast<int32_t>(top);  // rounding left r >= 0: the likeliest token
   }
 
@@ -112,14 +131,22 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
     if (decided) break;
     k = std::min(vocab, k * 4);
   }
-  double kept = 0;
-  for (size_t i = 0; i < keep; ++i) kept += prob[i];
-  double r = u * kept;
+  double kept = 0, w_draft = 0;
   for (size_t i = 0; i < keep; ++i) {
+    kept += prob[i];
+    if (order_[i] == draft) w_draft = prob[i];
+  }
+  const DraftSplit split = SplitForDraft(u, w_draft / kept);
+  if (split.take_draft) return draft;
+  double r = split.u * (kept - w_draft);
+  size_t last = keep - 1;
+  for (size_t i = 0; i < keep; ++i) {
+    if (order_[i] == draft) continue;
+    last = i;
     r -= prob[i];
     if (r < 0) return order_[i];
   }
-  return order_[keep - 1];
+  return order_[last];  // rounding left r >= 0
 }
 
 }  // namespace m3

@@ -32,7 +32,10 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
   // Picks the next token from `logits` [vocab]; `history` (prompt and generated ids) drives the
   // penalties. Ids in history outside the vocabulary are ignored.
-  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history);
+  // `draft` (>= 0): a token guessed ahead (speculative decoding). Sampling returns it with its
+  // probability p and otherwise draws from the distribution without it, so the result follows
+  // the same distribution as without a draft (one uniform draw either way); greedy ignores it.
+  int32_t Sample(std::span<const float> logits, std::span<const int32_t> history, int32_t draft = -1);
   const SamplingParams& params() const { return params_; }
 
  private:
