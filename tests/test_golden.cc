@@ -590,7 +590,7 @@ TEST_CASE("a prompt prefilled in chunks beside another generation's decode steps
       REQUIRE(b.Start(other).ok());
       REQUIRE(a.Begin(prompt).ok());
       REQUIRE(a.pending().size() == prompt.size());
-      int32_t next_a = 0, next_b = 0;
+      std::span<const int32_t> next_a, next_b;
       size_t chunks = 0, shared_steps = 0;
       while (!a.done()) {
         std::vector<Generation*> gens;
@@ -601,11 +601,11 @@ TEST_CASE("a prompt prefilled in chunks beside another generation's decode steps
           ++chunks;
         } else if (a.Next(&next_a)) {
           gens.push_back(&a);
-          ids.push_back({&next_a, 1});
+          ids.push_back(next_a);
         }
         REQUIRE(b.Next(&next_b));  // B outlasts A
         gens.push_back(&b);
-        ids.push_back({&next_b, 1});
+        ids.push_back(next_b);
         shared_steps += gens.size() == 2;
         for (const Status& st : BatchStep(gens, ids)) REQUIRE(st.ok());
       }
@@ -759,10 +759,9 @@ TEST_CASE("a generation step over several sequences keeps one sequence's error i
   Generation* gens[] = {&ga, &gb};
   bool tight_failed = false;
   for (int k = 0; k < 16 && !tight_failed; ++k) {
-    int32_t ids[2];
-    REQUIRE(ga.Next(&ids[0]));
-    REQUIRE(gb.Next(&ids[1]));
-    const std::span<const int32_t> steps[] = {{&ids[0], 1}, {&ids[1], 1}};
+    std::span<const int32_t> steps[2];
+    REQUIRE(ga.Next(&steps[0]));
+    REQUIRE(gb.Next(&steps[1]));
     const std::vector<Status> st = BatchStep(gens, steps);
     REQUIRE(st.size() == 2);
     CHECK(st[0].ok());
@@ -776,15 +775,16 @@ TEST_CASE("a generation step over several sequences keeps one sequence's error i
   CHECK(std::equal(tight.tokens().begin(), tight.tokens().end(), roomy.tokens().begin()));
   // The failed token is given again, not sampled anew, and goes through once memory allows.
   const int32_t failed = roomy.tokens()[tight.position()];
-  int32_t again = -1;
+  std::span<const int32_t> again;
   REQUIRE(gb.Next(&again));
-  CHECK(again == failed);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0] == failed);
   tight.set_memory_budget(0);
-  const std::span<const int32_t> retry[] = {{&again, 1}};
+  const std::span<const int32_t> retry[] = {again};
   Generation* just_b[] = {&gb};
   REQUIRE(BatchStep(just_b, retry)[0].ok());
   CHECK(tight.tokens() == roomy.tokens());
-  int32_t next = -1;
+  std::span<const int32_t> next;
   REQUIRE(gb.Next(&next));
   CHECK(gb.stats().generated_tokens == static_cast<size_t>(roomy.position() - prompt.size() + 1));
   // Release gives the memory back; the session starts over.
@@ -824,6 +824,170 @@ TEST_CASE("sessions refuse bad requests with clear errors and stay usable", "[go
   CHECK(s.position() == 4);
   CHECK(s.Eval(std::vector<int32_t>(12, 3), LogitsMode::kLastRow, &logits).ok());
   CHECK(Engine::Open(dir, EngineOptions{-1}).status().code() == StatusCode::kInvalidArgument);
+}
+
+// Runs generations together, a step of each per BatchStep, until all have ended.
+void StepTogether(std::span<Generation* const> all) {
+  for (;;) {
+    std::vector<Generation*> gens;
+    std::vector<std::span<const int32_t>> ids;
+    for (Generation* g : all) {
+      std::span<const int32_t> step;
+      if (!g->pending().empty()) step = g->pending();
+      else if (!g->Next(&step)) continue;
+      gens.push_back(g);
+      ids.push_back(step);
+    }
+    if (gens.empty()) return;
+    for (const Status& st : BatchStep(gens, ids)) REQUIRE(st.ok());
+  }
+}
+
+TEST_CASE("prompt lookup verifies its guesses and generates the tokens of plain decoding", "[golden][lookup]") {
+  size_t drafted = 0, accepted = 0;
+  for (const auto& name : GoldenCases()) {
+    INFO(name);
+    {
+      const std::string dir = test::GoldenDir(name);
+      auto cj = test::ReadPythonJson(dir + "/case.json");
+      const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+      const auto golden = cj["greedy_ids"].get<std::vector<int32_t>>();
+      auto engine = Engine::Open(dir, EngineOptions{2});
+      REQUIRE(engine.ok());
+      GenerateOptions plain_options, lookup_options;
+      plain_options.max_tokens = lookup_options.max_tokens = 48;
+      lookup_options.lookup = LookupOptions{.max_draft = 4, .max_ngram = 3, .min_ngram = 1};
+      for (const float temperature : {0.0f, 0.8f}) {
+        INFO("temperature " << temperature);
+        SamplingParams sp;
+        sp.temperature = temperature;
+        sp.seed = 11;
+        // Greedy: plain and lookup give the same ids and leave the same cache behind. Sampling:
+        // lookup's draws are its own (the same distribution), deterministic for a seed.
+        std::vector<int32_t> plain, with, again;
+        Session s_plain(**engine), s_with(**engine), s_again(**engine);
+        Sampler p0(sp), p1(sp), p2(sp);
+        GenerateStats st;
+        auto collect = [](std::vector<int32_t>* out) { return [out](int32_t id) { return out->push_back(id), true; }; };
+        REQUIRE(Generate(s_plain, prompt, plain_options, p0, collect(&plain), nullptr).ok());
+        REQUIRE(Generate(s_with, prompt, lookup_options, p1, collect(&with), &st).ok());
+        REQUIRE(Generate(s_again, prompt, lookup_options, p2, collect(&again), nullptr).ok());
+        CHECK(with == again);
+        CHECK(st.generated_tokens == with.size());
+        CHECK(st.accepted_tokens <= st.drafted_tokens);
+        CHECK(s_with.tokens().size() == prompt.size() + with.size() - 1);
+        CHECK(std::equal(with.begin(), with.end() - 1, s_with.tokens().begin() + static_cast<std::ptrdiff_t>(prompt.size())));
+        if (temperature == 0.0f) {
+          CHECK(with == plain);
+          CHECK(std::equal(golden.begin(), golden.end(), with.begin()));
+          CHECK(s_with.tokens() == s_plain.tokens());
+          // Rejected guesses left nothing behind: the next pass gives the same logits.
+          std::vector<float> a, b;
+          REQUIRE(s_plain.Eval({&plain.back(), 1}, LogitsMode::kLastRow, &a).ok());
+          REQUIRE(s_with.Eval({&with.back(), 1}, LogitsMode::kLastRow, &b).ok());
+          CHECK(a == b);
+          drafted += st.drafted_tokens;
+          accepted += st.accepted_tokens;
+        }
+      }
+    }
+  }
+  // Over the cases, guesses were both taken and refused (measured: most of each).
+  WARN("greedy prompt lookup over the golden cases: " << accepted << " of " << drafted << " guessed tokens accepted");
+  CHECK(accepted > 0);
+  CHECK(drafted > accepted);
+}
+
+TEST_CASE("prompt lookup in batched steps, stopped early or cancelled keeps each sequence's own tokens",
+          "[golden][lookup][batch]") {
+  const std::string dir = test::GoldenDir("s3_mxfp8_mixed_layers_local2");
+  const auto prompt = test::ReadPythonJson(dir + "/case.json")["prompt_ids"].get<std::vector<int32_t>>();
+  auto engine = Engine::Open(dir, EngineOptions{2});
+  REQUIRE(engine.ok());
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  GenerateOptions plain, lookup;
+  plain.max_tokens = lookup.max_tokens = 40;
+  lookup.lookup = LookupOptions{.max_draft = 3, .max_ngram = 3, .min_ngram = 1};
+  std::vector<std::vector<int32_t>> prompts = {prompt};
+  for (auto& p : CompanionPrompts(prompt)) prompts.push_back(std::move(p));
+  // Alone without lookup, then all three with it, stepped together (prompts ride along as chunks).
+  std::vector<std::vector<int32_t>> want(prompts.size()), got(prompts.size());
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<std::unique_ptr<Sampler>> samplers;
+  std::vector<std::unique_ptr<Generation>> gens;
+  std::vector<Generation*> all;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Session alone(**engine);
+    Sampler s(greedy);
+    REQUIRE(Generate(alone, prompts[i], plain, s, [&](int32_t id) { return want[i].push_back(id), true; }, nullptr).ok());
+    sessions.push_back(std::make_unique<Session>(**engine));
+    samplers.push_back(std::make_unique<Sampler>(greedy));
+    gens.push_back(std::make_unique<Generation>(*sessions[i], lookup, *samplers[i],
+                                                [&got, i](int32_t id) { return got[i].push_back(id), true; }));
+    REQUIRE(gens[i]->Begin(prompts[i]).ok());
+    all.push_back(gens[i].get());
+  }
+  StepTogether(all);
+  size_t drafted = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CHECK(got[i] == want[i]);
+    drafted += gens[i]->stats().drafted_tokens;
+  }
+  CHECK(drafted > 0);
+
+  // The caller stops it after 5 tokens: the cache holds the prompt and the first 4, as without lookup.
+  std::vector<int32_t> first;
+  Session stopped(**engine);
+  Sampler s_stop(greedy);
+  REQUIRE(Generate(stopped, prompt, lookup, s_stop,
+                   [&](int32_t id) { return first.push_back(id), first.size() < 5; }, nullptr)
+              .ok());
+  CHECK(first == std::vector<int32_t>(want[0].begin(), want[0].begin() + 5));
+  CHECK(stopped.position() == prompt.size() + 4);
+
+  // Cancelled after a pass over guesses: they were never confirmed, so only the step's sampled
+  // token stays in the cache.
+  Session s(**engine);
+  Sampler sampler(greedy);
+  Generation g(s, lookup, sampler, [](int32_t) { return true; });
+  REQUIRE(g.Start(prompt).ok());
+  bool cancelled = false;
+  for (std::span<const int32_t> step; !cancelled && g.Next(&step);) {
+    const size_t before = s.position();
+    const size_t n = step.size();
+    REQUIRE(g.Step(step).ok());
+    if (n > 1) {
+      g.Cancel();
+      CHECK(s.position() == before + 1);
+      CHECK(g.stats().stop_reason == "caller");
+      cancelled = true;
+    }
+  }
+  CHECK(cancelled);
+}
+
+TEST_CASE("prompt lookup guesses what followed the latest match of the longest suffix", "[lookup]") {
+  const LookupOptions o{.max_draft = 4, .max_ngram = 3, .min_ngram = 1};
+  const std::vector<int32_t> ctx = {1, 2, 3, 9, 1, 2, 3, 4, 5, 7, 2, 3, 6, 1, 2};
+  // Suffix 1 2 | 3 (next): "1 2 3" occurs at 0 and 4; the latest, at 4, was followed by 4 5 7 2.
+  CHECK(LookupDraft(ctx, 3, o, 4) == std::vector<int32_t>{4, 5, 7, 2});
+  CHECK(LookupDraft(ctx, 3, o, 2) == std::vector<int32_t>{4, 5});
+  CHECK(LookupDraft(ctx, 8, o, 4).empty());  // 8 never occurred
+  // n = 1: "7" occurred at 9, followed by 2 3 6 1.
+  CHECK(LookupDraft(ctx, 7, o, 4) == std::vector<int32_t>{2, 3, 6, 1});
+  LookupOptions bigram = o;
+  bigram.min_ngram = 2;
+  CHECK(LookupDraft(ctx, 7, bigram, 4).empty());  // "2 7" never occurred
+  // A guess stops at the sequence's end; repeats of one token guess more of it.
+  CHECK(LookupDraft(std::vector<int32_t>{5, 5, 5}, 5, o, 4) == std::vector<int32_t>{5});
+  CHECK(LookupDraft(std::vector<int32_t>{}, 5, o, 4).empty());
+  CHECK(LookupDraft(ctx, 3, o, 0).empty());
+  CHECK(ValidateLookupOptions(LookupOptions{.max_draft = -1}).code() == StatusCode::kInvalidArgument);
+  CHECK(ValidateLookupOptions(LookupOptions{.max_draft = 2, .max_ngram = 1, .min_ngram = 2}).code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(ValidateLookupOptions(LookupOptions{.max_draft = 2, .max_ngram = 2, .min_ngram = 0}).code() ==
+        StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -195,16 +195,19 @@ Status Model::ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segm
   // Every row's position and token, in segment order.
   std::vector<int64_t> positions;
   std::vector<int32_t> ids;
-  std::vector<size_t> last_rows;  // of each segment
+  std::vector<size_t> logit_rows;  // kLastRow: each segment's last logit_rows rows
   for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     if (s.n == 0) return InvalidArgument("sequence ", i, " of a forward pass has no tokens");
+    if (s.logit_rows < 1 || s.logit_rows > s.n)
+      return InvalidArgument("sequence ", i, " of a forward pass asks for ", s.logit_rows, " logit rows of its ", s.n,
+                             " tokens");
     for (size_t j = 0; j < i; ++j)
       if (segments[j].cache == s.cache) return InvalidArgument("sequences ", j, " and ", i, " share one KV cache");
     const int64_t pos0 = static_cast<int64_t>(s.cache->length());
     for (size_t t = 0; t < s.n; ++t) positions.push_back(pos0 + static_cast<int64_t>(t));
     ids.insert(ids.end(), s.ids, s.ids + s.n);
-    last_rows.push_back(ids.size() - 1);
+    for (size_t r = ids.size() - s.logit_rows; r < ids.size(); ++r) logit_rows.push_back(r);
     s.cache->Reserve(static_cast<size_t>(pos0) + s.n);
   }
   const size_t n = ids.size();
@@ -240,13 +243,14 @@ Status Model::ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segm
   }
 
   if (mode != LogitsMode::kNone) {
-    // The rows that give logits, gathered in order, then one lm_head matmul.
+    // The rows that give logits, gathered in order (each from a row at or after its own, so
+    // in place), then one lm_head matmul.
     size_t rows = n;
     if (mode == LogitsMode::kLastRow) {
-      rows = last_rows.size();
+      rows = logit_rows.size();
       for (size_t i = 0; i < rows; ++i)
-        if (last_rows[i] != i) std::memcpy(h + i * H, h + last_rows[i] * H, H * sizeof(float));
-      for (size_t i = 0; i < rows; ++i) positions[i] = positions[last_rows[i]];
+        if (logit_rows[i] != i) std::memcpy(h + i * H, h + logit_rows[i] * H, H * sizeof(float));
+      for (size_t i = 0; i < rows; ++i) positions[i] = positions[logit_rows[i]];
     }
     NormRows(tc, h, rows, H, weights_.final_norm, c.rms_norm_eps, x);
     MatMul(tc, weights_.lm_head, x, H, rows, logits, c.vocab_size);

@@ -73,15 +73,17 @@ class Model {
   // One pass over several sequences (continuous batching): each segment's tokens run at its own
   // cache's positions and attend to that cache alone, while every matmul (projections, MLP, MoE,
   // lm_head) takes all segments' rows at once, so a decode step of B sequences reads each weight
-  // once instead of B times. Logits: kLastRow gives [segments, vocab], one row per segment (its
-  // last token); kAllRows [all tokens, vocab] in segment order. Each segment's result equals its
-  // own Forward up to the float rounding of matmuls over more rows. The caches must be distinct.
-  // An observer sees each segment's block selections at its own positions, and the routing of
-  // all rows of the pass at once (pos0 then is the first row's).
+  // once instead of B times. Logits: kLastRow gives each segment's last logit_rows rows (one
+  // unless set: a speculative step verifies all of its tokens), in segment order; kAllRows
+  // [all tokens, vocab]. Each segment's result equals its own Forward up to the float rounding of
+  // matmuls over more rows. The caches must be distinct. An observer sees each segment's block
+  // selections at its own positions, and the routing of all rows of the pass at once (pos0 then
+  // is the first row's).
   struct Segment {
     const int32_t* ids;
     size_t n;
     KvCache* cache;
+    size_t logit_rows = 1;  // kLastRow: 1..n
   };
   Status ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segments, LogitsMode mode, float* logits,
                       ForwardObserver* observer = nullptr) const;

@@ -139,9 +139,7 @@ StatusOr<ParsedOutput> GenerateTurn(Session& session, const Tokenizer& tokenizer
                                     const std::function<bool(const TurnDelta&)>& on_delta, GenerateStats* stats) {
   TurnGeneration turn(session, tokenizer, options, sampler, on_delta);
   M3_RETURN_IF_ERROR(turn.Start(prompt));
-  Generation& g = turn.generation();
-  for (int32_t id; g.Next(&id); g.Evaluated(1))
-    M3_RETURN_IF_ERROR(session.Eval({&id, 1}, LogitsMode::kLastRow, &g.logits()));
+  M3_RETURN_IF_ERROR(turn.generation().Run());
   return turn.Finish(stats);
 }
 

@@ -152,10 +152,13 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
 }
 
 Status Session::EvalBatch(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> ids,
-                          std::vector<float>* logits, ForwardObserver* observer) {
+                          std::vector<float>* logits, ForwardObserver* observer, std::span<const size_t> logit_rows) {
   if (sessions.empty()) return InvalidArgument("no sessions to evaluate");
   if (ids.size() != sessions.size())
     return InvalidArgument(sessions.size(), " sessions but ", ids.size(), " lists of token ids: one each");
+  if (!logit_rows.empty() && logit_rows.size() != sessions.size())
+    return InvalidArgument(sessions.size(), " sessions but ", logit_rows.size(), " logit row counts: one each");
+  size_t total_rows = 0;
   const Engine& engine = sessions.front()->engine_;
   std::vector<Model::Segment> segments;
   for (size_t i = 0; i < sessions.size(); ++i) {
@@ -164,12 +167,16 @@ Status Session::EvalBatch(std::span<Session* const> sessions, std::span<const st
     for (size_t j = 0; j < i; ++j)
       if (sessions[j] == &s) return InvalidArgument("session ", i, " is session ", j, " again");
     if (Status st = s.CheckAppend(ids[i]); !st.ok()) return Status(st.code(), Str("session ", i, ": ", st.message()));
-    segments.push_back({ids[i].data(), ids[i].size(), &s.cache_});
+    const size_t rows = logit_rows.empty() ? 1 : logit_rows[i];
+    if (rows < 1 || rows > ids[i].size())
+      return InvalidArgument("session ", i, ": ", rows, " logit rows asked of its ", ids[i].size(), " tokens");
+    segments.push_back({ids[i].data(), ids[i].size(), &s.cache_, rows});
+    total_rows += rows;
   }
   M3_RETURN_IF_ERROR(Undoable(
       Str("evaluating ", sessions.size(), " sessions"),
       [&] {
-        if (logits) logits->resize(sessions.size() * static_cast<size_t>(engine.model().config().vocab_size));
+        if (logits) logits->resize(total_rows * static_cast<size_t>(engine.model().config().vocab_size));
         return engine.model().ForwardBatch(engine.threads(), segments,
                                            logits ? LogitsMode::kLastRow : LogitsMode::kNone,
                                            logits ? logits->data() : nullptr, observer);

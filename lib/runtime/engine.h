@@ -60,11 +60,13 @@ class Session {
               ForwardObserver* observer = nullptr);
   // One forward pass over several sessions of one engine (continuous batching: each weight is read
   // once for all of them): ids[i] (one token or more, e.g. a prompt chunk) runs after sessions[i]'s
-  // tokens. Logits are [sessions, vocab], each session's last token's (none when `logits` is
-  // null). Each session is checked as Eval checks it; on error nothing is appended to any of them.
-  // The caller keeps each chunk within its prefill_chunk (one pass holds all the rows).
+  // tokens. Logits are [sessions, vocab], each session's last token's, or with `logit_rows` (one
+  // per session, 1..ids[i].size()) each session's last logit_rows[i] tokens' in order (none when
+  // `logits` is null). Each session is checked as Eval checks it; on error nothing is appended to
+  // any of them. The caller keeps each chunk within its prefill_chunk (one pass holds all rows).
   static Status EvalBatch(std::span<Session* const> sessions, std::span<const std::span<const int32_t>> ids,
-                          std::vector<float>* logits, ForwardObserver* observer = nullptr);
+                          std::vector<float>* logits, ForwardObserver* observer = nullptr,
+                          std::span<const size_t> logit_rows = {});
   // EvalBatch of one token per session: a decode step of all of them.
   static Status DecodeBatch(std::span<Session* const> sessions, std::span<const int32_t> ids,
                             std::vector<float>* logits, ForwardObserver* observer = nullptr);

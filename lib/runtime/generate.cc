@@ -13,6 +13,36 @@ double GenerateStats::decode_tok_s() const {
   return decode_seconds > 0 && generated_tokens > 1 ? (generated_tokens - 1) / decode_seconds : 0;
 }
 
+Status ValidateLookupOptions(const LookupOptions& o) {
+  if (o.max_draft < 0) return InvalidArgument("lookup draft tokens must be >= 0, got ", o.max_draft);
+  if (o.min_ngram < 1) return InvalidArgument("lookup min n-gram must be >= 1, got ", o.min_ngram);
+  if (o.max_ngram < o.min_ngram)
+    return InvalidArgument("lookup max n-gram (", o.max_ngram, ") must be >= its min n-gram (", o.min_ngram, ")");
+  return Status::Ok();
+}
+
+std::vector<int32_t> LookupDraft(std::span<const int32_t> context, int32_t next, const LookupOptions& options,
+                                 size_t max_tokens) {
+  // The sequence s = context, next; L tokens.
+  const size_t L = context.size() + 1;
+  auto at = [&](size_t i) { return i < context.size() ? context[i] : next; };
+  if (max_tokens == 0 || options.min_ngram < 1) return {};
+  for (size_t n = std::min<size_t>(static_cast<size_t>(options.max_ngram), L - 1);
+       n >= static_cast<size_t>(options.min_ngram); --n) {
+    // The latest start i with s[i, i + n) == s[L - n, L) and a token after it (i + n < L).
+    for (size_t i = L - n; i-- > 0;) {
+      if (at(i + n - 1) != next) continue;
+      size_t j = 0;
+      while (j + 1 < n && at(i + j) == at(L - n + j)) ++j;
+      if (j + 1 < n) continue;
+      std::vector<int32_t> draft;
+      for (size_t k = i + n; k < L && draft.size() < max_tokens; ++k) draft.push_back(at(k));
+      return draft;
+    }
+  }
+  return {};
+}
+
 Generation::Generation(Session& session, const GenerateOptions& options, Sampler& sampler,
                        std::function<bool(int32_t)> on_token)
     : session_(session), options_(options), sampler_(sampler), on_token_(std::move(on_token)) {}
@@ -20,6 +50,7 @@ Generation::Generation(Session& session, const GenerateOptions& options, Sampler
 Status Generation::Begin(std::span<const int32_t> prompt) {
   if (prompt.empty()) return InvalidArgument("empty prompt");
   if (options_.max_tokens < 0) return InvalidArgument("max_tokens must be >= 0, got ", options_.max_tokens);
+  M3_RETURN_IF_ERROR(ValidateLookupOptions(options_.lookup));
   stats_ = GenerateStats();
   stats_.prompt_tokens = prompt.size();
   if (prompt.size() > session_.max_context())
@@ -27,6 +58,8 @@ Status Generation::Begin(std::span<const int32_t> prompt) {
   stats_.reused_tokens = session_.ReusePrefix(prompt);
   prompt_.assign(prompt.begin() + static_cast<std::ptrdiff_t>(stats_.reused_tokens), prompt.end());
   evaluated_ = 0;
+  step_.clear();
+  step_evaluated_ = false;
   stats_.stop_reason = "length";
   prefill_start_ = Clock::now();
   return Status::Ok();
@@ -34,14 +67,24 @@ Status Generation::Begin(std::span<const int32_t> prompt) {
 
 Status Generation::Start(std::span<const int32_t> prompt) {
   M3_RETURN_IF_ERROR(Begin(prompt));
-  M3_RETURN_IF_ERROR(session_.Eval(pending(), LogitsMode::kLastRow, &logits_));
-  Evaluated(pending().size());
+  return Step(pending());
+}
+
+Status Generation::Step(std::span<const int32_t> ids) {
+  const LogitsMode mode = logit_rows(ids) > 1 ? LogitsMode::kAllRows : LogitsMode::kLastRow;
+  M3_RETURN_IF_ERROR(session_.Eval(ids, mode, &logits_));
+  Evaluated(ids.size());
+  return Status::Ok();
+}
+
+Status Generation::Run() {
+  for (std::span<const int32_t> step; Next(&step);) M3_RETURN_IF_ERROR(Step(step));
   return Status::Ok();
 }
 
 void Generation::Evaluated(size_t n) {
   if (pending().empty()) {  // a decode step
-    unevaluated_ = -1;
+    step_evaluated_ = true;
     return;
   }
   evaluated_ += n;
@@ -51,14 +94,7 @@ void Generation::Evaluated(size_t n) {
   done_ = options_.max_tokens == 0;
 }
 
-bool Generation::Next(int32_t* next) {
-  if (done_ || !pending().empty()) return false;
-  if (unevaluated_ >= 0) {
-    *next = unevaluated_;
-    return true;
-  }
-  done_ = true;  // unless it goes on below
-  const int32_t id = sampler_.Sample(logits_, session_.tokens());
+bool Generation::Emit(int32_t id) {
   ++stats_.generated_tokens;
   if (std::find(options_.stop_ids.begin(), options_.stop_ids.end(), id) != options_.stop_ids.end()) {
     stats_.stop_reason = "stop";
@@ -68,12 +104,60 @@ bool Generation::Next(int32_t* next) {
     stats_.stop_reason = "caller";
     return false;
   }
-  if (stats_.generated_tokens == static_cast<size_t>(options_.max_tokens)) return false;
+  return stats_.generated_tokens < static_cast<size_t>(options_.max_tokens);
+}
+
+void Generation::KeepPositions(size_t n) {
+  if (n < session_.position()) (void)session_.Rewind(n);
+}
+
+bool Generation::Next(std::span<const int32_t>* step) {
+  if (done_ || !pending().empty()) return false;
+  if (!step_.empty() && !step_evaluated_) {
+    *step = step_;
+    return true;
+  }
+  done_ = true;  // unless it goes on below
+  // The latest pass's rows: the prompt's last one, or one per token of the step, whose row r
+  // gives the token after step_[r] and so confirms (or not) the guess step_[r + 1].
+  const size_t rows = step_.empty() ? 1 : step_.size();
+  const size_t vocab = logits_.size() / rows;
+  const size_t first = session_.position() - rows;  // position of row 0's token
+  int32_t id = -1;
+  for (size_t r = 0; r < rows; ++r) {
+    const int32_t guess = r + 1 < rows ? step_[r + 1] : -1;
+    const std::span<const int32_t> history(session_.tokens().data(), first + r + 1);
+    id = sampler_.Sample(std::span<const float>(logits_).subspan(r * vocab, vocab), history, guess);
+    const bool confirmed = guess >= 0 && id == guess;
+    if (!Emit(id)) {
+      KeepPositions(first + r + 1);  // as without guesses: the last token is not evaluated
+      step_.clear();
+      return false;
+    }
+    if (!confirmed) {
+      KeepPositions(first + r + 1);
+      break;
+    }
+    ++stats_.accepted_tokens;
+  }
   if (session_.position() + 1 > session_.max_context()) {
     stats_.stop_reason = "context";
+    step_.clear();
     return false;
   }
-  *next = unevaluated_ = id;
+  // Guesses only where they fit: the context, and the tokens to generate after the one each
+  // row samples (k guesses give k + 1 rows, so k + 1 more tokens at most).
+  size_t room = std::min(session_.max_context() - session_.position() - 1,
+                         static_cast<size_t>(options_.max_tokens) - stats_.generated_tokens - 1);
+  room = std::min(room, static_cast<size_t>(std::max(0, options_.lookup.max_draft)));
+  step_ = {id};
+  if (room > 0) {
+    const std::vector<int32_t> guess = LookupDraft(session_.tokens(), id, options_.lookup, room);
+    step_.insert(step_.end(), guess.begin(), guess.end());
+    stats_.drafted_tokens += guess.size();
+  }
+  step_evaluated_ = false;
+  *step = step_;
   done_ = false;
   return true;
 }
@@ -81,7 +165,9 @@ bool Generation::Next(int32_t* next) {
 void Generation::Cancel() {
   if (done_) return;
   done_ = true;
-  unevaluated_ = -1;
+  // An evaluated step's guesses were never confirmed: the cache keeps its sampled token only.
+  if (step_evaluated_ && step_.size() > 1) KeepPositions(session_.position() - (step_.size() - 1));
+  step_.clear();
   stats_.stop_reason = "caller";
 }
 
@@ -95,21 +181,26 @@ const GenerateStats& Generation::stats() {
 
 std::vector<Status> BatchStep(std::span<Generation* const> gens, std::span<const std::span<const int32_t>> ids) {
   std::vector<Status> result(gens.size());
-  auto alone = [&](size_t i) {
-    result[i] = gens[i]->session().Eval(ids[i], LogitsMode::kLastRow, &gens[i]->logits());
-    if (result[i].ok()) gens[i]->Evaluated(ids[i].size());
-  };
+  auto alone = [&](size_t i) { result[i] = gens[i]->Step(ids[i]); };
   if (gens.size() == 1) {
     alone(0);
     return result;
   }
   std::vector<Session*> sessions;
-  for (Generation* g : gens) sessions.push_back(&g->session());
+  std::vector<size_t> rows;
+  for (size_t i = 0; i < gens.size(); ++i) {
+    sessions.push_back(&gens[i]->session());
+    rows.push_back(gens[i]->logit_rows(ids[i]));
+  }
   std::vector<float> logits;
-  if (Session::EvalBatch(sessions, ids, &logits).ok()) {
-    const size_t vocab = logits.size() / gens.size();
+  if (Session::EvalBatch(sessions, ids, &logits, nullptr, rows).ok()) {
+    size_t total = 0;
+    for (size_t r : rows) total += r;
+    const size_t vocab = logits.size() / total;
+    auto row = logits.begin();
     for (size_t i = 0; i < gens.size(); ++i) {
-      gens[i]->logits().assign(logits.begin() + i * vocab, logits.begin() + (i + 1) * vocab);
+      gens[i]->logits().assign(row, row + static_cast<std::ptrdiff_t>(rows[i] * vocab));
+      row += static_cast<std::ptrdiff_t>(rows[i] * vocab);
       gens[i]->Evaluated(ids[i].size());
     }
     return result;
@@ -122,8 +213,7 @@ Status Generate(Session& session, std::span<const int32_t> prompt, const Generat
                 const std::function<bool(int32_t)>& on_token, GenerateStats* stats) {
   Generation g(session, options, sampler, on_token);
   M3_RETURN_IF_ERROR(g.Start(prompt));
-  for (int32_t id; g.Next(&id); g.Evaluated(1))
-    M3_RETURN_IF_ERROR(session.Eval({&id, 1}, LogitsMode::kLastRow, &g.logits()));
+  M3_RETURN_IF_ERROR(g.Run());
   if (stats) *stats = g.stats();
   return Status::Ok();
 }

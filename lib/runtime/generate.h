@@ -15,9 +15,29 @@
 
 namespace m3 {
 
+// Speculative decoding by prompt lookup: each step guesses the tokens that followed the latest
+// earlier occurrence of the sequence's last n tokens (n from max_ngram down to min_ngram) and
+// verifies them in the same forward pass as the sampled token (one weight read for all of them).
+// Greedy output is the one without it; sampling keeps its distribution (Sampler's draft).
+struct LookupOptions {
+  int max_draft = 0;  // tokens guessed per step; 0: off
+  int max_ngram = 4;
+  int min_ngram = 2;
+};
+
+// Checks ranges; the message names the offending option.
+Status ValidateLookupOptions(const LookupOptions& o);
+
+// The guess for the sequence `context` followed by `next`: up to max_tokens tokens that followed
+// the latest earlier occurrence of its last n tokens, for the largest n in [min_ngram, max_ngram]
+// that has one; empty when none does.
+std::vector<int32_t> LookupDraft(std::span<const int32_t> context, int32_t next, const LookupOptions& options,
+                                 size_t max_tokens);
+
 struct GenerateOptions {
   int max_tokens = 256;
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these (not passed on)
+  LookupOptions lookup;
 };
 
 struct GenerateStats {
@@ -27,15 +47,19 @@ struct GenerateStats {
   size_t generated_tokens = 0;  // sampled tokens, the stop token included
   double decode_seconds = 0;    // time after the first token
   std::string stop_reason;      // "stop", "length", "context" or "caller"
+  size_t drafted_tokens = 0;    // prompt lookup: tokens guessed and verified
+  size_t accepted_tokens = 0;   // of those, the ones generated (each saved a forward pass)
   double prefill_tok_s() const;
   double decode_tok_s() const;
 };
 
 // One generation as steps, so that a server can advance many at once. Begin takes the prompt
 // and leaves what the session has not cached pending; the caller runs it, in one pass or in
-// chunks (Evaluated), then each Next samples a token from the latest logits and says whether
-// another pass is wanted. Passes run for this generation alone (Session::Eval; Start does all
-// of it for a lone generation) or for several together (BatchStep below), writing logits().
+// chunks (Evaluated), then each Next samples from the latest logits and says whether another
+// pass is wanted: over the sampled token and, with prompt lookup, the tokens guessed after it,
+// whose logits rows (logit_rows) the following Next verifies. Passes run for this generation
+// alone (Session::Eval; Start does all of it for a lone generation) or for several together
+// (BatchStep below), writing logits().
 class Generation {
  public:
   // on_token(id) sees every generated id except a stop id; returning false stops generation.
@@ -44,20 +68,29 @@ class Generation {
   // Checks `prompt` (the whole conversation so far) and keeps the session's cached prefix of it;
   // the rest (at least its last token) is pending.
   Status Begin(std::span<const int32_t> prompt);
-  // Begin, then the whole pending prompt in one Session::Eval.
+  // Begin, then the whole pending prompt in one Step.
   Status Start(std::span<const int32_t> prompt);
+  // One pass of this generation alone (Session::Eval) over `ids`, a chunk of the pending prompt
+  // or the step Next gave, then Evaluated.
+  Status Step(std::span<const int32_t> ids);
+  // Next and Step until the generation ends.
+  Status Run();
   // Prompt tokens not yet evaluated; empty once the prompt is done.
   std::span<const int32_t> pending() const {
     return std::span<const int32_t>(prompt_).subspan(std::min(evaluated_, prompt_.size()));
   }
-  // The first n pending tokens (n > 0), or the token Next gave, went through a forward pass and
-  // logits() holds the last one's.
+  // Rows of logits the pass over `ids` (a chunk of the pending prompt, or the step Next gave)
+  // must give: its last one for a prompt chunk, every one for a step.
+  size_t logit_rows(std::span<const int32_t> ids) const { return pending().empty() ? ids.size() : 1; }
+  // The first n pending tokens (n > 0), or the step Next gave, went through a forward pass and
+  // logits() holds its logit_rows rows.
   void Evaluated(size_t n);
-  // Once nothing is pending: samples the next token and passes it on; true with *next set when it
-  // is to be evaluated, false when the generation has ended (stats().stop_reason says why). Until
-  // Evaluated says it was, Next gives that token again without sampling (a pass that failed, e.g.
-  // for memory, can be retried).
-  bool Next(int32_t* next);
+  // Once nothing is pending: samples from the latest logits, each row in turn while it confirms
+  // the guess of the step before, and passes the tokens on; true with *step set to the tokens to
+  // evaluate next (the sampled one, then any guesses), false when the generation has ended
+  // (stats().stop_reason says why). Until Evaluated says it was, Next gives the same step again
+  // without sampling (a pass that failed, e.g. for memory, can be retried).
+  bool Next(std::span<const int32_t>* step);
   // Ends the generation now, as on_token returning false would (stop reason "caller").
   void Cancel();
   bool done() const { return done_; }
@@ -72,9 +105,15 @@ class Generation {
   GenerateOptions options_;
   Sampler& sampler_;
   std::function<bool(int32_t)> on_token_;
+  // Passes on one sampled token; false when it ends the generation.
+  bool Emit(int32_t id);
+  // Forgets the positions from n on (guesses the sampling did not confirm).
+  void KeepPositions(size_t n);
+
   std::vector<int32_t> prompt_;  // the part Begin did not find cached
   size_t evaluated_ = 0;         // of prompt_
-  int32_t unevaluated_ = -1;     // the token Next gave, until Evaluated
+  std::vector<int32_t> step_;    // the tokens Next gave: the sampled one, then the guesses
+  bool step_evaluated_ = false;
   std::vector<float> logits_;
   GenerateStats stats_;
   Clock::time_point prefill_start_, decode_start_;
@@ -82,7 +121,7 @@ class Generation {
 };
 
 // One forward pass for several generations: gens[i] runs ids[i], a chunk of its pending prompt
-// or the token Next gave it (Session::EvalBatch), and is told so (Evaluated). When the batched
+// or the step Next gave it (Session::EvalBatch), and is told so (Evaluated). When the batched
 // pass fails, each runs alone, so that one sequence's error (its context, memory, a non-finite
 // value) is its own: returns each one's status.
 std::vector<Status> BatchStep(std::span<Generation* const> gens, std::span<const std::span<const int32_t>> ids);

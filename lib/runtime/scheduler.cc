@@ -143,7 +143,6 @@ bool Scheduler::Begin(Job& job) {
 void Scheduler::Step() {
   try {
     size_t budget = slots_.front().session->prefill_chunk();
-    std::vector<int32_t> decode_ids(active_.size());
     std::vector<Generation*> gens;
     std::vector<std::span<const int32_t>> ids;
     std::vector<Job*> stepped;
@@ -161,9 +160,9 @@ void Scheduler::Step() {
         gens.push_back(&g);
         ids.push_back(chunk);
         stepped.push_back(job);
-      } else if (g.Next(&decode_ids[i])) {
+      } else if (std::span<const int32_t> step; g.Next(&step)) {
         gens.push_back(&g);
-        ids.push_back({&decode_ids[i], 1});
+        ids.push_back(step);
         stepped.push_back(job);
       } else {
         ended.emplace_back(job, Status::Ok());
@@ -177,7 +176,7 @@ void Scheduler::Step() {
       const std::vector<Status> st = BatchStep(gens, ids);
       for (size_t i = 0; i < gens.size(); ++i) {
         // Out of memory: the caches of idle conversations go first; the step is retried next time
-        // (a failed pass changes nothing, and Next gives the same token again).
+        // (a failed pass changes nothing, and Next gives the same step again).
         if (st[i].code() == StatusCode::kOutOfMemory && ReleaseIdleSlot()) continue;
         if (!st[i].ok()) ended.emplace_back(stepped[i], st[i]);
       }
