@@ -62,6 +62,7 @@ int Batch(const BatchArgs& a) {
     return 1;
   };
   if (Status s = ValidateSamplingParams(a.defaults.sampling); !s.ok()) return fail(s);
+  if (Status s = ValidateLookupOptions(a.defaults.lookup); !s.ok()) return fail(s);
   if (a.defaults.max_tokens < 1) return fail(InvalidArgument("--max-tokens must be at least 1"));
   if (a.slots < 1 || a.slots > 256) return fail(InvalidArgument("--slots must be 1..256, got ", a.slots));
 
@@ -97,6 +98,7 @@ int Batch(const BatchArgs& a) {
   const std::string model = a.name.empty() ? "m3" : a.name;
   const int64_t created = std::time(nullptr);
   size_t done = 0, failed = 0, prompt_tokens = 0, generated = 0;
+  GenerateStats lookup;  // guesses drafted and accepted over all requests
   // After what its callbacks use: it ends (and reports) any request left when it goes.
   Scheduler scheduler(**engine, (*text)->tokenizer(), scheduling);
   const auto t0 = std::chrono::steady_clock::now();
@@ -124,6 +126,8 @@ int Batch(const BatchArgs& a) {
       ++done;
       prompt_tokens += st.prompt_tokens;
       generated += st.generated_tokens;
+      lookup.drafted_tokens += st.drafted_tokens;
+      lookup.accepted_tokens += st.accepted_tokens;
       if (!status.ok()) {
         ++failed;
         writer.Put(i, ErrorLine(i, status));
@@ -140,9 +144,9 @@ int Batch(const BatchArgs& a) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr,
                "\rm3 batch: %zu requests (%zu failed) in %.1f s | %zu prompt tokens | %zu generated at %.1f tok/s "
-               "over %d slots\n",
+               "over %d slots%s\n",
                lines.size(), failed, seconds, prompt_tokens, generated, seconds > 0 ? generated / seconds : 0.0,
-               a.slots);
+               a.slots, LookupSummary(lookup).c_str());
   return failed == lines.size() ? 1 : 0;
 }
 
@@ -164,6 +168,7 @@ void AddBatchCommand(CLI::App& app, int* rc) {
   cmd->add_option("-n,--max-tokens", a->defaults.max_tokens, "tokens per reply when a request gives no max_tokens")
       ->default_val(512);
   AddSamplingOptions(cmd, &a->defaults.sampling);
+  AddLookupOption(cmd, &a->defaults.lookup);
   cmd->callback([a, rc] { *rc = Batch(*a); });
 }
 

@@ -25,6 +25,7 @@ struct RunArgs {
   EngineArgs engine_args;
   size_t context = 0;
   SamplingParams sampling{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f};  // CHAT_FORMAT.md §5
+  LookupOptions lookup;
 };
 
 // Everything one conversation needs: engine, session, text layer, sampler.
@@ -39,6 +40,7 @@ struct Runner {
 
   Status Open() {
     M3_RETURN_IF_ERROR(ValidateSamplingParams(args.sampling));
+    M3_RETURN_IF_ERROR(ValidateLookupOptions(args.lookup));
     if (args.think != "enabled" && args.think != "disabled" && args.think != "adaptive")
       return InvalidArgument("--think must be enabled, disabled or adaptive, got '", args.think, "'");
     M3_ASSIGN_OR_RETURN(const EngineOptions engine_options, args.engine_args.Options());
@@ -89,14 +91,15 @@ struct Runner {
       return true;
     };
     options.raw = args.raw;
-    options.generate = GenerateOptions{args.max_tokens, text->stop_ids()};
+    options.generate = GenerateOptions{args.max_tokens, text->stop_ids(), args.lookup};
     GenerateStats stats;
     auto out = GenerateTurn(*session, text->tokenizer(), prompt, options, *sampler, show, &stats);
     if (!out.ok()) return out;
     std::printf("\n");
-    std::fprintf(stderr, "[prompt %zu tokens (%zu reused from cache, %zu prefilled) at %.1f tok/s | generated %zu tokens at %.1f tok/s | stop: %s]\n",
+    std::fprintf(stderr, "[prompt %zu tokens (%zu reused from cache, %zu prefilled) at %.1f tok/s | generated %zu tokens at %.1f tok/s%s | stop: %s]\n",
                  stats.prompt_tokens, stats.reused_tokens, stats.prompt_tokens - stats.reused_tokens,
-                 stats.prefill_tok_s(), stats.generated_tokens, stats.decode_tok_s(), stats.stop_reason.c_str());
+                 stats.prefill_tok_s(), stats.generated_tokens, stats.decode_tok_s(), LookupSummary(stats).c_str(),
+                 stats.stop_reason.c_str());
     return out;
   }
 
@@ -158,6 +161,7 @@ void AddGenerationOptions(CLI::App* cmd, RunArgs& a) {
   AddEngineOptions(cmd, &a.engine_args);
   cmd->add_option("-c,--context", a.context, "context limit in tokens (0 = the model's)")->default_val(0);
   AddSamplingOptions(cmd, &a.sampling);
+  AddLookupOption(cmd, &a.lookup);
 }
 
 }  // namespace

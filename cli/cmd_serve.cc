@@ -133,9 +133,9 @@ struct Server {
   static void Log(const char* path, int status, const GenerateStats& st, size_t largest_batch) {
     std::fprintf(stderr,
                  "m3 serve: %s %d | prompt %zu tokens (%zu cached) at %.1f tok/s | %zu generated at %.1f tok/s, in "
-                 "batches of up to %zu | %s\n",
+                 "batches of up to %zu%s | %s\n",
                  path, status, st.prompt_tokens, st.reused_tokens, st.prefill_tok_s(), st.generated_tokens,
-                 st.decode_tok_s(), largest_batch, st.stop_reason.c_str());
+                 st.decode_tok_s(), largest_batch, LookupSummary(st).c_str(), st.stop_reason.c_str());
   }
 };
 
@@ -233,6 +233,7 @@ int Serve(const ServeArgs& a) {
   };
   if (a.port < 0 || a.port > 65535) return fail(InvalidArgument("--port must be 0..65535, got ", a.port));
   if (Status s = ValidateSamplingParams(a.defaults.sampling); !s.ok()) return fail(s);
+  if (Status s = ValidateLookupOptions(a.defaults.lookup); !s.ok()) return fail(s);
   if (a.defaults.max_tokens < 1) return fail(InvalidArgument("--max-tokens must be at least 1"));
   if (a.slots < 1 || a.slots > 256) return fail(InvalidArgument("--slots must be 1..256, got ", a.slots));
   SchedulerOptions scheduling;
@@ -345,6 +346,7 @@ void AddServeCommand(CLI::App& app, int* rc) {
   cmd->add_option("-n,--max-tokens", a->defaults.max_tokens, "tokens per reply when a request gives no max_tokens")
       ->default_val(512);
   AddSamplingOptions(cmd, &a->defaults.sampling);
+  AddLookupOption(cmd, &a->defaults.lookup);
   cmd->callback([a, rc] { *rc = Serve(*a); });
 }
 

@@ -7,6 +7,7 @@
 #include "base/status.h"
 #include "ops/sampling.h"
 #include "runtime/engine.h"
+#include "runtime/generate.h"
 
 namespace m3::cli {
 
@@ -25,6 +26,10 @@ struct EngineArgs {
 void AddEngineOptions(CLI::App* cmd, EngineArgs* args);
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, --presence-penalty, --seed.
 void AddSamplingOptions(CLI::App* cmd, SamplingParams* p);
+// --lookup K: speculative decoding by prompt lookup (LookupOptions::max_draft).
+void AddLookupOption(CLI::App* cmd, LookupOptions* o);
+// " | lookup: A of D guesses accepted" when lookup guessed any, else "".
+std::string LookupSummary(const GenerateStats& st);
 // Says on stderr when -t asks for more threads than the CPUs this process may run on (the
 // library caps them: ResolveThreadCount).
 void NoteThreadCap(int requested);

@@ -71,4 +71,16 @@ void AddSamplingOptions(CLI::App* cmd, SamplingParams* p) {
   cmd->add_option("--seed", p->seed, "random seed")->default_val(0);
 }
 
+void AddLookupOption(CLI::App* cmd, LookupOptions* o) {
+  cmd->add_option("--lookup", o->max_draft,
+                  "speculative decoding by prompt lookup: guess up to K tokens per step from an earlier occurrence "
+                  "of the latest 2-4 tokens, verified in the same forward pass (same greedy output; 0 = off)")
+      ->default_val(0);
+}
+
+std::string LookupSummary(const GenerateStats& st) {
+  if (st.drafted_tokens == 0) return "";
+  return Str(" | lookup: ", st.accepted_tokens, " of ", st.drafted_tokens, " guesses accepted");
+}
+
 }  // namespace m3::cli

@@ -5,7 +5,7 @@ completion, cut by a stop string; two conversations taking turns keep their cach
 errors with a message; a context overflow is a 400; a client that leaves a stream stops it; two
 concurrent requests both complete; a folder without a chat template serves completions only;
 requests that generate at the same time are decoded in one batch and give the same greedy text as
-each alone, and so does `m3 batch` on a file of them; --cache-memory releases idle conversations' caches before refusing a request. No
+each alone, and so does `m3 batch` on a file of them (also with --lookup); --cache-memory releases idle conversations' caches before refusing a request. No
 timing assertions.
 Usage: serve_check.py M3_BINARY REAL_VOCAB_MODEL_DIR"""
 import http.client
@@ -284,6 +284,17 @@ if len(results) == 4:
     check("not valid JSON" in results[1].get("error", {}).get("message", "")
           and "\"n\"" in results[3].get("error", {}).get("message", ""), f"m3 batch: errors in place: {results}")
 check("4 requests (2 failed)" in p.stderr, f"m3 batch: summary line: {p.stderr[-300:]}")
+# With prompt lookup (--lookup: guesses verified in the batched steps) the greedy replies are the same.
+p = subprocess.run([m3, "batch", "-m", model, "--slots", "2", "-t", "2", "-c", "400", "--lookup", "4"],
+                   input=json.dumps(long_req) + "\n" + json.dumps(short_req) + "\n", capture_output=True, text=True,
+                   timeout=300)
+results = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
+check(p.returncode == 0 and len(results) == 2, f"m3 batch --lookup 4: rc {p.returncode} {p.stderr[-500:]}")
+if len(results) == 2:
+    check([r.get("response", {}).get("choices", [{}])[0].get("message") for r in results] == [a_alone, b_alone],
+          f"m3 batch --lookup 4: same replies as without: {results}")
+p = subprocess.run([m3, "batch", "-m", model, "--lookup", "-1"], input="\n", capture_output=True, text=True, timeout=60)
+check(p.returncode != 0 and "lookup" in p.stderr, f"m3 batch --lookup -1 refused: {p.stderr[-300:]}")
 p = subprocess.run([m3, "batch", "-m", model, "-i", "/nonexistent/requests.jsonl"], capture_output=True, text=True,
                    timeout=60)
 check(p.returncode != 0 and "/nonexistent/requests.jsonl" in p.stderr, f"m3 batch, missing file: {p.stderr[-300:]}")

@@ -625,7 +625,8 @@ TEST_CASE("a prompt prefilled in chunks beside another generation's decode steps
 }
 
 // The scheduler on golden s3 with the real tokenizer (raw turns: every id is text): five requests
-// over two slots, prompts in chunks of 16 beside decode steps, equal to each turn generated alone.
+// over two slots, prompts in chunks of 16 beside decode steps, with and without prompt lookup, equal to
+// each turn generated alone.
 TEST_CASE("the scheduler runs queued requests over its slots as each would run alone", "[golden][batch]") {
   const std::string dir = test::GoldenDir("s3_mxfp8_mixed_layers_local2");
   auto cj = test::ReadPythonJson(dir + "/case.json");
@@ -646,41 +647,51 @@ TEST_CASE("the scheduler runs queued requests over its slots as each would run a
   SchedulerOptions options;
   options.slots = 2;
   options.session.prefill_chunk = 16;
+  // Without prompt lookup, then with it (guesses verified in the batched steps): the same text.
+  for (const int max_draft : {0, 3}) {
+    INFO("lookup " << max_draft);
+    TurnOptions with_lookup = turn;
+    with_lookup.generate.lookup = LookupOptions{.max_draft = max_draft, .max_ngram = 3, .min_ngram = 1};
+    Scheduler scheduler(**engine, **tokenizer, options);
+    std::vector<std::string> streamed(prompts.size()), ended(prompts.size());
+    size_t drafted = 0;
+    std::vector<size_t> batches(prompts.size()), generated(prompts.size());
+    size_t ends = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ScheduledRequest r;
+      r.prompt = prompts[i];
+      r.turn = with_lookup;
+      r.sampling = params;
+      r.on_delta = [&streamed, i](const TurnDelta& d) { return streamed[i] += d.content, true; };
+      r.on_end = [&, i](const Status& st, ParsedOutput out, const GenerateStats& stats, size_t largest_batch) {
+        CHECK(st.ok());
+        ended[i] = out.content;
+        batches[i] = largest_batch;
+        generated[i] = stats.generated_tokens;
+        drafted += stats.drafted_tokens;
+        ++ends;
+      };
+      scheduler.Submit(std::move(r));
+    }
+    scheduler.RunUntilIdle();
+    CHECK(ends == prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      INFO("request " << i);
+      Session alone(**engine);
+      Sampler sampler(params);
+      GenerateStats stats;
+      auto want = GenerateTurn(alone, **tokenizer, prompts[i], turn, sampler, [](const TurnDelta&) { return true; },
+                               &stats);
+      REQUIRE(want.ok());
+      CHECK(ended[i] == want->content);
+      CHECK(streamed[i] == want->content);
+      CHECK(generated[i] == stats.generated_tokens);
+      CHECK((batches[i] == 1 || batches[i] == 2));
+    }
+    CHECK(std::count(batches.begin(), batches.end(), size_t{2}) >= 3);  // the last may run alone
+    CHECK((drafted > 0) == (max_draft > 0));
+  }
   Scheduler scheduler(**engine, **tokenizer, options);
-  std::vector<std::string> streamed(prompts.size()), ended(prompts.size());
-  std::vector<size_t> batches(prompts.size()), generated(prompts.size());
-  size_t ends = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ScheduledRequest r;
-    r.prompt = prompts[i];
-    r.turn = turn;
-    r.sampling = params;
-    r.on_delta = [&streamed, i](const TurnDelta& d) { return streamed[i] += d.content, true; };
-    r.on_end = [&, i](const Status& st, ParsedOutput out, const GenerateStats& stats, size_t largest_batch) {
-      CHECK(st.ok());
-      ended[i] = out.content;
-      batches[i] = largest_batch;
-      generated[i] = stats.generated_tokens;
-      ++ends;
-    };
-    scheduler.Submit(std::move(r));
-  }
-  scheduler.RunUntilIdle();
-  CHECK(ends == prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    INFO("request " << i);
-    Session alone(**engine);
-    Sampler sampler(params);
-    GenerateStats stats;
-    auto want = GenerateTurn(alone, **tokenizer, prompts[i], turn, sampler, [](const TurnDelta&) { return true; },
-                             &stats);
-    REQUIRE(want.ok());
-    CHECK(ended[i] == want->content);
-    CHECK(streamed[i] == want->content);
-    CHECK(generated[i] == stats.generated_tokens);
-    CHECK((batches[i] == 1 || batches[i] == 2));
-  }
-  CHECK(std::count(batches.begin(), batches.end(), size_t{2}) >= 3);  // the last may run alone
   // A cancelled request stops at its next step; a prompt past the context limit ends with its error.
   auto cancelled = std::make_shared<std::atomic<bool>>(true);
   Status late_status, long_status;

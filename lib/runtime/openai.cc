@@ -42,6 +42,7 @@ Status ReadCommon(const ojson& body, const Defaults& defaults, Request* r) {
   if (!body.is_object()) return InvalidArgument("the request body must be a JSON object");
   r->sampling = defaults.sampling;
   r->max_tokens = defaults.max_tokens;
+  r->lookup = defaults.lookup;
   M3_RETURN_IF_ERROR(ReadNumber(body, "temperature", &r->sampling.temperature));
   M3_RETURN_IF_ERROR(ReadNumber(body, "top_p", &r->sampling.top_p));
   M3_RETURN_IF_ERROR(ReadNumber(body, "top_k", &r->sampling.top_k));
@@ -237,7 +238,7 @@ ojson ErrorBody(const std::string& message, int http_status) {
 StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,
                                           size_t max_context, TurnOptions* turn) {
   turn->raw = !r.chat;
-  turn->generate = GenerateOptions{r.max_tokens, text.stop_ids()};
+  turn->generate = GenerateOptions{r.max_tokens, text.stop_ids(), r.lookup};
   turn->tool_call_id_prefix = "call_" + id + "_";
   turn->stop_strings = r.stop;
   std::vector<int32_t> ids;

@@ -21,6 +21,7 @@ using ojson = nlohmann::ordered_json;
 struct Defaults {
   SamplingParams sampling{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f};  // CHAT_FORMAT.md §5
   int max_tokens = 512;
+  LookupOptions lookup;  // the server's (not a request field)
 };
 
 struct Request {
@@ -32,6 +33,7 @@ struct Request {
   std::vector<std::string> stop;  // stop strings (at most 4, none empty)
   SamplingParams sampling;
   int max_tokens = 0;
+  LookupOptions lookup;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
 };
