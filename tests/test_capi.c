@@ -73,6 +73,32 @@ static int CheckGenerate(m3_engine* engine, int32_t vocab) {
     if (i + 1 < kSteps) EXPECT(m3_session_eval(b, &best, 1, logits) == M3_OK);
   }
   free(logits);
+
+  /* Prompt lookup: the same greedy ids, and the stats say what it guessed (whether this tiny
+   * model's ids repeat enough to guess is up to it; tests/test_golden.cc checks guesses). A caller
+   * built before lookup_tokens existed (a smaller struct_size) gets it off; a negative count is
+   * refused. */
+  m3_session* c = NULL;
+  EXPECT(m3_session_new(engine, &c) == M3_OK);
+  const int32_t repeating[] = {110, 454, 294, 110, 454, 294, 110, 454};
+  struct Ids plain = {{0}, 0}, guessed = {{0}, 0}, old_layout = {{0}, 0};
+  EXPECT(m3_session_generate(a, repeating, 8, &o, CollectId, &plain, &st) == M3_OK);
+  o.lookup_tokens = 4;
+  memset(&st, 0, sizeof(st));
+  st.struct_size = sizeof(st);
+  st.drafted_tokens = st.accepted_tokens = 12345;
+  EXPECT(m3_session_generate(c, repeating, 8, &o, CollectId, &guessed, &st) == M3_OK);
+  EXPECT(guessed.n == plain.n && memcmp(guessed.ids, plain.ids, sizeof(int32_t) * (size_t)plain.n) == 0);
+  EXPECT(st.drafted_tokens != 12345 && st.accepted_tokens <= st.drafted_tokens);
+  o.struct_size = offsetof(m3_generate_options, lookup_tokens);
+  st.struct_size = offsetof(m3_generate_stats, drafted_tokens);
+  st.drafted_tokens = 12345;
+  EXPECT(m3_session_generate(c, repeating, 8, &o, CollectId, &old_layout, &st) == M3_OK);
+  EXPECT(old_layout.n == plain.n && st.drafted_tokens == 12345);
+  o.struct_size = sizeof(o);
+  o.lookup_tokens = -1;
+  EXPECT(m3_session_generate(c, repeating, 8, &o, CollectId, &old_layout, NULL) == M3_ERR_INVALID_ARGUMENT);
+  m3_session_free(c);
   m3_session_free(a);
   m3_session_free(b);
   return 0;

@@ -72,15 +72,18 @@ m3_status WriteOut(const char* fn, const T* data, size_t n, T* out, size_t capac
   return Report(m3::Status::Ok());
 }
 
-// Options (NULL: the defaults) as the sampler's and the generate loop's. This is the first layout,
-// so a smaller struct_size is an error; later fields will be read only when struct_size covers them.
+// Options (NULL: the defaults) as the sampler's and the generate loop's. The first layout ended
+// at n_stop_ids, so a smaller struct_size is an error; later fields are read only when struct_size
+// covers them (lookup_tokens).
 m3::Status ReadGenerateOptions(const m3_generate_options* o, m3::SamplingParams* sp, m3::GenerateOptions* go) {
   m3_generate_options d;
   m3_generate_options_init(&d);
   if (o) {
-    if (o->struct_size < sizeof(m3_generate_options))
+    constexpr size_t kFirstLayout = offsetof(m3_generate_options, n_stop_ids) + sizeof(size_t);
+    if (o->struct_size < kFirstLayout)
       return m3::InvalidArgument("options.struct_size too small (call m3_generate_options_init)");
-    d = *o;
+    std::memcpy(&d, o, std::min(o->struct_size, sizeof(d)));
+    d.struct_size = sizeof(d);
   }
   if (d.n_stop_ids && !d.stop_ids)
     return m3::InvalidArgument("options.stop_ids is NULL but n_stop_ids is ", d.n_stop_ids);
@@ -90,7 +93,8 @@ m3::Status ReadGenerateOptions(const m3_generate_options* o, m3::SamplingParams*
   M3_RETURN_IF_ERROR(m3::ValidateSamplingParams(*sp));
   go->max_tokens = d.max_tokens;
   go->stop_ids.assign(d.stop_ids, d.stop_ids + d.n_stop_ids);
-  return m3::Status::Ok();
+  go->lookup.max_draft = d.lookup_tokens;
+  return m3::ValidateLookupOptions(go->lookup);
 }
 
 // A stats struct must say its size (0 is a caller that forgot: refused before any work).
@@ -107,6 +111,8 @@ void WriteStats(const m3::GenerateStats& st, m3_generate_stats* out) {
   s.generated_tokens = st.generated_tokens;
   s.prefill_seconds = st.prefill_seconds;
   s.decode_seconds = st.decode_seconds;
+  s.drafted_tokens = st.drafted_tokens;
+  s.accepted_tokens = st.accepted_tokens;
   s.stop_reason = st.stop_reason == "stop"      ? M3_STOP_ID
                   : st.stop_reason == "context" ? M3_STOP_CONTEXT
                   : st.stop_reason == "caller"  ? M3_STOP_CALLER

@@ -103,6 +103,11 @@ typedef struct m3_generate_options {
    * the end-of-turn ids of the tokenizer to these. */
   const int32_t* stop_ids;
   size_t n_stop_ids;
+  /* Speculative decoding by prompt lookup: up to this many tokens guessed per step from an
+   * earlier occurrence of the latest 2-4 tokens and verified in the same forward pass (greedy
+   * output unchanged, sampling keeps its distribution). Default 0: off. Added after n_stop_ids:
+   * read only when struct_size covers it. */
+  int32_t lookup_tokens;
 } m3_generate_options;
 
 void m3_generate_options_init(m3_generate_options* options);
@@ -122,6 +127,8 @@ typedef struct m3_generate_stats {
   double prefill_seconds;
   double decode_seconds;    /* after the first sampled token */
   int32_t stop_reason;      /* m3_stop_reason */
+  size_t drafted_tokens;    /* prompt lookup: tokens guessed (written when struct_size covers it) */
+  size_t accepted_tokens;   /* of those, the ones generated */
 } m3_generate_stats;
 
 /* Called with every sampled id but a stop id; return nonzero to stop. */
