@@ -347,6 +347,14 @@ struct Result {
   double batch_projected_speedup() const {
     return batch_projected_bytes_per_step > 0 ? batch * projected_bytes_per_token / batch_projected_bytes_per_step : 0;
   }
+  // Prompt lookup (lookup > 0): medians of verify steps over 1 + lookup tokens and of the single
+  // steps paired with them; bytes a verify step reads, and projected to the full model.
+  int lookup = 0, lookup_steps = 0;
+  double lookup_step_s = 0, lookup_single_step_s = 0, lookup_bytes_per_step = 0, lookup_projected_bytes_per_step = 0;
+  double lookup_cost() const { return lookup_single_step_s > 0 ? lookup_step_s / lookup_single_step_s : 0; }
+  double lookup_projected_cost() const {
+    return projected_bytes_per_token > 0 ? lookup_projected_bytes_per_step / projected_bytes_per_token : 0;
+  }
   ProbeResult read_bw, int8_peak;
   bool logits_finite = true;
   double logits_rms = 0;  // of the last decode step: a sanity check of the synthetic weights
@@ -358,6 +366,7 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
   if (o.decode_tokens < 1) return InvalidArgument("-n must be >= 1 decode token, got ", o.decode_tokens);
   if (o.engine.threads < 0) return InvalidArgument("-t must be >= 1 thread, got ", o.engine.threads);
   if (o.batch < 1 || o.batch > 64) return InvalidArgument("--batch must be 1..64 sequences, got ", o.batch);
+  if (o.lookup < 0 || o.lookup > 32) return InvalidArgument("--lookup must be 0..32 guesses, got ", o.lookup);
   if (o.layers && (*o.layers < 1 || *o.layers > static_cast<int>(shapes::kLayers)))
     return InvalidArgument("--layers must be 1..", shapes::kLayers, " (the real model has ", shapes::kLayers,
                            " layers), got ", *o.layers);
@@ -570,7 +579,63 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
     r.batch_single_step_s = Median(single_s);
   }
 
-  // 8. The limits again, same threads as the run.
+  // 8. Prompt lookup's verify steps: the sampled token and `lookup` guesses copied from earlier in
+  // the context (as lookup takes them, so they route as the text does) in one pass with every
+  // row's logits, then rewound (the pass costs the same whether the guesses are taken or not);
+  // each paired with a single step of another session at the same context.
+  r.lookup = o.lookup;
+  if (o.lookup > 0) {
+    const size_t context = std::min<size_t>(prompt.size(), 64);
+    const size_t k = static_cast<size_t>(o.lookup);
+    r.lookup_steps = std::max(1, std::min(o.decode_tokens, 32));
+    if (log) std::fprintf(log, "m3 bench: %d prompt-lookup verify steps of 1 + %d tokens, paired with single steps\n",
+                          r.lookup_steps, o.lookup);
+    std::vector<int32_t> ids(std::max(context, k + 1));
+    for (int32_t& id : ids) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      id = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
+    }
+    Session verify(*engine), lone(*engine);
+    M3_RETURN_IF_ERROR(verify.Eval(ids, LogitsMode::kLastRow, &logits));
+    int32_t next_verify = Argmax(logits);
+    M3_RETURN_IF_ERROR(lone.Eval(ids, LogitsMode::kLastRow, &logits));
+    int32_t next_lone = Argmax(logits);
+    RoutedExpertBytes union_bytes(fp.expert_bytes);
+    std::vector<double> verify_s, single_s, verify_bytes;
+    std::vector<float> rows;
+    for (int step = 0; step < r.lookup_steps; ++step) {
+      auto verify_step = [&] {
+        std::vector<int32_t> tokens = {next_verify};
+        const size_t from = static_cast<size_t>(step) % (ids.size() - k);
+        tokens.insert(tokens.end(), ids.begin() + static_cast<std::ptrdiff_t>(from),
+                      ids.begin() + static_cast<std::ptrdiff_t>(from + k));
+        const auto t = Clock::now();
+        M3_RETURN_IF_ERROR(verify.Eval(tokens, LogitsMode::kAllRows, &rows, &union_bytes));
+        next_verify = Argmax(rows.data(), rows.size() / tokens.size());
+        verify_s.push_back(Seconds(t, Clock::now()));
+        verify_bytes.push_back(static_cast<double>(fp.fixed_bytes + union_bytes.Take()));
+        return verify.Rewind(verify.position() - k);
+      };
+      auto single_step = [&] {
+        const auto t = Clock::now();
+        M3_RETURN_IF_ERROR(lone.Eval(std::span<const int32_t>(&next_lone, 1), LogitsMode::kLastRow, &logits));
+        next_lone = Argmax(logits);
+        single_s.push_back(Seconds(t, Clock::now()));
+        return Status::Ok();
+      };
+      M3_RETURN_IF_ERROR(step % 2 == 0 ? verify_step() : single_step());
+      M3_RETURN_IF_ERROR(step % 2 == 0 ? single_step() : verify_step());
+      r.logits_finite = r.logits_finite && AllFinite(rows);
+    }
+    r.lookup_step_s = Median(verify_s);
+    r.lookup_single_step_s = Median(single_s);
+    r.lookup_bytes_per_step = Median(verify_bytes);
+    r.lookup_projected_bytes_per_step = (r.lookup_bytes_per_step - outside_layers) / std::max(1, r.layers) *
+                                            static_cast<double>(shapes::kLayers) +
+                                        outside_layers;
+  }
+
+  // 9. The limits again, same threads as the run.
   if (log) std::fprintf(log, "m3 bench: probing the machine limits again\n");
   r.read_bw.Merge(ProbeReadBandwidth(r.threads, 2));
   r.int8_peak.Merge(ProbeInt8Peak(r.threads, 0.2, 2));
@@ -651,6 +716,13 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
       {"batch_bw_ratio_best", Ratio(r.batch_gbps(), r.read_bw.best)},
       {"batch_projected_full_model_bytes_per_step", r.batch_projected_bytes_per_step},
       {"batch_projected_full_model_speedup", r.batch_projected_speedup()},
+      {"lookup", r.lookup},
+      {"lookup_steps", r.lookup_steps},
+      {"lookup_step_ms", r.lookup_step_s * 1e3},
+      {"lookup_single_step_ms", r.lookup_single_step_s * 1e3},
+      {"lookup_step_cost", r.lookup_cost()},
+      {"lookup_bytes_per_step", r.lookup_bytes_per_step},
+      {"lookup_projected_full_model_step_cost", r.lookup_projected_cost()},
       {"logits_finite", r.logits_finite},
       {"logits_rms", r.logits_rms},
       {"loadavg_start", r.loadavg_start},
@@ -705,6 +777,14 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
         Str("if bound by bytes read: ", Bytes(r.batch_projected_bytes_per_step), "/step against ", r.batch, " x ",
             Bytes(r.projected_bytes_per_token)));
   }
+  if (r.lookup > 0) {
+    row(Str("lookup verify, 1 + ", r.lookup, " tokens").c_str(), r.lookup_step_s * 1e3, "ms",
+        r.lookup_single_step_s * 1e3, "1 token", "");
+    row("  break-even", r.lookup_cost() - 1, "tokens", 0, "", "accepted guesses per step");
+    row("  weights read per step", r.lookup_bytes_per_step / 1e6, "MB", 0, "", "");
+    row("  projected 60-layer cost", r.lookup_projected_cost(), "steps", 0, "",
+        Str("if bound by bytes read: break-even at ", Num(r.lookup_projected_cost() - 1), " accepted guesses"));
+  }
   row("disk reads during decode", r.disk_read_mbps, "MB/s", 0, "", "");
   row("peak RSS", static_cast<double>(r.peak_rss) / 1e9, "GB", 0, "",
       r.peak_rss_reset ? "" : "includes the 1st probe's buffer");
@@ -734,6 +814,12 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
                  "paired with them, all at %d-token contexts; per step the weights are read once, the routed "
                  "experts as the union of the batch's choices.\n",
                  r.batch, r.batch_steps, r.batch_context);
+  if (r.lookup > 0)
+    std::fprintf(out,
+                 "lookup verify: a pass over a sampled token and %d guesses copied from the context (every row's "
+                 "logits; median of %d), against single steps paired with them; --lookup K generates 1 + the "
+                 "accepted guesses per such step, so it is faster when more are accepted than the break-even.\n",
+                 r.lookup, r.lookup_steps);
   if (!r.logits_finite) std::fprintf(out, "warning: some logits were not finite\n");
 }
 

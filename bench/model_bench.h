@@ -15,6 +15,11 @@
 //                each batched step paired with a single-sequence step on sessions of the same
 //                context: aggregate tok/s and its ratio to one sequence's; weights read per step
 //                (each once, the experts the batch routed to as a union) and their GB/s
+//   lookup       prompt lookup's verify steps (the sampled token and `lookup` guesses copied from
+//                the context, every row's logits, then rewound), each paired with a single step at
+//                the same context: the cost of a verify step in single steps, by time and by bytes
+//                read (projected to 60 layers), which is the accepted guesses per step it needs
+//                to pay off (plus one)
 //   projection   decode tok/s of the full 60-layer model: per step, the step minus an lm_head
 //                matmul timed right after it is the layers' time; medians, x 60 / layers + lm_head
 // Weights are read once before timing when they fit in available memory (a server keeps them
@@ -38,6 +43,7 @@ struct ModelBenchOptions {
   int prompt_tokens = 512;
   int decode_tokens = 128;
   int batch = 4;              // sequences of the batched decode (1: no batched phase)
+  int lookup = 3;             // guesses of the prompt-lookup verify steps (0: no such phase)
   EngineOptions engine;       // threads (0: all cores), NUMA mode, mlock; limits probed on as many threads
   bool json = false;          // one JSON object instead of the table
 };

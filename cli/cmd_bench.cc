@@ -34,7 +34,7 @@ struct BenchArgs {
   // End to end only.
   std::string model, cache_dir;
   std::optional<int> layers;
-  int prompt_tokens = 512, decode_tokens = 128, batch = 4;
+  int prompt_tokens = 512, decode_tokens = 128, batch = 4, lookup = 3;
   bool tiny = false;
   EngineArgs engine;  // --numa, --mlock-dense (threads come from -t above)
   std::vector<std::string> end_to_end_flags;  // the end-to-end-only options given (to refuse them in other modes)
@@ -141,6 +141,7 @@ int RunEndToEnd(const BenchArgs& args) {
   opts.prompt_tokens = args.prompt_tokens;
   opts.decode_tokens = args.decode_tokens;
   opts.batch = args.batch;
+  opts.lookup = args.lookup;
   opts.json = args.json;
   return bench::RunModelBench(opts, stdout, stderr);
 #else
@@ -225,6 +226,8 @@ void AddBenchCommand(CLI::App& app, int* rc) {
       cmd->add_option("--batch", args->batch,
                       "Sequences decoded together in the batched phase, against one sequence's steps (default 4; "
                       "1: none)"),
+      cmd->add_option("--lookup", args->lookup,
+                      "Guesses of the prompt-lookup verify steps, against single steps (default 3; 0: none)"),
       cmd->add_option("--cache-dir", args->cache_dir,
                       "Folder for the generated model (default $XDG_CACHE_HOME/m3 or ~/.cache/m3)"),
       cmd->add_option("--numa", args->engine.numa, "NUMA placement: off, distribute or split (as for m3 run)")

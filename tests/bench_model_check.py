@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Smoke test of the end-to-end `m3 bench` on the tiny generated model: `--tiny --json -p 16 -n 4`
 twice in a fresh cache folder (the second run must reuse the cached model, not regenerate it), one
-JSON object with every report field (the batched decode's included), finite values, positive where
+JSON object with every report field (the batched decode's and the lookup verify steps' included), finite values, positive where
 they must be, ratios equal to value / limit. Bad input fails with a message: a missing model folder, -p 0, --layers 0, a damaged
 cached model is regenerated. No timing assertions.
 Usage: bench_model_check.py M3_BINARY"""
@@ -29,7 +29,9 @@ POSITIVE = ["prefill_tok_s", "decode_tok_s", "decode_tok_s_mean", "ttft_s", "byt
             "read_gbps", "decode_bw_ratio", "prefill_gops", "int8_peak_gops", "prefill_peak_ratio", "peak_rss_bytes",
             "threads", "layers", "projected_full_model_tok_s", "active_params", "weight_bytes", "t_layer_s",
             "batch_tok_s", "batch_single_tok_s", "batch_speedup", "batch_bytes_per_step", "batch_gbps",
-            "batch_projected_full_model_bytes_per_step", "batch_projected_full_model_speedup"]
+            "batch_projected_full_model_bytes_per_step", "batch_projected_full_model_speedup",
+            "lookup_step_ms", "lookup_single_step_ms", "lookup_step_cost", "lookup_bytes_per_step",
+            "lookup_projected_full_model_step_cost"]
 NON_NEGATIVE = ["disk_read_mbps", "disk_read_bytes", "t_rest_s", "load_s", "routed_expert_bytes_per_token",
                 "read_gbps_paired", "decode_bw_ratio_paired", "read_gbps_best", "decode_bw_ratio_best",
                 "decode_pair_ratio_median", "fast_regime_steps", "fast_regime_ratio"]
@@ -62,12 +64,18 @@ def check_report(p, label):
         # Four sequences read the weights once, the experts as a union: at least one token's bytes
         # (the fixed ones), at most four tokens'.
         check(r["batch_bytes_per_step"] <= 4 * r["bytes_per_token"] * 1.5, f"{label}: batch bytes per step")
+    check(r.get("lookup") == 3 and r.get("lookup_steps") == 4, f"{label}: lookup phase {r.get('lookup')} x {r.get('lookup_steps')}")
+    if all(isinstance(r.get(k), (int, float)) for k in ("lookup_bytes_per_step", "bytes_per_token")):
+        # A verify step over 1 + 3 tokens reads the weights once, its rows' experts as a union.
+        check(r["bytes_per_token"] * 0.5 <= r["lookup_bytes_per_step"] <= 4 * r["bytes_per_token"] * 1.5,
+              f"{label}: lookup bytes per step")
     for ratio, value, limit in (("decode_bw_ratio", "decode_gbps", "read_gbps"),
                                 ("decode_bw_ratio_paired", "decode_gbps", "read_gbps_paired"),
                                 ("decode_bw_ratio_best", "decode_gbps", "read_gbps_best"),
                                 ("prefill_peak_ratio", "prefill_gops", "int8_peak_gops"),
                                 ("batch_speedup", "batch_tok_s", "batch_single_tok_s"),
-                                ("batch_bw_ratio_best", "batch_gbps", "read_gbps_best")):
+                                ("batch_bw_ratio_best", "batch_gbps", "read_gbps_best"),
+                                ("lookup_step_cost", "lookup_step_ms", "lookup_single_step_ms")):
         if all(isinstance(r.get(k), (int, float)) and r.get(k) > 0 for k in (ratio, value, limit)):
             check(math.isclose(r[ratio], r[value] / r[limit], rel_tol=1e-9),
                   f"{label}: {ratio} {r[ratio]} != {value} / {limit} = {r[value] / r[limit]}")
@@ -99,7 +107,7 @@ with tempfile.TemporaryDirectory() as cache:
     # The human table.
     p = run(["--tiny", "-p", "16", "-n", "4", "--cache-dir", cache])
     check(p.returncode == 0 and "decode bandwidth" in p.stdout and "read_bw" in p.stdout
-          and "decode, 4 sequences" in p.stdout,
+          and "decode, 4 sequences" in p.stdout and "lookup verify, 1 + 3 tokens" in p.stdout,
           f"table run: rc {p.returncode}, stdout {p.stdout[:500]!r}")
 
     # A damaged cached model is regenerated, not used and not a crash.
@@ -131,7 +139,9 @@ with tempfile.TemporaryDirectory() as cache:
            (["--tiny", "-p", "5000", "-n", "4", "--cache-dir", cache], "context"),
            (["-m", cache, "--tiny"], "-m"),
            (["--kernels", "-p", "16"], "end-to-end"),
-           (["--tiny", "--batch", "0", "--cache-dir", cache], "--batch")]
+           (["--tiny", "--batch", "0", "--cache-dir", cache], "--batch"),
+           (["--tiny", "--lookup", "-1", "--cache-dir", cache], "--lookup"),
+           (["--kernels", "--lookup", "2"], "end-to-end")]
     for extra, needle in bad:
         p = run(extra, timeout=120)
         check(p.returncode not in (0,) and p.returncode > 0 and needle in p.stderr,
