@@ -957,6 +957,26 @@ TEST_CASE("prompt lookup in batched steps, stopped early or cancelled keeps each
   CHECK(first == std::vector<int32_t>(want[0].begin(), want[0].begin() + 5));
   CHECK(stopped.position() == prompt.size() + 4);
 
+  // Each step guesses at most one more token than the step before confirmed (what a step
+  // confirmed is what its Next emitted, less the token sampled after the last confirmed guess).
+  {
+    Session s(**engine);
+    Sampler sampler(greedy);
+    GenerateOptions wide = lookup;
+    wide.lookup.max_draft = 4;
+    size_t emitted = 0, guessing_steps = 0;
+    Generation g(s, wide, sampler, [&](int32_t) { return ++emitted, true; });
+    REQUIRE(g.Start(prompt).ok());
+    bool previous_guessed = false;
+    for (std::span<const int32_t> step; emitted = 0, g.Next(&step);) {
+      if (previous_guessed) CHECK(step.size() - 1 <= emitted);
+      previous_guessed = step.size() > 1;
+      guessing_steps += previous_guessed;
+      REQUIRE(g.Step(step).ok());
+    }
+    CHECK(guessing_steps > 0);
+  }
+
   // Cancelled after a pass over guesses: they were never confirmed, so only the step's sampled
   // token stays in the cache.
   Session s(**engine);

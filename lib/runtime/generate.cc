@@ -60,6 +60,7 @@ Status Generation::Begin(std::span<const int32_t> prompt) {
   evaluated_ = 0;
   step_.clear();
   step_evaluated_ = false;
+  guess_limit_ = static_cast<size_t>(options_.lookup.max_draft);
   stats_.stop_reason = "length";
   prefill_start_ = Clock::now();
   return Status::Ok();
@@ -124,6 +125,7 @@ bool Generation::Next(std::span<const int32_t>* step) {
   const size_t vocab = logits_.size() / rows;
   const size_t first = session_.position() - rows;  // position of row 0's token
   int32_t id = -1;
+  size_t confirmed_guesses = 0;
   for (size_t r = 0; r < rows; ++r) {
     const int32_t guess = r + 1 < rows ? step_[r + 1] : -1;
     const std::span<const int32_t> history(session_.tokens().data(), first + r + 1);
@@ -139,7 +141,11 @@ bool Generation::Next(std::span<const int32_t>* step) {
       break;
     }
     ++stats_.accepted_tokens;
+    ++confirmed_guesses;
   }
+  // The next step guesses one more token than this one confirmed (up to max_draft): after a
+  // refusal a single guess, which costs little, until guesses hold again.
+  if (rows > 1) guess_limit_ = std::min(static_cast<size_t>(options_.lookup.max_draft), confirmed_guesses + 1);
   if (session_.position() + 1 > session_.max_context()) {
     stats_.stop_reason = "context";
     step_.clear();
@@ -149,7 +155,7 @@ bool Generation::Next(std::span<const int32_t>* step) {
   // row samples (k guesses give k + 1 rows, so k + 1 more tokens at most).
   size_t room = std::min(session_.max_context() - session_.position() - 1,
                          static_cast<size_t>(options_.max_tokens) - stats_.generated_tokens - 1);
-  room = std::min(room, static_cast<size_t>(std::max(0, options_.lookup.max_draft)));
+  room = std::min(room, guess_limit_);
   step_ = {id};
   if (room > 0) {
     const std::vector<int32_t> guess = LookupDraft(session_.tokens(), id, options_.lookup, room);

@@ -18,7 +18,9 @@ namespace m3 {
 // Speculative decoding by prompt lookup: each step guesses the tokens that followed the latest
 // earlier occurrence of the sequence's last n tokens (n from max_ngram down to min_ngram) and
 // verifies them in the same forward pass as the sampled token (one weight read for all of them).
-// Greedy output is the one without it; sampling keeps its distribution (Sampler's draft).
+// A step guesses at most one more token than the previous step confirmed, so guesses that keep
+// failing cost one extra row per step. Greedy output is the one without it; sampling keeps its
+// distribution (Sampler's draft).
 struct LookupOptions {
   int max_draft = 0;  // tokens guessed per step; 0: off
   int max_ngram = 4;
@@ -114,6 +116,7 @@ class Generation {
   size_t evaluated_ = 0;         // of prompt_
   std::vector<int32_t> step_;    // the tokens Next gave: the sampled one, then the guesses
   bool step_evaluated_ = false;
+  size_t guess_limit_ = 0;       // most guesses of the next step
   std::vector<float> logits_;
   GenerateStats stats_;
   Clock::time_point prefill_start_, decode_start_;
