@@ -998,6 +998,43 @@ TEST_CASE("prompt lookup in batched steps, stopped early or cancelled keeps each
   CHECK(cancelled);
 }
 
+TEST_CASE("a step whose guesses do not fit in memory runs without them", "[golden][lookup][errors]") {
+  const std::string dir = test::GoldenDir("s1_fp32_basic");
+  auto engine = Engine::Open(dir, EngineOptions{1});
+  REQUIRE(engine.ok());
+  auto golden_prompt = test::ReadPythonJson(dir + "/case.json")["prompt_ids"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> prompt(golden_prompt.begin(), golden_prompt.end() - 4);
+  // A budget of the prompt's cache pages: generation runs until the last page is full.
+  Session probe(**engine);
+  REQUIRE(probe.Eval(prompt, LogitsMode::kNone, nullptr).ok());
+  SessionOptions budget;
+  budget.memory_budget_bytes = probe.cache().bytes();
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  GenerateOptions plain, lookup;
+  plain.max_tokens = lookup.max_tokens = 200;
+  lookup.lookup = LookupOptions{.max_draft = 4, .max_ngram = 3, .min_ngram = 1};
+  std::vector<int32_t> want, got;
+  Session a(**engine, budget), b(**engine, budget);
+  Sampler sa(greedy), sb(greedy);
+  const Status plain_status = Generate(a, prompt, plain, sa, [&](int32_t id) { return want.push_back(id), true; }, nullptr);
+  Generation g(b, lookup, sb, [&](int32_t id) { return got.push_back(id), true; });
+  REQUIRE(g.Start(prompt).ok());
+  Status lookup_status;
+  size_t ran_alone = 0;  // steps whose guesses did not fit, while the sampled token did
+  for (std::span<const int32_t> step; lookup_status.ok() && g.Next(&step);) {
+    const size_t before = b.position(), n = step.size();
+    lookup_status = g.Step(step);
+    ran_alone += lookup_status.ok() && n > 1 && b.position() == before + 1;
+  }
+  CHECK(plain_status.code() == StatusCode::kOutOfMemory);
+  CHECK(lookup_status.code() == StatusCode::kOutOfMemory);
+  CHECK(got == want);
+  CHECK(b.position() == a.position());
+  CHECK(a.position() > prompt.size());
+  CHECK(ran_alone > 0);
+}
+
 TEST_CASE("prompt lookup guesses what followed the latest match of the longest suffix", "[lookup]") {
   const LookupOptions o{.max_draft = 4, .max_ngram = 3, .min_ngram = 1};
   const std::vector<int32_t> ctx = {1, 2, 3, 9, 1, 2, 3, 4, 5, 7, 2, 3, 6, 1, 2};

@@ -73,9 +73,22 @@ Status Generation::Start(std::span<const int32_t> prompt) {
 
 Status Generation::Step(std::span<const int32_t> ids) {
   const LogitsMode mode = logit_rows(ids) > 1 ? LogitsMode::kAllRows : LogitsMode::kLastRow;
-  M3_RETURN_IF_ERROR(session_.Eval(ids, mode, &logits_));
+  Status st = session_.Eval(ids, mode, &logits_);
+  if (st.code() == StatusCode::kOutOfMemory && pending().empty() && ids.size() > 1) {
+    // Guesses are optional, and their positions may be what did not fit: the sampled token alone.
+    DropGuesses();
+    ids = ids.first(1);
+    st = session_.Eval(ids, LogitsMode::kLastRow, &logits_);
+  }
+  M3_RETURN_IF_ERROR(st);
   Evaluated(ids.size());
   return Status::Ok();
+}
+
+void Generation::DropGuesses() {
+  if (step_.size() <= 1) return;
+  stats_.drafted_tokens -= step_.size() - 1;
+  step_.resize(1);
 }
 
 Status Generation::Run() {
@@ -114,7 +127,8 @@ void Generation::KeepPositions(size_t n) {
 
 bool Generation::Next(std::span<const int32_t>* step) {
   if (done_ || !pending().empty()) return false;
-  if (!step_.empty() && !step_evaluated_) {
+  if (!step_.empty() && !step_evaluated_) {  // a failed pass, retried without guesses (see Step)
+    DropGuesses();
     *step = step_;
     return true;
   }

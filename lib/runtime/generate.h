@@ -73,7 +73,8 @@ class Generation {
   // Begin, then the whole pending prompt in one Step.
   Status Start(std::span<const int32_t> prompt);
   // One pass of this generation alone (Session::Eval) over `ids`, a chunk of the pending prompt
-  // or the step Next gave, then Evaluated.
+  // or the step Next gave, then Evaluated. A step whose guesses do not fit in memory runs again
+  // without them.
   Status Step(std::span<const int32_t> ids);
   // Next and Step until the generation ends.
   Status Run();
@@ -90,8 +91,9 @@ class Generation {
   // Once nothing is pending: samples from the latest logits, each row in turn while it confirms
   // the guess of the step before, and passes the tokens on; true with *step set to the tokens to
   // evaluate next (the sampled one, then any guesses), false when the generation has ended
-  // (stats().stop_reason says why). Until Evaluated says it was, Next gives the same step again
-  // without sampling (a pass that failed, e.g. for memory, can be retried).
+  // (stats().stop_reason says why). Until Evaluated says it was, Next gives the same sampled token
+  // again, without its guesses and without sampling (a pass that failed, e.g. for memory, can be
+  // retried).
   bool Next(std::span<const int32_t>* step);
   // Ends the generation now, as on_token returning false would (stop reason "caller").
   void Cancel();
@@ -111,6 +113,8 @@ class Generation {
   bool Emit(int32_t id);
   // Forgets the positions from n on (guesses the sampling did not confirm).
   void KeepPositions(size_t n);
+  // The step becomes its sampled token alone.
+  void DropGuesses();
 
   std::vector<int32_t> prompt_;  // the part Begin did not find cached
   size_t evaluated_ = 0;         // of prompt_
