@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -1051,6 +1052,29 @@ TEST_CASE("prompt lookup guesses what followed the latest match of the longest s
   CHECK(LookupDraft(std::vector<int32_t>{5, 5, 5}, 5, o, 4) == std::vector<int32_t>{5});
   CHECK(LookupDraft(std::vector<int32_t>{}, 5, o, 4).empty());
   CHECK(LookupDraft(ctx, 3, o, 0).empty());
+  // Against the definition, longest n first and then the latest start, on random sequences of few
+  // distinct ids (many matches of every length).
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 400; ++trial) {
+    std::vector<int32_t> seq(1 + rng() % 60);
+    for (int32_t& t : seq) t = static_cast<int32_t>(rng() % 4);
+    const LookupOptions opt{.max_draft = 5, .max_ngram = 1 + static_cast<int>(rng() % 5),
+                            .min_ngram = 1 + static_cast<int>(rng() % 2)};
+    const int32_t next = static_cast<int32_t>(rng() % 4);
+    std::vector<int32_t> s = seq;
+    s.push_back(next);
+    const size_t L = s.size();
+    std::vector<int32_t> want;
+    for (int n = std::min<int>(opt.max_ngram, static_cast<int>(L) - 1); n >= opt.min_ngram && want.empty(); --n)
+      for (size_t i = L - static_cast<size_t>(n); i-- > 0;)
+        if (std::equal(s.begin() + static_cast<std::ptrdiff_t>(i), s.begin() + static_cast<std::ptrdiff_t>(i) + n,
+                       s.end() - n)) {
+          for (size_t k = i + static_cast<size_t>(n); k < L && want.size() < 3; ++k) want.push_back(s[k]);
+          break;
+        }
+    INFO("trial " << trial);
+    CHECK(LookupDraft(seq, next, opt, 3) == want);
+  }
   CHECK(ValidateLookupOptions(LookupOptions{.max_draft = -1}).code() == StatusCode::kInvalidArgument);
   CHECK(ValidateLookupOptions(LookupOptions{.max_draft = 2, .max_ngram = 1, .min_ngram = 2}).code() ==
         StatusCode::kInvalidArgument);
