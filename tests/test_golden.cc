@@ -740,6 +740,15 @@ TEST_CASE("batched decode refuses bad requests and leaves every session as it wa
   CHECK(at_limit.code() == StatusCode::kOutOfRange);
   CHECK_THAT(at_limit.message(), Catch::Contains("session 1") && Catch::Contains("context limit of 4"));
   CHECK_THAT(decode({&a}, {100000}).message(), Catch::Contains("outside the vocabulary"));
+  // Logit rows: one count per session, each 1..its tokens.
+  const std::vector<int32_t> two = {1, 2};
+  const std::span<const int32_t> steps[] = {two};
+  Session* just_a[] = {&a};
+  for (const std::vector<size_t>& rows : {std::vector<size_t>{0}, std::vector<size_t>{3}, std::vector<size_t>{1, 1}}) {
+    const Status st = Session::EvalBatch(just_a, steps, &logits, nullptr, rows);
+    CHECK(st.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(st.message(), Catch::Contains("logit row"));
+  }
   CHECK(a.position() == 4);
   CHECK(full.position() == 4);
   // Still usable, and one sequence's error stays its own in a generation step.
