@@ -74,7 +74,7 @@ void AddSamplingOptions(CLI::App* cmd, SamplingParams* p) {
 void AddLookupOption(CLI::App* cmd, LookupOptions* o) {
   cmd->add_option("--lookup", o->max_draft,
                   "speculative decoding by prompt lookup: guess up to K tokens per step from an earlier occurrence "
-                  "of the latest 2-4 tokens, verified in the same forward pass (same greedy output; 0 = off)")
+                  "of the latest 2-4 tokens, verified in the same forward pass (same greedy output; 0..32, 0 = off)")
       ->default_val(0);
 }
 

@@ -1085,6 +1085,8 @@ TEST_CASE("prompt lookup guesses what followed the latest match of the longest s
     CHECK(LookupDraft(seq, next, opt, 3) == want);
   }
   CHECK(ValidateLookupOptions(LookupOptions{.max_draft = -1}).code() == StatusCode::kInvalidArgument);
+  CHECK(ValidateLookupOptions(LookupOptions{.max_draft = kMaxLookupDraft}).ok());
+  CHECK_THAT(ValidateLookupOptions(LookupOptions{.max_draft = kMaxLookupDraft + 1}).message(), Catch::Contains("0..32"));
   CHECK(ValidateLookupOptions(LookupOptions{.max_draft = 2, .max_ngram = 1, .min_ngram = 2}).code() ==
         StatusCode::kInvalidArgument);
   CHECK(ValidateLookupOptions(LookupOptions{.max_draft = 2, .max_ngram = 2, .min_ngram = 0}).code() ==

@@ -14,7 +14,10 @@ double GenerateStats::decode_tok_s() const {
 }
 
 Status ValidateLookupOptions(const LookupOptions& o) {
-  if (o.max_draft < 0) return InvalidArgument("lookup draft tokens must be >= 0, got ", o.max_draft);
+  // Each guess adds a row of logits to the step (800 KB at M3's vocabulary), and long guesses
+  // rarely all hold: a cap keeps a step's memory small.
+  if (o.max_draft < 0 || o.max_draft > kMaxLookupDraft)
+    return InvalidArgument("lookup draft tokens must be 0..", kMaxLookupDraft, ", got ", o.max_draft);
   if (o.min_ngram < 1) return InvalidArgument("lookup min n-gram must be >= 1, got ", o.min_ngram);
   if (o.max_ngram < o.min_ngram)
     return InvalidArgument("lookup max n-gram (", o.max_ngram, ") must be >= its min n-gram (", o.min_ngram, ")");

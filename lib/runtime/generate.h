@@ -21,8 +21,9 @@ namespace m3 {
 // A step guesses at most one more token than the previous step confirmed, so guesses that keep
 // failing cost one extra row per step. Greedy output is the one without it; sampling keeps its
 // distribution (Sampler's draft).
+inline constexpr int kMaxLookupDraft = 32;
 struct LookupOptions {
-  int max_draft = 0;  // tokens guessed per step; 0: off
+  int max_draft = 0;  // tokens guessed per step, 0..kMaxLookupDraft; 0: off
   int max_ngram = 4;
   int min_ngram = 2;
 };
