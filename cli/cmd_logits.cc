@@ -1,6 +1,7 @@
-// m3 logits -m DIR --ids LIST [-n N] -o OUT [--dump-blocks] [engine options]
+// m3 logits -m DIR --ids LIST [-n N] -o OUT [--dump-blocks] [--lookup K] [engine options]
 // One prefill of the prompt (one Session::Eval: forward passes of --prefill-chunk tokens), then N
-// greedy steps through the cache. Writes the files of
+// greedy steps through the cache (a Generation: with --lookup, guesses verified in the step's
+// pass, so the oracle judges those rows too). Writes the files of
 // ../shared/golden: prefill_logits.npy [T, vocab], decode_logits.npy [N, vocab], greedy_ids.json
 // and, with --dump-blocks, selected_blocks.json.
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "cli/commands.h"
 #include "format/npy.h"
 #include "runtime/engine.h"
+#include "runtime/generate.h"
 
 namespace m3::cli {
 namespace {
@@ -25,6 +27,7 @@ struct LogitsArgs {
   int steps = 0;
   EngineArgs engine_args;
   bool dump_blocks = false;
+  LookupOptions lookup;
 };
 
 StatusOr<std::vector<int32_t>> ParseIds(const std::string& spec) {
@@ -71,6 +74,11 @@ class BlockRecorder : public ForwardObserver {
       rows[static_cast<size_t>(pos0) + t] = std::move(heads);
     }
   }
+  // Forgets positions from n on (guesses the decode did not keep).
+  void Truncate(size_t n) {
+    for (auto& [layer, rows] : layers_)
+      if (rows.size() > n) rows.resize(n);
+  }
   nlohmann::json ToJson() const {
     nlohmann::json j = nlohmann::json::object();
     for (const auto& [layer, rows] : layers_) j[std::to_string(layer)] = rows;
@@ -81,10 +89,6 @@ class BlockRecorder : public ForwardObserver {
   std::map<int, std::vector<nlohmann::json>> layers_;
 };
 
-int32_t Argmax(const float* x, size_t n) {
-  return static_cast<int32_t>(std::max_element(x, x + n) - x);  // first maximum: ties -> lower id
-}
-
 int Fail(const Status& s) {
   std::fprintf(stderr, "m3 logits: %s\n", s.ToString().c_str());
   return 1;
@@ -94,6 +98,7 @@ int RunLogits(const LogitsArgs& a) {
   auto ids = ParseIds(a.ids);
   if (!ids.ok()) return Fail(ids.status());
   if (a.steps < 0) return Fail(InvalidArgument("-n must be >= 0"));
+  if (Status s = ValidateLookupOptions(a.lookup); !s.ok()) return Fail(s);
   auto engine_options = a.engine_args.Options();
   if (!engine_options.ok()) return Fail(engine_options.status());
   SessionOptions session_options;
@@ -110,20 +115,35 @@ int RunLogits(const LogitsArgs& a) {
   BlockRecorder recorder;
   ForwardObserver* obs = a.dump_blocks ? &recorder : nullptr;
 
+  // Greedy (argmax, ties to the lower id): the first id from the prompt's last row, then one per
+  // decode row.
+  SamplingParams greedy_params;
+  greedy_params.temperature = 0;
+  Sampler sampler(greedy_params);
+  GenerateOptions options;
+  options.max_tokens = a.steps + 1;
+  options.lookup = a.lookup;
+  std::vector<int32_t> greedy;
+  std::vector<float> prefill, decode;
+  Generation g(session, options, sampler, [&](int32_t id) {
+    if (!greedy.empty()) decode.insert(decode.end(), g.token_logits().begin(), g.token_logits().end());
+    greedy.push_back(id);
+    return true;
+  });
+  Status s = g.Begin(*ids);
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> prefill, step;
-  Status s = session.Eval(*ids, LogitsMode::kAllRows, &prefill, obs);
+  if (s.ok()) s = session.Eval(*ids, LogitsMode::kAllRows, &prefill, obs);  // every row, not Step's last one
   if (!s.ok()) return Fail(s);
+  g.logits().assign(prefill.end() - static_cast<std::ptrdiff_t>(vocab), prefill.end());
+  g.Evaluated(ids->size());
   const auto t1 = std::chrono::steady_clock::now();
-  std::vector<int32_t> greedy = {Argmax(&prefill[(ids->size() - 1) * vocab], vocab)};
-  std::vector<float> decode;
-  for (int i = 0; i < a.steps; ++i) {
-    s = session.Eval({&greedy.back(), 1}, LogitsMode::kLastRow, &step, obs);
-    if (!s.ok()) return Fail(s);
-    decode.insert(decode.end(), step.begin(), step.end());
-    greedy.push_back(Argmax(step.data(), vocab));
-  }
+  s = g.Run(obs);
+  if (s.ok() && greedy.size() != static_cast<size_t>(a.steps) + 1)  // the context limit
+    s = OutOfRange("decode stopped after ", greedy.size() - 1, " of ", a.steps, " steps (", g.stats().stop_reason,
+                   "): the context holds ", session.max_context(), " tokens");
+  if (!s.ok()) return Fail(s);
   const auto t2 = std::chrono::steady_clock::now();
+  recorder.Truncate(session.position());
 
   const std::filesystem::path out(a.out);
   s = WriteNpyF32((out / "prefill_logits.npy").string(), prefill.data(), {static_cast<int64_t>(ids->size()), c.vocab_size});
@@ -147,9 +167,9 @@ int RunLogits(const LogitsArgs& a) {
   }
   const double pre_s = std::chrono::duration<double>(t1 - t0).count();
   const double dec_s = std::chrono::duration<double>(t2 - t1).count();
-  std::fprintf(stderr, "prefill %zu tokens in %.3f s (%.1f tok/s); decode %d tokens in %.3f s (%.1f tok/s); %d threads, %s\n",
+  std::fprintf(stderr, "prefill %zu tokens in %.3f s (%.1f tok/s); decode %d tokens in %.3f s (%.1f tok/s)%s; %d threads, %s\n",
                ids->size(), pre_s, ids->size() / pre_s, a.steps, dec_s, a.steps > 0 ? a.steps / dec_s : 0.0,
-               (*engine)->threads().threads, (*engine)->simd_target().c_str());
+               LookupSummary(g.stats()).c_str(), (*engine)->threads().threads, (*engine)->simd_target().c_str());
   if (a.engine_args.numa != "off" || a.engine_args.mlock_dense)
     std::fprintf(stderr, "placement: %s\n", (*engine)->placement().c_str());
   return 0;
@@ -165,6 +185,7 @@ void AddLogitsCommand(CLI::App& app, int* rc) {
   cmd->add_option("-n,--steps", a->steps, "greedy decode steps after the prefill")->default_val(0);
   cmd->add_option("-o,--out", a->out, "output folder")->required();
   cmd->add_flag("--dump-blocks", a->dump_blocks, "also write selected_blocks.json");
+  AddLookupOption(cmd, &a->lookup);
   AddEngineOptions(cmd, &a->engine_args);
   cmd->callback([a, rc] { *rc = RunLogits(*a); });
 }

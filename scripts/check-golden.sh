@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs `m3 logits` on every golden case and judges it with the oracle's check_case.py.
-# Usage: scripts/check-golden.sh [BUILD_DIR] [SHARED_DIR] [THREADS]
+# Usage: scripts/check-golden.sh [BUILD_DIR] [SHARED_DIR] [THREADS] [m3 logits options...]
+# (e.g. --lookup 3: the decode rows then come from prompt-lookup verify passes where guesses hold)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
 shared=${2:-$here/../shared}
 threads=${3:-0}
+shift $(( $# < 3 ? $# : 3 ))
 py=/usr/bin/python3
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -17,7 +19,7 @@ for case_dir in "$shared"/golden/*/; do
   read -r ids steps < <($py -c "import json,sys; c=json.load(open(sys.argv[1])); print(','.join(map(str,c['prompt_ids'])), c['decode_steps'])" "$case_dir/case.json")
   echo "$ids" > "$out/$name.ids"
   start=$(date +%s.%N)
-  "$build/bin/m3" logits -m "$case_dir" --ids "@$out/$name.ids" -n "$steps" -o "$out/$name" --dump-blocks -t "$threads" 2>"$out/$name.log" || { cat "$out/$name.log"; fail=1; continue; }
+  "$build/bin/m3" logits -m "$case_dir" --ids "@$out/$name.ids" -n "$steps" -o "$out/$name" --dump-blocks -t "$threads" "$@" 2>"$out/$name.log" || { cat "$out/$name.log"; fail=1; continue; }
   end=$(date +%s.%N)
   greedy=$($py -c "import json,sys; print(','.join(map(str,json.load(open(sys.argv[1])))))" "$out/$name/greedy_ids.json")
   if $py "$shared/oracle/check_case.py" --case "$case_dir" --prefill "$out/$name/prefill_logits.npy" \
@@ -26,6 +28,7 @@ for case_dir in "$shared"/golden/*/; do
   else
     status=FAIL; fail=1
   fi
-  printf '%-45s %s  wall %.2fs  %s\n' "$name" "$status" "$(echo "$end - $start" | bc)" "$(cat "$out/$name.verdict")"
+  printf '%-45s %s  wall %.2fs  %s  %s\n' "$name" "$status" "$(echo "$end - $start" | bc)" "$(cat "$out/$name.verdict")" \
+    "$(grep -o 'lookup: [0-9]* of [0-9]* guesses accepted' "$out/$name.log" || true)"
 done
 exit $fail

@@ -81,14 +81,14 @@ Status Generation::Start(std::span<const int32_t> prompt) {
   return Step(pending());
 }
 
-Status Generation::Step(std::span<const int32_t> ids) {
+Status Generation::Step(std::span<const int32_t> ids, ForwardObserver* observer) {
   const LogitsMode mode = logit_rows(ids) > 1 ? LogitsMode::kAllRows : LogitsMode::kLastRow;
-  Status st = session_.Eval(ids, mode, &logits_);
+  Status st = session_.Eval(ids, mode, &logits_, observer);
   if (st.code() == StatusCode::kOutOfMemory && pending().empty() && ids.size() > 1) {
     // Guesses are optional, and their positions may be what did not fit: the sampled token alone.
     DropGuesses();
     ids = ids.first(1);
-    st = session_.Eval(ids, LogitsMode::kLastRow, &logits_);
+    st = session_.Eval(ids, LogitsMode::kLastRow, &logits_, observer);
   }
   M3_RETURN_IF_ERROR(st);
   Evaluated(ids.size());
@@ -101,8 +101,8 @@ void Generation::DropGuesses() {
   step_.resize(1);
 }
 
-Status Generation::Run() {
-  for (std::span<const int32_t> step; Next(&step);) M3_RETURN_IF_ERROR(Step(step));
+Status Generation::Run(ForwardObserver* observer) {
+  for (std::span<const int32_t> step; Next(&step);) M3_RETURN_IF_ERROR(Step(step, observer));
   return Status::Ok();
 }
 
@@ -155,6 +155,7 @@ bool Generation::Next(std::span<const int32_t>* step) {
     const std::span<const int32_t> history(session_.tokens().data(), first + r + 1);
     id = sampler_.Sample(std::span<const float>(logits_).subspan(r * vocab, vocab), history, guess);
     const bool confirmed = guess >= 0 && id == guess;
+    emit_row_ = r;
     if (!Emit(id)) {
       KeepPositions(first + r + 1);  // as without guesses: the last token is not evaluated
       step_.clear();

@@ -76,9 +76,9 @@ class Generation {
   // One pass of this generation alone (Session::Eval) over `ids`, a chunk of the pending prompt
   // or the step Next gave, then Evaluated. A step whose guesses do not fit in memory runs again
   // without them.
-  Status Step(std::span<const int32_t> ids);
+  Status Step(std::span<const int32_t> ids, ForwardObserver* observer = nullptr);
   // Next and Step until the generation ends.
-  Status Run();
+  Status Run(ForwardObserver* observer = nullptr);
   // Prompt tokens not yet evaluated; empty once the prompt is done.
   std::span<const int32_t> pending() const {
     return std::span<const int32_t>(prompt_).subspan(std::min(evaluated_, prompt_.size()));
@@ -99,6 +99,11 @@ class Generation {
   // Ends the generation now, as on_token returning false would (stop reason "caller").
   void Cancel();
   bool done() const { return done_; }
+  // Inside on_token: the row of logits the token was sampled from.
+  std::span<const float> token_logits() const {
+    const size_t vocab = logits_.size() / (step_.empty() ? 1 : step_.size());
+    return std::span<const float>(logits_).subspan(emit_row_ * vocab, vocab);
+  }
   std::vector<float>& logits() { return logits_; }
   Session& session() { return session_; }
   // Timing ends at the first call after the end.
@@ -122,6 +127,7 @@ class Generation {
   std::vector<int32_t> step_;    // the tokens Next gave: the sampled one, then the guesses
   bool step_evaluated_ = false;
   size_t guess_limit_ = 0;       // most guesses of the next step
+  size_t emit_row_ = 0;          // of logits_, while on_token runs
   std::vector<float> logits_;
   GenerateStats stats_;
   Clock::time_point prefill_start_, decode_start_;
