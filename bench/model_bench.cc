@@ -437,12 +437,17 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
   }
 
   // 4. Prefill: one Eval of random ids (fixed seed), last-row logits.
-  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
+  // Random ids from one fixed-seed stream (prefill, then the batched and lookup phases' prompts).
   uint64_t s = 0x5EED;
-  for (int32_t& id : prompt) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    id = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
-  }
+  auto random_ids = [&](size_t n) {
+    std::vector<int32_t> ids(n);
+    for (int32_t& id : ids) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      id = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
+    }
+    return ids;
+  };
+  const std::vector<int32_t> prompt = random_ids(static_cast<size_t>(o.prompt_tokens));
   if (log) std::fprintf(log, "m3 bench: prefill of %d tokens (a warm-up, then timed), %d threads\n", o.prompt_tokens,
                         r.threads);
   std::vector<float> logits;
@@ -527,11 +532,7 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
     std::vector<std::unique_ptr<Session>> sessions;
     std::vector<int32_t> next;
     for (int i = 0; i <= o.batch; ++i) {
-      std::vector<int32_t> ids(context);
-      for (int32_t& id : ids) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        id = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
-      }
+      const std::vector<int32_t> ids = random_ids(context);
       sessions.push_back(std::make_unique<Session>(*engine));
       M3_RETURN_IF_ERROR(sessions.back()->Eval(ids, LogitsMode::kLastRow, &logits));
       next.push_back(Argmax(logits));
@@ -590,11 +591,7 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
     r.lookup_steps = std::max(1, std::min(o.decode_tokens, 32));
     if (log) std::fprintf(log, "m3 bench: %d prompt-lookup verify steps of 1 + %d tokens, paired with single steps\n",
                           r.lookup_steps, o.lookup);
-    std::vector<int32_t> ids(std::max(context, k + 1));
-    for (int32_t& id : ids) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      id = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
-    }
+    const std::vector<int32_t> ids = random_ids(std::max(context, k + 1));
     Session verify(*engine), lone(*engine);
     M3_RETURN_IF_ERROR(verify.Eval(ids, LogitsMode::kLastRow, &logits));
     int32_t next_verify = Argmax(logits);
