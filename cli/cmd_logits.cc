@@ -126,7 +126,10 @@ int RunLogits(const LogitsArgs& a) {
   std::vector<int32_t> greedy;
   std::vector<float> prefill, decode;
   Generation g(session, options, sampler, [&](int32_t id) {
-    if (!greedy.empty()) decode.insert(decode.end(), g.token_logits().begin(), g.token_logits().end());
+    if (!greedy.empty()) {
+      const std::span<const float> row = g.token_logits();
+      decode.insert(decode.end(), row.begin(), row.end());
+    }
     greedy.push_back(id);
     return true;
   });
