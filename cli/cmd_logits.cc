@@ -30,36 +30,6 @@ struct LogitsArgs {
   LookupOptions lookup;
 };
 
-StatusOr<std::vector<int32_t>> ParseIds(const std::string& spec) {
-  std::string text = spec;
-  if (!spec.empty() && spec[0] == '@') {
-    std::ifstream in(spec.substr(1));
-    if (!in) return NotFound(spec.substr(1), ": cannot read the id file");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
-  }
-  for (char& ch : text)
-    if (ch == '[' || ch == ']' || ch == '\n' || ch == '\r' || ch == '\t' || ch == ' ') ch = ',';
-  std::vector<int32_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used != item.size() || v < 0 || v > INT32_MAX) return InvalidArgument("--ids: '", item, "' is not a token id");
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  if (ids.empty()) return InvalidArgument("--ids: no token ids given");
-  return ids;
-}
-
 // Collects selected blocks as layers[layer][position][index_head] -> ascending ids.
 class BlockRecorder : public ForwardObserver {
  public:
@@ -95,15 +65,12 @@ int Fail(const Status& s) {
 }
 
 int RunLogits(const LogitsArgs& a) {
-  auto ids = ParseIds(a.ids);
+  auto ids = ParseIdList("--ids", a.ids);
   if (!ids.ok()) return Fail(ids.status());
   if (a.steps < 0) return Fail(InvalidArgument("-n must be >= 0"));
   if (Status s = ValidateLookupOptions(a.lookup); !s.ok()) return Fail(s);
-  auto engine_options = a.engine_args.Options();
-  if (!engine_options.ok()) return Fail(engine_options.status());
   SessionOptions session_options;
-  if (Status s = a.engine_args.Configure(&session_options); !s.ok()) return Fail(s);
-  auto engine = Engine::Open(a.model, engine_options.value());
+  auto engine = a.engine_args.Open(a.model, &session_options);
   if (!engine.ok()) return Fail(engine.status());
   std::error_code ec;
   std::filesystem::create_directories(a.out, ec);

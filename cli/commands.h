@@ -22,6 +22,8 @@ struct EngineArgs {
   StatusOr<EngineOptions> Options() const;
   // Sets the cache types and the prefill chunk of `session` (InvalidArgument for a bad name).
   Status Configure(SessionOptions* session) const;
+  // Options(), Configure(session), then opens the engine on `model_dir`.
+  StatusOr<std::unique_ptr<Engine>> Open(const std::string& model_dir, SessionOptions* session) const;
 };
 void AddEngineOptions(CLI::App* cmd, EngineArgs* args);
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, --presence-penalty, --seed.
@@ -34,6 +36,10 @@ std::string LookupSummary(const GenerateStats& st);
 // library caps them: ResolveThreadCount).
 void NoteThreadCap(int requested);
 
+// Token ids given as "1,2,3" (also space- or newline-separated, brackets ignored) or @FILE
+// holding such a list; `option` names the flag in errors.
+StatusOr<std::vector<int32_t>> ParseIdList(const std::string& option, const std::string& spec);
+
 // Each registers a subcommand whose callback stores the process exit code in *rc.
 void AddInspectCommand(CLI::App& app, int* rc);
 void AddLogitsCommand(CLI::App& app, int* rc);
@@ -43,5 +49,6 @@ void AddPackCommand(CLI::App& app, int* rc);   // pack
 void AddBenchCommand(CLI::App& app, int* rc);  // bench (end to end), bench --kernels
 void AddServeCommand(CLI::App& app, int* rc);  // serve (OpenAI-compatible HTTP)
 void AddBatchCommand(CLI::App& app, int* rc);  // batch (offline, a file of requests)
+void AddPerplexityCommand(CLI::App& app, int* rc);  // perplexity (scoring a text, KL from a base)
 
 }  // namespace m3::cli

@@ -1,6 +1,9 @@
 #include "cli/commands.h"
 
+#include <climits>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "platform/parallel.h"
 
@@ -29,6 +32,42 @@ Status EngineArgs::Configure(SessionOptions* session) const {
   M3_ASSIGN_OR_RETURN(session->cache.index_keys, ParseCacheTypeArg("--index-cache", index_cache));
   session->prefill_chunk = prefill_chunk;
   return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<Engine>> EngineArgs::Open(const std::string& model_dir, SessionOptions* session) const {
+  M3_ASSIGN_OR_RETURN(const EngineOptions options, Options());
+  M3_RETURN_IF_ERROR(Configure(session));
+  return Engine::Open(model_dir, options);
+}
+
+StatusOr<std::vector<int32_t>> ParseIdList(const std::string& option, const std::string& spec) {
+  std::string text = spec;
+  if (!spec.empty() && spec[0] == '@') {
+    std::ifstream in(spec.substr(1));
+    if (!in) return NotFound(spec.substr(1), ": cannot read the id file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  for (char& ch : text)
+    if (ch == '[' || ch == ']' || ch == '\n' || ch == '\r' || ch == '\t' || ch == ' ') ch = ',';
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != item.size() || v < 0 || v > INT32_MAX) return InvalidArgument(option, ": '", item, "' is not a token id");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) return InvalidArgument(option, ": no token ids given");
+  return ids;
 }
 
 void NoteThreadCap(int requested) {

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   m3::cli::AddBenchCommand(app, &rc);
   m3::cli::AddServeCommand(app, &rc);
   m3::cli::AddBatchCommand(app, &rc);
+  m3::cli::AddPerplexityCommand(app, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

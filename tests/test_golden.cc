@@ -339,7 +339,9 @@ TEST_CASE("a context whose caches do not fit in memory is refused with what to c
   budget.memory_budget_bytes = need - 1;
   Session gen(**engine, budget);
   Sampler sampler(SamplingParams{});
-  st = Generate(gen, prompt, GenerateOptions{4, {}}, sampler, [](int32_t) { return true; }, nullptr);
+  GenerateOptions four;
+  four.max_tokens = 4;
+  st = Generate(gen, prompt, four, sampler, [](int32_t) { return true; }, nullptr);
   CHECK(st.code() == StatusCode::kOutOfMemory);
   CHECK_THAT(st.message(), Catch::StartsWith("a context of 64 tokens needs "));
   CHECK(gen.position() == 0);

@@ -79,6 +79,8 @@ template <class... Args>
 Status Unsupported(const Args&... args) { return Status(StatusCode::kUnsupported, Str(args...)); }
 template <class... Args>
 Status OutOfRange(const Args&... args) { return Status(StatusCode::kOutOfRange, Str(args...)); }
+template <class... Args>
+Status Internal(const Args&... args) { return Status(StatusCode::kInternal, Str(args...)); }
 
 }  // namespace m3
 

@@ -183,7 +183,7 @@ void Scheduler::Step() {
     }
     for (auto& [job, st] : ended) End(*job, st);
   } catch (const std::exception& e) {  // e.g. out of memory in a sampler: those requests end
-    for (auto& job : active_) End(*job, Status(StatusCode::kInternal, Str("decode step: ", e.what())));
+    for (auto& job : active_) End(*job, Internal("decode step: ", e.what()));
   }
   std::erase_if(active_, [](const std::unique_ptr<Job>& j) { return j->ended; });
 }

@@ -384,7 +384,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_t
     // Parse errors and missing or mistyped fields alike.
     return Corrupt(source, ": malformed tokenizer JSON: ", e.what());
   } catch (const std::exception& e) {
-    return Status(StatusCode::kInternal, Str(source, ": ", e.what()));
+    return Internal(source, ": ", e.what());
   }
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
 }
