@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -40,10 +41,14 @@ int Fail(const Status& s) {
 StatusOr<std::vector<int32_t>> ReadTokens(const PerplexityArgs& a) {
   if (a.file.empty() == a.ids.empty()) return InvalidArgument("give the text to score with -f FILE or --ids LIST (one of them)");
   if (!a.ids.empty()) return ParseIdList("--ids", a.ids);
-  std::ifstream in(a.file, std::ios::binary);
-  if (!in) return NotFound(a.file, ": cannot read the text file");
   std::stringstream ss;
-  ss << in.rdbuf();
+  if (a.file == "-") {
+    ss << std::cin.rdbuf();
+  } else {
+    std::ifstream in(a.file, std::ios::binary);
+    if (!in) return NotFound(a.file, ": cannot read the text file");
+    ss << in.rdbuf();
+  }
   auto tokenizer = Tokenizer::Load(a.tokenizer.empty() ? a.model : a.tokenizer);
   if (!tokenizer.ok()) return tokenizer.status();
   return (*tokenizer)->Encode(ss.str());
@@ -208,7 +213,7 @@ void AddPerplexityCommand(CLI::App& app, int* rc) {
       "log-probabilities");
   auto a = std::make_shared<PerplexityArgs>();
   cmd->add_option("-m,--model", a->model, "model folder")->required();
-  cmd->add_option("-f,--file", a->file, "text file to score (tokenized as is: no chat template, no special tokens)");
+  cmd->add_option("-f,--file", a->file, "text file to score, - for stdin (tokenized as is: no chat template, no special tokens)");
   cmd->add_option("--ids", a->ids, "token ids to score instead: comma-separated, or @FILE");
   cmd->add_option("--tokenizer", a->tokenizer, "folder with tokenizer.json, if not the model folder");
   cmd->add_option("-c,--context", a->context, "tokens per window (default: 2048 or the model's context if smaller)");

@@ -131,6 +131,10 @@ with tempfile.TemporaryDirectory() as tmp:
         s = json.loads(p.stdout)
         if s["tokens"] != n_text or s["scored"] != n_text - 1 or not math.isfinite(s["perplexity"]):
             failures.append(f"text file: {s}, tokenizer gives {n_text} tokens")
+    p = subprocess.run([m3, "perplexity", "-m", real_vocab, "-f", "-", "-c", "32", "--json"], input=text,
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode != 0 or json.loads(p.stdout)["nll_mean"] != s["nll_mean"]:
+        failures.append(f"-f - (stdin): rc {p.returncode} {p.stdout} {p.stderr[-300:]}")
     p = run(["-m", real_vocab, "-f", text_file, "--max-tokens", "20", "--json"])
     if p.returncode == 0 and json.loads(p.stdout)["scored"] != 19:
         failures.append(f"--max-tokens 20: {p.stdout}")

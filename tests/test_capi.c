@@ -210,6 +210,55 @@ static int CheckDecodeBatch(m3_engine* engine, int32_t vocab) {
   return 0;
 }
 
+/* log softmax(logits)[id] in double. */
+static double LogProb(const float* logits, int32_t vocab, int32_t id) {
+  double m = logits[0], z = 0;
+  for (int32_t v = 1; v < vocab; ++v) m = fmax(m, logits[v]);
+  for (int32_t v = 0; v < vocab; ++v) z += exp((double)logits[v] - m);
+  return (double)logits[id] - m - log(z);
+}
+
+/* m3_session_score: every token's log-probability equals the one from m3_session_eval's last row
+ * after its prefix; a continuation after a context scores the same; bad input changes nothing. */
+static int CheckScore(m3_engine* engine, int32_t vocab) {
+  enum { kN = 7 };
+  const int32_t seq[kN] = {110, 454, 294, 36, 7, 454, 12};
+  double lp[kN - 1], cont[kN - 1];
+  int32_t top1[kN - 1];
+  m3_session* s = NULL;
+  m3_session* r = NULL;
+  EXPECT(m3_session_new(engine, &s) == M3_OK && m3_session_new(engine, &r) == M3_OK);
+  EXPECT(m3_session_score(s, seq, kN, lp, top1) == M3_OK);
+  EXPECT(m3_session_position(s) == kN - 1); /* the last id is only a target */
+  float* logits = malloc(sizeof(float) * (size_t)vocab);
+  for (int i = 0; i + 1 < kN; ++i) {
+    EXPECT(m3_session_eval(r, seq + i, 1, logits) == M3_OK);
+    EXPECT(fabs(lp[i] - LogProb(logits, vocab, seq[i + 1])) < 1e-4 * (1 + fabs(lp[i])));
+    EXPECT(lp[i] < 0);
+    int32_t best = 0;
+    for (int32_t v = 1; v < vocab; ++v)
+      if (logits[v] > logits[best]) best = v;
+    EXPECT(top1[i] == (best == seq[i + 1]));
+  }
+  free(logits);
+  /* A context of 3 tokens, then the continuation: the eval takes the context without its last token. */
+  EXPECT(m3_session_rewind(s, 0) == M3_OK);
+  EXPECT(m3_session_eval(s, seq, 2, NULL) == M3_OK);
+  EXPECT(m3_session_score(s, seq + 2, kN - 2, cont, NULL) == M3_OK);
+  for (int j = 0; j + 3 < kN; ++j) EXPECT(fabs(cont[j] - lp[2 + j]) < 1e-5 * (1 + fabs(lp[2 + j])));
+  EXPECT(m3_session_position(s) == kN - 1);
+  /* Bad input: an out-of-vocabulary target, no output buffer; one id scores nothing. */
+  const int32_t bad[] = {110, 454, vocab};
+  EXPECT(m3_session_score(s, bad, 3, lp, NULL) == M3_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(m3_last_error(), "outside the vocabulary") != NULL);
+  EXPECT(m3_session_score(s, seq, 3, NULL, NULL) == M3_ERR_INVALID_ARGUMENT);
+  EXPECT(m3_session_score(s, seq, 1, NULL, NULL) == M3_OK);
+  EXPECT(m3_session_position(s) == kN - 1);
+  m3_session_free(s);
+  m3_session_free(r);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   EXPECT(argc == 4);
   m3_engine* engine = NULL;
@@ -286,6 +335,7 @@ int main(int argc, char** argv) {
 
   EXPECT(CheckGenerate(engine, vocab) == 0);
   EXPECT(CheckDecodeBatch(engine, vocab) == 0);
+  EXPECT(CheckScore(engine, vocab) == 0);
 
   free(logits);
   m3_session_free(session);

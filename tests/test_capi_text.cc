@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "m3/m3.hpp"
+#include "format/npy.h"
 #include "test_util.h"
 #include "text/output_parser.h"
 
@@ -226,6 +227,34 @@ TEST_CASE("Session::DecodeBatch decodes the golden greedy ids of two sequences a
   }
   CHECK(got_a == greedy);
   CHECK_THROWS_AS(m3api::Session::DecodeBatch({&a, &a}, {1, 2}), m3api::Error);
+}
+
+TEST_CASE("Session::Score gives every prompt token's log-probability from the golden prefill rows", "[capi]") {
+  const std::string dir = m3::test::GoldenDir("s5_realprop_mxfp8_vl");  // 2300 tokens: several passes
+  const auto cs = m3::test::ReadPythonJson(dir + "/case.json");
+  const auto prompt = cs["prompt_ids"].get<std::vector<int32_t>>();
+  auto golden = m3::ReadNpy(dir + "/prefill_logits.npy");
+  REQUIRE(golden.ok());
+  m3api::Engine engine(dir, 2);
+  const size_t vocab = static_cast<size_t>(engine.vocab_size());
+  m3api::Session s(engine);
+  const std::vector<double> lp = s.Score(prompt);
+  REQUIRE(lp.size() == prompt.size() - 1);
+  CHECK(s.position() == prompt.size() - 1);
+  double worst = 0;
+  for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+    const float* row = &golden->data[i * vocab];
+    double m = row[0], z = 0, mag = 0;
+    for (size_t v = 0; v < vocab; ++v) m = std::max<double>(m, row[v]), mag = std::max<double>(mag, std::fabs(row[v]));
+    for (size_t v = 0; v < vocab; ++v) z += std::exp(row[v] - m);
+    const double want = row[prompt[i + 1]] - m - std::log(z);
+    // Each logit within the golden rule's 1e-3 * (1 + max|logit|): the log-probability within twice that.
+    worst = std::max(worst, std::fabs(lp[i] - want) / (2e-3 * (1 + mag)));
+  }
+  CHECK(worst <= 1.0);
+  CHECK(s.Score({prompt[0]}).empty());
+  CHECK_THROWS_AS(s.Score({prompt[0], static_cast<int32_t>(vocab)}), m3api::Error);
+  CHECK(s.position() == prompt.size() - 1);
 }
 
 TEST_CASE("m3_session_generate: stats, stop ids, the callback stopping, and bad options", "[capi]") {

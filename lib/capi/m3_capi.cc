@@ -14,6 +14,7 @@
 #include "kernels.h"
 #include "runtime/chat.h"
 #include "runtime/engine.h"
+#include "runtime/perplexity.h"
 #include "runtime/scheduler.h"
 
 struct m3_engine {
@@ -303,6 +304,20 @@ m3_status m3_session_eval(m3_session* session, const int32_t* ids, size_t n, flo
   } catch (const std::exception& ex) {
     return Fail(M3_ERR_INTERNAL, ex.what());
   }
+}
+
+m3_status m3_session_score(m3_session* session, const int32_t* ids, size_t n, double* log_probs, int32_t* is_top1) {
+  if (!session || (n && !ids) || (n > 1 && !log_probs))
+    return Fail(M3_ERR_INVALID_ARGUMENT, "m3_session_score: session, ids and log_probs are required");
+  return Guard([&] {
+    return Report(m3::ScoreContinuation(*session->session, {ids, n}, [&](size_t i, std::span<const float> logits) {
+      const size_t id = static_cast<size_t>(ids[i]);
+      log_probs[i - 1] = static_cast<double>(logits[id]) - m3::LogSumExp(logits);
+      if (is_top1)  // ties go to the lower id, as greedy sampling's
+        is_top1[i - 1] = static_cast<size_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()) == id;
+      return true;
+    }));
+  });
 }
 
 m3_status m3_decode_batch(m3_session* const* sessions, const int32_t* ids, size_t n, float* logits) {

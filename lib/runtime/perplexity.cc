@@ -26,35 +26,55 @@ StatusOr<std::vector<ScoreWindow>> PlanScoreWindows(size_t n_tokens, size_t cont
   return windows;
 }
 
-Status ScoreTokens(Session& session, std::span<const int32_t> ids, std::span<const ScoreWindow> windows,
-                   const std::function<bool(size_t, std::span<const float>)>& on_token,
-                   const std::function<bool(size_t)>& on_window) {
-  const size_t vocab = static_cast<size_t>(session.engine().model().config().vocab_size);
-  const size_t chunk = std::max<size_t>(session.prefill_chunk(), 1);
-  // Targets never run through the model, whose own checks would catch a bad id.
+namespace {
+Status CheckInVocabulary(std::span<const int32_t> ids, size_t vocab) {
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || static_cast<size_t>(ids[i]) >= vocab)
       return InvalidArgument("token id ", ids[i], " at index ", i, " is outside the vocabulary [0, ", vocab, ")");
+  return Status::Ok();
+}
+}  // namespace
+
+Status ScoreContinuation(Session& session, std::span<const int32_t> ids,
+                         const std::function<bool(size_t, std::span<const float>)>& on_token) {
+  const size_t vocab = static_cast<size_t>(session.engine().model().config().vocab_size);
+  // The last id is only a target, which the model's own checks never see.
+  M3_RETURN_IF_ERROR(CheckInVocabulary(ids, vocab));
+  if (ids.size() < 2) return Status::Ok();
+  const size_t start = session.position(), chunk = std::max<size_t>(session.prefill_chunk(), 1), rows = ids.size() - 1;
   std::vector<float> logits;
+  for (size_t r0 = 0; r0 < rows; r0 += chunk) {
+    const size_t n = std::min(chunk, rows - r0);
+    if (Status s = session.Eval(ids.subspan(r0, n), LogitsMode::kAllRows, &logits); !s.ok()) {
+      (void)session.Rewind(start);  // as Eval leaves it: as it was
+      return s;
+    }
+    for (size_t r = 0; r < n; ++r)
+      if (!on_token(r0 + r + 1, std::span<const float>(logits).subspan(r * vocab, vocab))) return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+Status ScoreTokens(Session& session, std::span<const int32_t> ids, std::span<const ScoreWindow> windows,
+                   const std::function<bool(size_t, std::span<const float>)>& on_token,
+                   const std::function<bool(size_t)>& on_window) {
+  M3_RETURN_IF_ERROR(CheckInVocabulary(ids, static_cast<size_t>(session.engine().model().config().vocab_size)));
   for (size_t w = 0; w < windows.size(); ++w) {
     const ScoreWindow& win = windows[w];
     if (win.begin >= win.end || win.first_target <= win.begin || win.first_target > win.end || win.end > ids.size())
       return InvalidArgument("score window ", w, " [", win.begin, ", ", win.end, ") scoring from ", win.first_target,
                              " does not fit ", ids.size(), " tokens");
-    if (Status s = session.Rewind(0); !s.ok()) return s;
-    // The last token is only a target: the rows that predict [first_target, end) are those of
-    // the tokens [first_target - 1, end - 1).
-    const size_t first_row = win.first_target - 1, rows_end = win.end - 1;
+    M3_RETURN_IF_ERROR(session.Rewind(0));
+    // The tokens before the one whose row predicts first_target run without logits.
+    const size_t first_row = win.first_target - 1;
     if (first_row > win.begin)
-      if (Status s = session.Eval(ids.subspan(win.begin, first_row - win.begin), LogitsMode::kNone, nullptr); !s.ok())
-        return s;
-    for (size_t r0 = first_row; r0 < rows_end; r0 += chunk) {
-      const size_t n = std::min(chunk, rows_end - r0);
-      if (Status s = session.Eval(ids.subspan(r0, n), LogitsMode::kAllRows, &logits); !s.ok()) return s;
-      for (size_t r = 0; r < n; ++r)
-        if (!on_token(r0 + r + 1, std::span<const float>(logits).subspan(r * vocab, vocab))) return Status::Ok();
-    }
-    if (on_window && !on_window(w)) return Status::Ok();
+      M3_RETURN_IF_ERROR(session.Eval(ids.subspan(win.begin, first_row - win.begin), LogitsMode::kNone, nullptr));
+    bool more = true;
+    M3_RETURN_IF_ERROR(ScoreContinuation(session, ids.subspan(first_row, win.end - first_row),
+                                         [&](size_t i, std::span<const float> row) {
+                                           return more = on_token(first_row + i, row);
+                                         }));
+    if (!more || (on_window && !on_window(w))) return Status::Ok();
   }
   return Status::Ok();
 }

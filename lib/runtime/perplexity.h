@@ -31,6 +31,14 @@ struct ScoreWindow {
 // InvalidArgument unless 2 <= context, 1 <= stride <= context and n_tokens >= 2.
 StatusOr<std::vector<ScoreWindow>> PlanScoreWindows(size_t n_tokens, size_t context, size_t stride);
 
+// Appends ids[0 .. n-1) to the session's tokens and calls on_token(i, logits) for i = 1 .. n-1 in
+// order: `logits` is the vocabulary row that predicts ids[i] from everything before it (the last
+// id is only a target: not appended). Rows in forward passes of at most the session's prefill
+// chunk. InvalidArgument for an id outside the vocabulary; on an error the session is as it was.
+// When on_token returns false it stops there, the session holding the tokens evaluated so far.
+Status ScoreContinuation(Session& session, std::span<const int32_t> ids,
+                         const std::function<bool(size_t i, std::span<const float> logits)>& on_token);
+
 // Runs each window through `session` (rewound to empty first) and calls on_token(index, logits)
 // for every scored token in order: `logits` is the vocabulary row that predicts ids[index]. Tokens
 // before a window's scored part run without logits; the rest in forward passes of at most the

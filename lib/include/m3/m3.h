@@ -80,6 +80,15 @@ m3_status m3_session_eval(m3_session* session, const int32_t* ids, size_t n, flo
  * m3_session_eval checks it (the message names the session's index), and on any error none of them
  * changes. */
 m3_status m3_decode_batch(m3_session* const* sessions, const int32_t* ids, size_t n, float* logits);
+/* Scoring (perplexity, the log-likelihood of a continuation): appends ids[0 .. n-1) to the session
+ * and writes log_probs[i] = log P(ids[i + 1] | the session's earlier tokens, ids[0 .. i]) for i in
+ * [0, n - 1), in nats, and if is_top1 != NULL is_top1[i] = 1 where ids[i + 1] is the most likely
+ * token (else 0). The last id is only a target, not appended. So with a context c and a
+ * continuation x: m3_session_eval(c without its last token), then m3_session_score(the last token
+ * of c followed by x). Every row that predicts a given id goes through the LM head, in forward
+ * passes of at most 512 tokens. n < 2 scores nothing. An id outside the vocabulary is
+ * M3_ERR_INVALID_ARGUMENT; on any error the session is as it was. */
+m3_status m3_session_score(m3_session* session, const int32_t* ids, size_t n, double* log_probs, int32_t* is_top1);
 size_t m3_session_position(const m3_session* session);
 /* Forgets every position >= position. */
 m3_status m3_session_rewind(m3_session* session, size_t position);

@@ -123,6 +123,13 @@ class Session {
     Check(m3_session_eval(session_.get(), ids.data(), ids.size(), logits.data()));
     return logits;
   }
+  // Appends ids but the last and returns log P(ids[i + 1] | everything before it), i = 0 .. n-2
+  // (m3_session_score).
+  std::vector<double> Score(const std::vector<int32_t>& ids) {
+    std::vector<double> log_probs(ids.size() > 1 ? ids.size() - 1 : 0);
+    Check(m3_session_score(session_.get(), ids.data(), ids.size(), log_probs.data(), nullptr));
+    return log_probs;
+  }
   m3_session* get() const { return session_.get(); }
   // One decode step of several sessions in one forward pass (m3_decode_batch): ids[i] follows
   // sessions[i]. Returns the logits, [sessions.size() * vocab_size].
