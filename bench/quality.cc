@@ -9,16 +9,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/perplexity.h"
+
 namespace m3 {
 
 double KlDivergence(const float* a, const float* b, size_t n) {
-  const double ma = *std::max_element(a, a + n), mb = *std::max_element(b, b + n);
-  double za = 0, zb = 0;
-  for (size_t i = 0; i < n; ++i) za += std::exp(a[i] - ma), zb += std::exp(b[i] - mb);
-  const double la = std::log(za), lb = std::log(zb);
+  // From logits, in double throughout (runtime/perplexity.h's KlDivergence takes log-probabilities).
+  const double la = LogSumExp({a, n}), lb = LogSumExp({b, n});
   double kl = 0;
   for (size_t i = 0; i < n; ++i) {
-    const double lpa = a[i] - ma - la, lpb = b[i] - mb - lb;
+    const double lpa = a[i] - la, lpb = b[i] - lb;
     kl += std::exp(lpa) * (lpa - lpb);
   }
   return std::max(0.0, kl);
