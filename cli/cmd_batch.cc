@@ -56,6 +56,43 @@ ojson ErrorLine(size_t index, const Status& s) {
   return {{"index", index}, {"error", openai::ErrorBody(s.message(), openai::HttpStatus(s))["error"]}};
 }
 
+// One choice of a request (a completions request may have several prompts).
+struct ChoiceRun {
+  std::vector<int32_t> prompt;
+  std::vector<TurnDelta> deltas;
+  Status status;
+  ParsedOutput output;
+  GenerateStats stats;
+};
+
+// A request line while its choices run (on the scheduler's thread).
+struct RequestRun {
+  openai::Request request;
+  std::vector<ChoiceRun> choices;
+  size_t ended = 0;
+
+  // The result line once every choice has ended: the response, or the first choice's error.
+  ojson Line(size_t index, const std::string& id, int64_t created, const std::string& model,
+             const Tokenizer& tokenizer) const {
+    std::vector<openai::CompletionChoice> completions;
+    GenerateStats usage;
+    for (size_t c = 0; c < choices.size(); ++c) {
+      const ChoiceRun& choice = choices[c];
+      if (!choice.status.ok()) return ErrorLine(index, choice.status);
+      openai::ChoicePieces pieces(tokenizer, request, choice.prompt, c);
+      openai::JoinedPieces joined;
+      for (const TurnDelta& d : choice.deltas) joined.Add(pieces.Next(d));
+      joined.Add(pieces.Last());
+      if (request.chat)
+        return {{"index", index},
+                {"response", openai::ChatResponse(id, created, model, choice.output, choice.stats, joined.logprobs)}};
+      completions.push_back({joined.text, joined.logprobs, openai::FinishReason(choice.stats, ParsedOutput{})});
+      openai::AddUsage(&usage, choice.stats);
+    }
+    return {{"index", index}, {"response", openai::CompletionResponse(id, created, model, completions, usage)}};
+  }
+};
+
 int Batch(const BatchArgs& a) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "m3 batch: %s\n", s.ToString().c_str());
@@ -109,36 +146,58 @@ int Batch(const BatchArgs& a) {
       parsed = body.is_object() && body.contains("messages") ? openai::ParseChatRequest(body, a.defaults)
                                                              : openai::ParseCompletionRequest(body, a.defaults);
     const std::string id = Str(parsed.ok() && parsed->chat ? "chatcmpl-batch-" : "cmpl-batch-", i);
-    TurnOptions turn;
-    StatusOr<std::vector<int32_t>> prompt = parsed.status();
-    if (parsed.ok()) prompt = openai::TurnInputs(**text, *parsed, id, scheduler.max_context(), &turn);
-    if (!prompt.ok()) {
-      writer.Put(i, ErrorLine(i, prompt.status()));
+    if (!parsed.ok()) {
+      writer.Put(i, ErrorLine(i, parsed.status()));
       ++done, ++failed;
       continue;
     }
-    ScheduledRequest sr;
-    sr.prompt = std::move(prompt).value();
-    sr.turn = std::move(turn);
-    sr.sampling = parsed->sampling;
-    const bool chat = parsed->chat;
-    sr.on_end = [&, i, id, chat](const Status& status, ParsedOutput out, const GenerateStats& st, size_t) {
-      ++done;
-      prompt_tokens += st.prompt_tokens;
-      generated += st.generated_tokens;
-      lookup.drafted_tokens += st.drafted_tokens;
-      lookup.accepted_tokens += st.accepted_tokens;
-      if (!status.ok()) {
-        ++failed;
-        writer.Put(i, ErrorLine(i, status));
-      } else {
-        writer.Put(i, {{"index", i},
-                       {"response", chat ? openai::ChatResponse(id, created, model, out, st)
-                                         : openai::CompletionResponse(id, created, model, out.content, st)}});
-      }
-      std::fprintf(stderr, "\rm3 batch: %zu / %zu requests done", done, lines.size());
-    };
-    scheduler.Submit(std::move(sr));
+    // Each prompt of the request is a choice of its own; the line is written when all have ended.
+    auto request = std::make_shared<RequestRun>();
+    request->request = std::move(parsed).value();
+    const openai::Request& r = request->request;
+    const size_t n_choices = r.chat ? 1 : r.prompts.size();
+    request->choices.resize(n_choices);
+    std::vector<TurnOptions> turns(n_choices);
+    Status bad;
+    for (size_t c = 0; c < n_choices && bad.ok(); ++c) {
+      auto prompt = openai::TurnInputs(**text, r, id, scheduler.max_context(), &turns[c], c);
+      if (prompt.ok())
+        request->choices[c].prompt = std::move(prompt).value();
+      else
+        bad = prompt.status();
+    }
+    if (!bad.ok()) {
+      writer.Put(i, ErrorLine(i, bad));
+      ++done, ++failed;
+      continue;
+    }
+    for (size_t c = 0; c < n_choices; ++c) {
+      ScheduledRequest sr;
+      sr.prompt = request->choices[c].prompt;
+      sr.turn = std::move(turns[c]);
+      sr.sampling = r.sampling;
+      sr.on_delta = [request, c](const TurnDelta& d) {
+        request->choices[c].deltas.push_back(d);
+        return true;
+      };
+      sr.on_end = [&, i, id, request, c](const Status& status, ParsedOutput out, const GenerateStats& st, size_t) {
+        prompt_tokens += st.prompt_tokens;
+        generated += st.generated_tokens;
+        lookup.drafted_tokens += st.drafted_tokens;
+        lookup.accepted_tokens += st.accepted_tokens;
+        ChoiceRun& choice = request->choices[c];
+        choice.status = status;
+        choice.output = std::move(out);
+        choice.stats = st;
+        if (++request->ended < request->choices.size()) return;
+        ++done;
+        const ojson line = request->Line(i, id, created, model, (*text)->tokenizer());
+        if (line.contains("error")) ++failed;
+        writer.Put(i, line);
+        std::fprintf(stderr, "\rm3 batch: %zu / %zu requests done", done, lines.size());
+      };
+      scheduler.Submit(std::move(sr));
+    }
   }
   scheduler.RunUntilIdle();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -68,7 +68,17 @@ StatusOr<uint64_t> ParseByteSize(const std::string& text) {
   return static_cast<uint64_t>(bytes);
 }
 
-// A request seen from its HTTP thread: the scheduler's callbacks hand the deltas and the end
+// One choice of a request (a completions request may have several prompts).
+struct Choice {
+  std::vector<int32_t> prompt;
+  std::vector<TurnDelta> deltas;  // not yet taken by the HTTP thread
+  bool finished = false;
+  Status status;
+  ParsedOutput output;
+  GenerateStats stats;
+};
+
+// A request seen from its HTTP thread: the scheduler's callbacks hand the deltas and the ends
 // over under `mu`.
 struct Job {
   bool chat = true;
@@ -78,11 +88,9 @@ struct Job {
 
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<TurnDelta> deltas;  // not yet taken by the HTTP thread
-  bool finished = false;
-  Status status;
-  ParsedOutput output;
-  GenerateStats stats;
+  std::vector<Choice> choices;
+  size_t finished = 0;  // choices ended
+  Status status;        // the first failed choice's
 };
 
 // The model, its text layer and the scheduler (lib/runtime/scheduler.h) that runs the requests.
@@ -100,30 +108,32 @@ struct Server {
     return buf;
   }
 
-  // Hands a prepared request to the scheduler, wired to `job`.
-  void Submit(const std::shared_ptr<Job>& job, const openai::Request& r, TurnOptions turn,
-              std::vector<int32_t> prompt) {
+  // Hands choice `c` of a prepared request to the scheduler, wired to `job`.
+  void Submit(const std::shared_ptr<Job>& job, size_t c, const openai::Request& r, TurnOptions turn) {
     ScheduledRequest sr;
-    sr.prompt = std::move(prompt);
+    sr.prompt = job->choices[c].prompt;
     sr.turn = std::move(turn);
     sr.sampling = r.sampling;
     sr.cancelled = job->cancelled;
-    sr.on_delta = [job](const TurnDelta& d) {
+    sr.on_delta = [job, c](const TurnDelta& d) {
       {
         std::lock_guard<std::mutex> lock(job->mu);
-        job->deltas.push_back(d);
+        job->choices[c].deltas.push_back(d);
       }
       job->cv.notify_all();
       return !job->cancelled->load();  // a closed connection stops generation
     };
-    sr.on_end = [job](const Status& status, ParsedOutput out, const GenerateStats& st, size_t largest_batch) {
+    sr.on_end = [job, c](const Status& status, ParsedOutput out, const GenerateStats& st, size_t largest_batch) {
       Log(job->path.c_str(), status.ok() ? 200 : openai::HttpStatus(status), st, largest_batch);
       {
         std::lock_guard<std::mutex> lock(job->mu);
-        job->status = status;
-        job->output = std::move(out);
-        job->stats = st;
-        job->finished = true;
+        Choice& choice = job->choices[c];
+        choice.status = status;
+        choice.output = std::move(out);
+        choice.stats = st;
+        choice.finished = true;
+        ++job->finished;
+        if (!status.ok() && job->status.ok()) job->status = status;
       }
       job->cv.notify_all();
     };
@@ -159,28 +169,50 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   job->include_usage = r.include_usage;
   job->id = (chat ? "chatcmpl-" : "cmpl-") + server->NewId();
   job->path = chat ? "/v1/chat/completions" : "/v1/completions";
-  TurnOptions turn;
   // Checked here (the text layer is immutable, any thread may use it), so that even a stream
   // refuses a bad request with a 400 before it starts.
-  auto prompt = openai::TurnInputs(*server->text, r, job->id, server->scheduler->max_context(), &turn);
-  if (!prompt.ok()) return SendError(res, openai::HttpStatus(prompt.status()), prompt.status().message());
+  const size_t n_choices = chat ? 1 : r.prompts.size();
+  job->choices.resize(n_choices);
+  std::vector<TurnOptions> turns(n_choices);
+  for (size_t c = 0; c < n_choices; ++c) {
+    auto prompt = openai::TurnInputs(*server->text, r, job->id, server->scheduler->max_context(), &turns[c], c);
+    if (!prompt.ok()) return SendError(res, openai::HttpStatus(prompt.status()), prompt.status().message());
+    job->choices[c].prompt = std::move(prompt).value();
+  }
   const int64_t created = std::time(nullptr);
-  server->Submit(job, r, std::move(turn), std::move(prompt).value());
+  for (size_t c = 0; c < n_choices; ++c) server->Submit(job, c, r, std::move(turns[c]));
+  const Tokenizer& tokenizer = server->text->tokenizer();
 
   if (!job->stream) {
     std::unique_lock<std::mutex> lock(job->mu);
-    job->cv.wait(lock, [&] { return job->finished; });
+    job->cv.wait(lock, [&] { return job->finished == job->choices.size(); });
     if (!job->status.ok()) return SendError(res, openai::HttpStatus(job->status), job->status.message());
     const std::string& model = server->args.name;
-    res.set_content(Dump(chat ? openai::ChatResponse(job->id, created, model, job->output, job->stats)
-                              : openai::CompletionResponse(job->id, created, model, job->output.content, job->stats)),
-                    "application/json");
+    std::vector<openai::CompletionChoice> choices;
+    GenerateStats usage;
+    for (size_t c = 0; c < job->choices.size(); ++c) {
+      Choice& choice = job->choices[c];
+      openai::ChoicePieces pieces(tokenizer, r, choice.prompt, c);
+      openai::JoinedPieces joined;
+      for (const TurnDelta& d : choice.deltas) joined.Add(pieces.Next(d));
+      joined.Add(pieces.Last());
+      if (chat) {
+        res.set_content(Dump(openai::ChatResponse(job->id, created, model, choice.output, choice.stats, joined.logprobs)),
+                        "application/json");
+        return;
+      }
+      choices.push_back({joined.text, joined.logprobs, openai::FinishReason(choice.stats, ParsedOutput{})});
+      openai::AddUsage(&usage, choice.stats);
+    }
+    res.set_content(Dump(openai::CompletionResponse(job->id, created, model, choices, usage)), "application/json");
     return;
   }
 
-  // Streamed: the deltas as server-sent events while the scheduler makes them.
+  // Streamed (one choice): the deltas as server-sent events while the scheduler makes them.
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [server, job, created](size_t, httplib::DataSink& sink) {
+  auto pieces = std::make_shared<openai::ChoicePieces>(tokenizer, r, job->choices[0].prompt);
+  res.set_chunked_content_provider("text/event-stream", [server, job, created, pieces](size_t,
+                                                                                        httplib::DataSink& sink) {
     const std::string& model = server->args.name;
     const std::string& id = job->id;
     const bool chat = job->chat;
@@ -188,20 +220,23 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
       const std::string event = "data: " + Dump(j) + "\n\n";
       return sink.write(event.data(), event.size());
     };
-    size_t tool_index = 0;
+    auto send_piece = [&](const ojson& piece, const ojson& finish_reason = nullptr) {
+      return chat ? send(openai::ChatChunk(id, created, model, piece["delta"], finish_reason, piece["logprobs"]))
+                  : send(openai::CompletionChunk(id, created, model, piece["text"], finish_reason, piece["logprobs"]));
+    };
+    Choice& choice = job->choices[0];
     bool client_gone = chat && !send(openai::ChatChunk(id, created, model, {{"role", "assistant"}, {"content", ""}}));
     bool finished = false;
     while (!finished && !client_gone) {
       std::vector<TurnDelta> deltas;
       {
         std::unique_lock<std::mutex> lock(job->mu);
-        job->cv.wait(lock, [&] { return job->finished || !job->deltas.empty(); });
-        deltas.swap(job->deltas);
-        finished = job->finished;
+        job->cv.wait(lock, [&] { return choice.finished || !choice.deltas.empty(); });
+        deltas.swap(choice.deltas);
+        finished = choice.finished;
       }
       for (const TurnDelta& d : deltas) {
-        client_gone = !(chat ? send(openai::ChatChunk(id, created, model, openai::ChatDelta(d, &tool_index)))
-                             : send(openai::CompletionChunk(id, created, model, d.content)));
+        client_gone = !send_piece(pieces->Next(d));
         if (client_gone) break;
       }
     }
@@ -209,13 +244,14 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
       *job->cancelled = true;  // the scheduler stops it at its next step
       return false;
     }
-    if (!job->status.ok()) {
-      send(openai::ErrorBody(job->status.message(), openai::HttpStatus(job->status)));
+    if (!choice.status.ok()) {
+      send(openai::ErrorBody(choice.status.message(), openai::HttpStatus(choice.status)));
     } else {
-      const std::string reason = openai::FinishReason(job->stats, job->output);
+      const std::string reason = openai::FinishReason(choice.stats, choice.output);
+      if (const ojson last = pieces->Last(); !last.is_null()) send_piece(last);
       send(chat ? openai::ChatChunk(id, created, model, ojson::object(), reason)
                 : openai::CompletionChunk(id, created, model, "", reason));
-      if (job->include_usage) send(openai::UsageChunk(id, created, model, chat, job->stats));
+      if (job->include_usage) send(openai::UsageChunk(id, created, model, chat, choice.stats));
     }
     static const char kDone[] = "data: [DONE]\n\n";
     sink.write(kDone, sizeof(kDone) - 1);

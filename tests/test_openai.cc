@@ -143,7 +143,12 @@ TEST_CASE("openai: malformed and unsupported requests are refused by name", "[op
   CHECK_THAT(ChatError({{"stop", 5}}), Contains("\"stop\""));
   CHECK(ChatError({{"stop", ojson::array()}}) == "accepted");
   CHECK_THAT(ChatError({{"frequency_penalty", 0.5}}), Contains("frequency_penalty"));
-  CHECK_THAT(ChatError({{"logprobs", true}}), Contains("logprobs"));
+  CHECK_THAT(ChatError({{"logprobs", 1}}), Contains("\"logprobs\" must be true or false"));
+  CHECK_THAT(ChatError({{"top_logprobs", 2}}), Contains("needs \"logprobs\": true"));
+  CHECK_THAT(ChatError({{"logprobs", true}, {"top_logprobs", 21}}), Contains("\"top_logprobs\" must be 0..20, got 21"));
+  CHECK_THAT(ChatError({{"logprobs", true}, {"top_logprobs", -1}}), Contains("must be 0..20"));
+  CHECK_THAT(ChatError({{"max_tokens", 0}}), Contains("0 only with \"echo\""));
+  CHECK_THAT(ChatError({{"echo", true}, {"max_tokens", 0}}), Contains("0 only with \"echo\""));  // completions' field
   CHECK_THAT(ChatError({{"tool_choice", "required"}}), Contains("tool_choice"));
   CHECK_THAT(ChatError({{"tools", {{"type", "function"}}}}), Contains("\"tools\" must be an array"));
   CHECK_THAT(ChatError({{"response_format", {{"type", "json_object"}}}}), Contains("response_format"));
@@ -229,10 +234,19 @@ TEST_CASE("openai: responses, finish reasons, usage and stream chunks", "[openai
   CHECK(usage["usage"]["total_tokens"] == 16);
 
   st.stop_reason = "stop";
-  const ojson c = openai::CompletionResponse("cmpl-1", 5, "m", "text", st);
+  GenerateStats total;
+  openai::AddUsage(&total, st);
+  openai::AddUsage(&total, st);
+  const ojson c = openai::CompletionResponse("cmpl-1", 5, "m", {{"text", nullptr, "stop"}, {"more", {{"x", 1}}, "length"}},
+                                             total);
   CHECK(c["object"] == "text_completion");
   CHECK(c["choices"][0]["text"] == "text");
   CHECK(c["choices"][0]["finish_reason"] == "stop");
+  CHECK(c["choices"][0]["logprobs"].is_null());
+  CHECK(c["choices"][1]["index"] == 1);
+  CHECK(c["choices"][1]["logprobs"] == ojson{{"x", 1}});
+  CHECK(c["usage"]["total_tokens"] == 32);
+  CHECK(c["usage"]["prompt_tokens_details"]["cached_tokens"] == 8);
   CHECK(openai::CompletionChunk("cmpl-1", 5, "m", "te")["choices"][0]["text"] == "te");
 }
 
@@ -240,13 +254,13 @@ TEST_CASE("openai: completion requests and error bodies", "[openai]") {
   auto r = openai::ParseCompletionRequest(ojson{{"prompt", "Once"}, {"max_tokens", 3}}, {});
   REQUIRE(r.ok());
   CHECK_FALSE(r->chat);
-  CHECK(r->prompt == "Once");
+  REQUIRE(r->prompts.size() == 1);
+  CHECK(r->prompts[0].text == "Once");
   CHECK(r->max_tokens == 3);
-  CHECK(openai::ParseCompletionRequest(ojson{{"prompt", {"Once"}}}, {})->prompt == "Once");
-  CHECK_THAT(openai::ParseCompletionRequest(ojson{{"prompt", {"a", "b"}}}, {}).status().message(), Contains("prompt"));
+  CHECK(r->logprobs == -1);
+  CHECK_FALSE(r->echo);
+  CHECK(openai::ParseCompletionRequest(ojson{{"prompt", {"Once"}}}, {})->prompts[0].text == "Once");
   CHECK_THAT(openai::ParseCompletionRequest(ojson{{"prompt", ""}}, {}).status().message(), Contains("prompt"));
-  CHECK_THAT(openai::ParseCompletionRequest(ojson{{"prompt", "a"}, {"echo", true}}, {}).status().message(),
-             Contains("echo"));
   CHECK_THAT(openai::ParseCompletionRequest(ojson{{"prompt", "a"}, {"suffix", "z"}}, {}).status().message(),
              Contains("suffix"));
 
@@ -261,3 +275,132 @@ TEST_CASE("openai: completion requests and error bodies", "[openai]") {
 }
 
 }  // namespace
+
+namespace {
+
+std::string CompletionError(const ojson& body) {
+  auto r = openai::ParseCompletionRequest(body, {});
+  return r.ok() ? "accepted" : r.status().message();
+}
+
+}  // namespace
+
+TEST_CASE("openai: completions prompts as text or token ids, one or several, echo and logprobs", "[openai]") {
+  auto r = openai::ParseCompletionRequest(ojson{{"prompt", {1, 2, 3}}, {"logprobs", 2}, {"echo", true}, {"max_tokens", 0}}, {});
+  REQUIRE(r.ok());
+  REQUIRE(r->prompts.size() == 1);
+  CHECK(r->prompts[0].text.empty());
+  CHECK(r->prompts[0].ids == std::vector<int32_t>{1, 2, 3});
+  CHECK(r->logprobs == 2);
+  CHECK(r->echo);
+  CHECK(r->max_tokens == 0);
+  r = openai::ParseCompletionRequest(ojson{{"prompt", ojson::array({"a", ojson::array({7, 8}), "b"})}}, {});
+  REQUIRE(r.ok());
+  REQUIRE(r->prompts.size() == 3);
+  CHECK(r->prompts[0].text == "a");
+  CHECK(r->prompts[1].ids == std::vector<int32_t>{7, 8});
+  CHECK(r->prompts[2].text == "b");
+  CHECK(openai::ParseCompletionRequest(ojson{{"prompt", {{5}}}}, {})->prompts[0].ids == std::vector<int32_t>{5});
+  CHECK(openai::ParseCompletionRequest(ojson{{"prompt", "a"}, {"logprobs", nullptr}}, {})->logprobs == -1);
+  CHECK(openai::ParseCompletionRequest(ojson{{"prompt", "a"}, {"logprobs", 0}}, {})->logprobs == 0);
+
+  CHECK_THAT(CompletionError({{"prompt", ojson::array()}}), Contains("\"prompt\" must be"));
+  CHECK_THAT(CompletionError({{"prompt", {1, -2}}}), Contains("token ids must be integers"));
+  CHECK_THAT(CompletionError({{"prompt", {1, 2.5}}}), Contains("token ids must be integers"));
+  CHECK_THAT(CompletionError({{"prompt", {"a", ""}}}), Contains("\"prompt\" must be"));
+  CHECK_THAT(CompletionError({{"prompt", {"a", 3}}}), Contains("\"prompt\" must be"));
+  CHECK_THAT(CompletionError({{"prompt", {ojson::array()}}}), Contains("\"prompt\" must be"));
+  CHECK_THAT(CompletionError({{"prompt", 5}}), Contains("\"prompt\" must be"));
+  CHECK_THAT(CompletionError({{"max_tokens", 1}}), Contains("\"prompt\" must be"));
+  CHECK_THAT(CompletionError({{"prompt", std::vector<std::string>(257, "a")}}), Contains("at most 256 prompts"));
+  CHECK_THAT(CompletionError({{"prompt", {"a", "b"}}, {"stream", true}}), Contains("\"stream\" takes one prompt"));
+  CHECK(CompletionError({{"prompt", {"a", "b"}}}) == "accepted");
+  CHECK_THAT(CompletionError({{"prompt", "a"}, {"logprobs", true}}), Contains("is a number"));
+  CHECK_THAT(CompletionError({{"prompt", "a"}, {"logprobs", 21}}), Contains("\"logprobs\" must be 0..20"));
+  CHECK_THAT(CompletionError({{"prompt", "a"}, {"max_tokens", 0}}), Contains("0 only with \"echo\""));
+  CHECK_THAT(CompletionError({{"prompt", "a"}, {"max_tokens", -1}, {"echo", true}}), Contains("max_tokens"));
+  CHECK_THAT(CompletionError({{"prompt", "a"}, {"echo", 1}}), Contains("\"echo\" must be true or false"));
+
+  auto chat = openai::ParseChatRequest(Chat({{"logprobs", true}}), {});
+  REQUIRE(chat.ok());
+  CHECK(chat->logprobs == 0);
+  CHECK(openai::ParseChatRequest(Chat({{"logprobs", true}, {"top_logprobs", 5}}), {})->logprobs == 5);
+  CHECK(openai::ParseChatRequest(Chat({{"logprobs", false}}), {})->logprobs == -1);
+}
+
+TEST_CASE("openai: token log-probabilities in the chat and completions forms", "[openai]") {
+  auto tokenizer = m3::Tokenizer::Load(m3::test::SharedDir() + "/tokenizer/minimax-m3");
+  REQUIRE(tokenizer.ok());
+  const m3::Tokenizer& tok = **tokenizer;
+  const std::vector<int32_t> hello = tok.Encode("Hello wörld");  // "ö": two bytes, maybe split
+  REQUIRE(hello.size() >= 2);
+  auto entry = [&](int32_t id, float lp, std::vector<std::pair<int32_t, float>> top) {
+    return m3::TokenLogprob{id, lp, std::move(top)};
+  };
+  const std::vector<m3::TokenLogprob> tokens = {entry(hello[1], -0.5f, {{hello[0], -0.25f}, {hello[1], -0.5f}}),
+                                                entry(hello[0], -2.0f, {{hello[1], -0.1f}})};
+
+  openai::LogprobsJson chat(tok, true);
+  const ojson c = chat.Of(tokens);
+  REQUIRE(c["content"].size() == 2);
+  CHECK(c["content"][0]["token"] == tok.TokenBytes(hello[1]));
+  CHECK(c["content"][0]["logprob"] == -0.5f);
+  CHECK(c["content"][0]["bytes"].size() == tok.TokenBytes(hello[1]).size());
+  CHECK(c["content"][0]["top_logprobs"].size() == 2);
+  CHECK(c["content"][0]["top_logprobs"][0]["token"] == tok.TokenBytes(hello[0]));
+  CHECK(c["content"][1]["top_logprobs"].size() == 1);  // the chat form lists the top ones only
+
+  // Completions: the echoed prompt's first token unscored, offsets in characters, each token's own
+  // log-probability among its alternatives.
+  openai::LogprobsJson completion(tok, false);
+  ojson all = completion.Of(tokens, hello[0]);
+  openai::LogprobsJson::Append(&all, completion.Of({tokens.data(), 1}));
+  REQUIRE(all["tokens"].size() == 4);
+  CHECK(all["token_logprobs"][0].is_null());
+  CHECK(all["top_logprobs"][0].is_null());
+  CHECK(all["token_logprobs"][1] == -0.5f);
+  CHECK(all["top_logprobs"][2].size() == 2);  // top 1 plus the token itself
+  CHECK(all["top_logprobs"][2][tok.TokenBytes(hello[0])] == -2.0f);
+  const std::string first = tok.TokenBytes(hello[0]), second = tok.TokenBytes(hello[1]);
+  CHECK(all["text_offset"] == ojson::array({0, first.size(), first.size() + second.size(),
+                                            2 * first.size() + second.size()}));  // ASCII: bytes = characters
+
+  // A byte token that is not whole UTF-8 is spelled as OpenAI does; offsets count characters.
+  int32_t partial = -1;
+  for (int32_t id = 0; id < 300 && partial < 0; ++id)
+    if (tok.TokenBytes(id) == "\xc3") partial = id;
+  REQUIRE(partial >= 0);
+  openai::LogprobsJson bytes_form(tok, false);
+  const ojson b = bytes_form.Of(std::vector<m3::TokenLogprob>{entry(partial, -1, {}), entry(partial, -1, {})});
+  CHECK(b["tokens"][0] == "bytes:\\xc3");
+  CHECK(b["text_offset"] == ojson::array({0, 1}));  // a lead byte starts a character
+
+  // Pieces of a completion with echo: the prompt's text and log-probabilities come first.
+  openai::Request r = *openai::ParseCompletionRequest(ojson{{"prompt", {hello[0], hello[1]}}, {"echo", true},
+                                                            {"logprobs", 1}, {"max_tokens", 0}}, {});
+  const std::vector<int32_t> prompt = {hello[0], hello[1]};
+  openai::ChoicePieces pieces(tok, r, prompt);
+  m3::TurnDelta d;
+  d.prompt_logprobs = {tokens[0]};
+  d.content = "X";
+  d.logprobs = {tokens[1]};
+  openai::JoinedPieces joined;
+  joined.Add(pieces.Next(d));
+  CHECK(pieces.Last().is_null());  // the echo went out with the first piece
+  CHECK(joined.text == tok.Decode(prompt, false) + "X");
+  CHECK(joined.logprobs["tokens"].size() == 3);
+  CHECK(joined.logprobs["token_logprobs"][0].is_null());
+  CHECK(joined.logprobs["token_logprobs"][2] == -2.0f);
+  openai::ChoicePieces no_piece(tok, r, prompt);
+  const ojson last = no_piece.Last();  // max_tokens 0 and nothing held: the echo alone
+  CHECK(last["text"] == tok.Decode(prompt, false));
+  CHECK(last["logprobs"]["tokens"].size() == 1);
+
+  // Without echo or logprobs: the text alone, "logprobs" null.
+  r = *openai::ParseCompletionRequest(ojson{{"prompt", "Hi"}}, {});
+  openai::ChoicePieces plain(tok, r, {1});
+  const ojson p = plain.Next(d);
+  CHECK(p["text"] == "X");
+  CHECK(p["logprobs"].is_null());
+  CHECK(plain.Last().is_null());
+}

@@ -1,5 +1,6 @@
 // Scoring (runtime/perplexity.h): the window plan, the rows handed to each scored token against
-// the golden prefill logits, the log-softmax/KL math, and the base log-probability file.
+// the golden prefill logits, the log-softmax/KL math, the base log-probability file, a token's
+// log-probability with the most likely tokens, and a generation that scores its prompt.
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -7,6 +8,8 @@
 
 #include "base/progress.h"
 #include "format/npy.h"
+#include "ops/sampling.h"
+#include "runtime/generate.h"
 #include "runtime/perplexity.h"
 #include "test_util.h"
 
@@ -252,6 +255,105 @@ TEST_CASE("the progress meter counts tokens or bytes", "[perplexity]") {
   CHECK_THAT(last, Catch::Contains("200 / 200 tokens") && Catch::Contains("ETA 0s") && Catch::EndsWith("\n"));
   ProgressMeter bytes("", 3000000, /*tty=*/false);
   CHECK_THAT(bytes.Update(3000000), Catch::Contains("3.0 / 3.0 MB") && Catch::Contains("MB/s"));
+}
+
+TEST_CASE("ScoreToken: the token's log-softmax and the most likely tokens, ties to the lower id", "[perplexity]") {
+  std::vector<float> logits = test::RandomVec(1000, 7, 3.0f);
+  logits[10] = logits[500] = logits[900] = 20.0f;  // a three-way tie at the top
+  std::vector<float> log_p;
+  LogSoftmax(logits, &log_p);
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  for (const size_t top_n : {size_t{0}, size_t{1}, size_t{5}, size_t{20}, size_t{5000}}) {
+    INFO("top " << top_n);
+    for (const int32_t id : {0, 10, 500, 999}) {
+      const TokenLogprob t = ScoreToken(logits, id, top_n);
+      CHECK(t.id == id);
+      CHECK(t.logprob == log_p[id]);
+      REQUIRE(t.top.size() == std::min(top_n, logits.size()));
+      for (size_t k = 0; k < t.top.size(); ++k) {
+        CHECK(t.top[k].first == order[k]);
+        CHECK(t.top[k].second == log_p[order[k]]);
+      }
+    }
+  }
+  CHECK(ScoreToken(logits, 3, 3).top[0].first == 10);  // the lowest id of the tie first
+}
+
+TEST_CASE("a scored prompt gets the row that predicts each token and still generates the golden ids",
+          "[perplexity][golden]") {
+  for (const char* name : {"s1_fp32_basic", "s5_realprop_mxfp8_vl"}) {
+    INFO(name);
+    const std::string dir = test::GoldenDir(name);
+    const auto spec = test::ReadPythonJson(dir + "/case.json");
+    const auto ids = spec["prompt_ids"].get<std::vector<int32_t>>();
+    const auto greedy = spec["greedy_ids"].get<std::vector<int32_t>>();
+    const double rel = spec["tolerance"]["logits"]["rel"].get<double>();
+    auto golden = ReadNpy(dir + "/prefill_logits.npy");
+    REQUIRE(golden.ok());
+    auto engine = Engine::Open(dir, {});
+    REQUIRE(engine.ok());
+    const size_t vocab = (*engine)->model().config().vocab_size;
+    SessionOptions options;
+    options.prefill_chunk = ids.size() > 1000 ? 700 : 5;  // rows split over chunks
+    Session session(**engine, options);
+    // A cached prefix of the prompt is not reused: its rows were never kept.
+    std::vector<float> unused;
+    REQUIRE(session.Eval(std::span(ids).first(10), LogitsMode::kLastRow, &unused).ok());
+
+    // Alone, and stepped in one batch beside a plain generation of another prompt.
+    for (const bool batched : {false, true}) {
+      INFO((batched ? "batched" : "alone"));
+      Sampler sampler(SamplingParams{.temperature = 0});
+      GenerateOptions go;
+      go.max_tokens = static_cast<int>(greedy.size());
+      std::vector<int32_t> generated;
+      Generation g(session, go, sampler, [&](int32_t id) { return generated.push_back(id), true; });
+      size_t next = 1;
+      double worst = 0;
+      g.ScorePrompt([&](size_t index, int32_t id, std::span<const float> row) {
+        REQUIRE(index == next++);
+        REQUIRE(id == ids[index]);
+        REQUIRE(row.size() == vocab);
+        const float* want = &golden->data[(index - 1) * vocab];
+        for (size_t j = 0; j < vocab; ++j)
+          worst = std::max(worst, std::fabs(double(row[j]) - want[j]) / (rel * (1 + std::fabs(double(want[j])))));
+      });
+      REQUIRE(g.Begin(ids).ok());
+      CHECK(g.stats().reused_tokens == 0);
+      if (!batched) {
+        while (!g.pending().empty()) REQUIRE(g.Step(g.pending().first(std::min<size_t>(g.pending().size(), 7))).ok());
+        REQUIRE(g.Run().ok());
+      } else {
+        Session other_session(**engine, options);
+        Sampler other_sampler(SamplingParams{.temperature = 0});
+        GenerateOptions other_go;
+        other_go.max_tokens = 3;
+        Generation other(other_session, other_go, other_sampler, [](int32_t) { return true; });
+        REQUIRE(other.Begin(std::span(ids).subspan(3, 20)).ok());
+        for (;;) {
+          std::vector<Generation*> gens;
+          std::vector<std::span<const int32_t>> steps;
+          for (Generation* x : {&g, &other}) {
+            std::span<const int32_t> step;
+            if (!x->pending().empty())
+              step = x->pending().first(std::min<size_t>(x->pending().size(), 6));
+            else if (!x->Next(&step))
+              continue;
+            gens.push_back(x);
+            steps.push_back(step);
+          }
+          if (gens.empty()) break;
+          for (const Status& st : BatchStep(gens, steps)) REQUIRE(st.ok());
+        }
+      }
+      CHECK(next == ids.size());
+      CHECK(worst <= 1.0);
+      CHECK(generated == greedy);
+      REQUIRE(session.Rewind(10).ok());  // a cached prefix again for the next run
+    }
+  }
 }
 
 }  // namespace

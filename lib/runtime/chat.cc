@@ -105,12 +105,24 @@ TurnGeneration::TurnGeneration(Session& session, const Tokenizer& tokenizer, con
       parser_(options.start, options.tools, options.tool_call_id_prefix),
       stops_(options.stop_strings),
       generation_(session, options.generate, sampler, [this](int32_t id) {
+        if (options_.top_logprobs >= 0)
+          unsent_logprobs_.push_back(
+              ScoreToken(generation_.token_logits(), id, static_cast<size_t>(options_.top_logprobs)));
         const bool go = Emit(TextDelta(stops_.Push(decoder_.Push(id))));
         return go && !stops_.matched();
-      }) {}
+      }) {
+  if (options.top_logprobs >= 0 && options.prompt_logprobs)
+    generation_.ScorePrompt([this](size_t, int32_t id, std::span<const float> logits) {
+      unsent_prompt_logprobs_.push_back(ScoreToken(logits, id, static_cast<size_t>(options_.top_logprobs)));
+    });
+}
 
-bool TurnGeneration::Emit(TurnDelta d) {
-  if (d.empty()) return true;
+bool TurnGeneration::Emit(TurnDelta d, bool last) {
+  if (d.empty() && !(last && (!unsent_logprobs_.empty() || !unsent_prompt_logprobs_.empty()))) return true;
+  d.logprobs = std::move(unsent_logprobs_);
+  d.prompt_logprobs = std::move(unsent_prompt_logprobs_);
+  unsent_logprobs_.clear();
+  unsent_prompt_logprobs_.clear();
   all_.reasoning += d.reasoning;
   all_.content += d.content;
   all_.tool_calls.insert(all_.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
@@ -128,6 +140,7 @@ ParsedOutput TurnGeneration::Finish(GenerateStats* stats) {
   Emit(TextDelta(stops_.Push(decoder_.Flush())));
   Emit(TextDelta(stops_.Flush()));
   if (!options_.raw) Emit(parser_.Finish());
+  Emit(TurnDelta(), /*last=*/true);  // log-probabilities of tokens whose text never came out
   GenerateStats st = generation_.stats();
   if (stops_.matched()) st.stop_reason = "stop";
   if (stats) *stats = st;

@@ -16,6 +16,7 @@
 
 #include "base/status.h"
 #include "runtime/generate.h"
+#include "runtime/perplexity.h"
 #include "text/chat_template.h"
 #include "text/output_parser.h"
 #include "text/tokenizer.h"
@@ -93,9 +94,23 @@ struct TurnOptions {
   // reason is then "stop"). Matched before the reasoning / tool-call parser, as vLLM does.
   std::vector<std::string> stop_strings;
   GenerateOptions generate;
+  // Log-probabilities (TokenLogprob, each with this many most likely tokens) of every generated
+  // token, passed on in the deltas; off when negative. With prompt_logprobs also those of every
+  // prompt token but the first (the prompt then runs whole, without reusing the cached prefix).
+  int top_logprobs = -1;
+  bool prompt_logprobs = false;
 };
 
-using TurnDelta = StreamingOutputParser::Delta;
+// A piece of a turn: its text and, when the turn records log-probabilities, those of the tokens
+// decoded since the previous piece (this one's included). Tokens whose text is held back (markup,
+// a possible stop string, a partial character) pass theirs on with a later piece, the last ones
+// in a piece without text at the end.
+struct TurnDelta : StreamingOutputParser::Delta {
+  TurnDelta() = default;
+  TurnDelta(StreamingOutputParser::Delta text) : Delta(std::move(text)) {}  // NOLINT: text alone
+  std::vector<TokenLogprob> prompt_logprobs;  // the first piece of a turn with prompt_logprobs
+  std::vector<TokenLogprob> logprobs;
+};
 
 // One assistant turn as steps: a Generation whose tokens are decoded as a UTF-8 stream, cut at
 // stop strings and split into reasoning, content and tool calls, every non-empty delta going to
@@ -116,7 +131,10 @@ class TurnGeneration {
   ParsedOutput Finish(GenerateStats* stats);
 
  private:
-  bool Emit(TurnDelta d);  // collects into all_ and passes on; false when the caller wants to stop
+  // Collects into all_ and passes on with the log-probabilities not yet passed on (a piece with
+  // neither text nor, when `last`, log-probabilities is not passed on); false when the caller
+  // wants to stop.
+  bool Emit(TurnDelta d, bool last = false);
   TurnDelta TextDelta(std::string text);
 
   const TurnOptions& options_;
@@ -125,6 +143,7 @@ class TurnGeneration {
   StreamingOutputParser parser_;
   StopStrings stops_;
   ParsedOutput all_;
+  std::vector<TokenLogprob> unsent_logprobs_, unsent_prompt_logprobs_;
   Generation generation_;
 };
 

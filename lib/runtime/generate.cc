@@ -65,7 +65,8 @@ Status Generation::Begin(std::span<const int32_t> prompt) {
   stats_.prompt_tokens = prompt.size();
   if (prompt.size() > session_.max_context())
     return OutOfRange("the prompt has ", prompt.size(), " tokens but the context limit is ", session_.max_context());
-  stats_.reused_tokens = session_.ReusePrefix(prompt);
+  // A scored prompt runs whole: the rows of a cached prefix were never kept.
+  stats_.reused_tokens = session_.ReusePrefix(on_prompt_row_ ? prompt.first(0) : prompt);
   prompt_.assign(prompt.begin() + static_cast<std::ptrdiff_t>(stats_.reused_tokens), prompt.end());
   evaluated_ = 0;
   step_.clear();
@@ -110,6 +111,16 @@ void Generation::Evaluated(size_t n) {
   if (pending().empty()) {  // a decode step
     step_evaluated_ = true;
     return;
+  }
+  if (on_prompt_row_) {  // every row: row j predicts the token after pending()[j]
+    const size_t vocab = logits_.size() / n;
+    for (size_t j = 0; j < n; ++j) {
+      const size_t target = evaluated_ + j + 1;  // the whole prompt runs (nothing reused)
+      if (target < prompt_.size())
+        on_prompt_row_(target, prompt_[target], std::span<const float>(logits_).subspan(j * vocab, vocab));
+    }
+    if (evaluated_ + n == prompt_.size())  // Next samples from the last row alone
+      logits_.erase(logits_.begin(), logits_.end() - static_cast<std::ptrdiff_t>(vocab));
   }
   evaluated_ += n;
   if (!pending().empty()) return;

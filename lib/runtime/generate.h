@@ -71,6 +71,12 @@ class Generation {
   // Checks `prompt` (the whole conversation so far) and keeps the session's cached prefix of it;
   // the rest (at least its last token) is pending.
   Status Begin(std::span<const int32_t> prompt);
+  // Before Begin: every prompt token but the first goes to on_row(index, id, logits) with the row
+  // of logits that predicts it, in order, as its pass is evaluated. The session's cached prefix is
+  // then not reused (its rows were never kept), and prompt passes give every row.
+  void ScorePrompt(std::function<void(size_t index, int32_t id, std::span<const float> logits)> on_row) {
+    on_prompt_row_ = std::move(on_row);
+  }
   // Begin, then the whole pending prompt in one Step.
   Status Start(std::span<const int32_t> prompt);
   // One pass of this generation alone (Session::Eval) over `ids`, a chunk of the pending prompt
@@ -84,8 +90,11 @@ class Generation {
     return std::span<const int32_t>(prompt_).subspan(std::min(evaluated_, prompt_.size()));
   }
   // Rows of logits the pass over `ids` (a chunk of the pending prompt, or the step Next gave)
-  // must give: its last one for a prompt chunk, every one for a step.
-  size_t logit_rows(std::span<const int32_t> ids) const { return pending().empty() ? ids.size() : 1; }
+  // must give: its last one for a prompt chunk (every one when the prompt is scored), every one
+  // for a step.
+  size_t logit_rows(std::span<const int32_t> ids) const {
+    return pending().empty() || on_prompt_row_ ? ids.size() : 1;
+  }
   // The first n pending tokens (n > 0), or the step Next gave, went through a forward pass and
   // logits() holds its logit_rows rows.
   void Evaluated(size_t n);
@@ -115,6 +124,7 @@ class Generation {
   GenerateOptions options_;
   Sampler& sampler_;
   std::function<bool(int32_t)> on_token_;
+  std::function<void(size_t, int32_t, std::span<const float>)> on_prompt_row_;  // ScorePrompt
   // Passes on one sampled token; false when it ends the generation.
   bool Emit(int32_t id);
   // Forgets the positions from n on (guesses the sampling did not confirm).

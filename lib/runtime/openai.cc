@@ -1,6 +1,9 @@
 #include "runtime/openai.h"
 
+#include <climits>
 #include <limits>
+
+#include "text/byte_level.h"
 
 namespace m3::openai {
 namespace {
@@ -53,7 +56,6 @@ Status ReadCommon(const ojson& body, const Defaults& defaults, Request* r) {
   M3_RETURN_IF_ERROR(ValidateSamplingParams(r->sampling));
   M3_RETURN_IF_ERROR(ReadNumber(body, "max_tokens", &r->max_tokens));
   M3_RETURN_IF_ERROR(ReadNumber(body, "max_completion_tokens", &r->max_tokens));  // the newer name wins
-  if (r->max_tokens < 1) return InvalidArgument("\"max_tokens\" must be at least 1, got ", r->max_tokens);
   M3_RETURN_IF_ERROR(ReadBool(body, "stream", &r->stream));
   if (body.contains("stream_options") && !body["stream_options"].is_null()) {
     if (!body["stream_options"].is_object()) return InvalidArgument("\"stream_options\" must be an object");
@@ -71,11 +73,66 @@ Status ReadCommon(const ojson& body, const Defaults& defaults, Request* r) {
   if (body.contains("stop")) {
     M3_ASSIGN_OR_RETURN(r->stop, ParseStopStrings(body["stop"], 4));  // OpenAI's limit
   }
-  bool logprobs = false;
-  if (body.contains("logprobs") && body["logprobs"].is_boolean()) logprobs = body["logprobs"].get<bool>();
-  if (logprobs || (body.contains("logprobs") && body["logprobs"].is_number() && body["logprobs"].get<double>() > 0))
-    return InvalidArgument("\"logprobs\" is not supported");
   return Status::Ok();
+}
+
+// max_tokens once the endpoint's own fields are read: 0 only to score an echoed prompt.
+Status CheckMaxTokens(const Request& r) {
+  if (r.max_tokens < 0 || (r.max_tokens == 0 && !r.echo))
+    return InvalidArgument("\"max_tokens\" must be at least 1 (0 only with \"echo\"), got ", r.max_tokens);
+  return Status::Ok();
+}
+
+Status CheckTopLogprobs(const char* key, int n) {
+  if (n < 0 || n > kMaxTopLogprobs) return InvalidArgument("\"", key, "\" must be 0..", kMaxTopLogprobs, ", got ", n);
+  return Status::Ok();
+}
+
+// Chat: "logprobs" true asks for them, "top_logprobs" (which needs it) how many alternatives.
+Status ReadChatLogprobs(const ojson& body, Request* r) {
+  bool logprobs = false;
+  M3_RETURN_IF_ERROR(ReadBool(body, "logprobs", &logprobs));
+  const bool has_top = body.contains("top_logprobs") && !body["top_logprobs"].is_null();
+  if (has_top && !logprobs) return InvalidArgument("\"top_logprobs\" needs \"logprobs\": true");
+  if (!logprobs) return Status::Ok();
+  r->logprobs = 0;
+  M3_RETURN_IF_ERROR(ReadNumber(body, "top_logprobs", &r->logprobs));
+  return CheckTopLogprobs("top_logprobs", r->logprobs);
+}
+
+// A completions prompt: a string, an array of token ids, or an array of those.
+StatusOr<std::vector<CompletionPrompt>> ReadPrompts(const ojson& body) {
+  static constexpr const char* kForm =
+      "\"prompt\" must be a non-empty string, an array of token ids, or an array of those";
+  if (!body.contains("prompt")) return InvalidArgument(kForm);
+  const ojson& p = body["prompt"];
+  auto one = [](const ojson& v) -> StatusOr<CompletionPrompt> {
+    CompletionPrompt out;
+    if (v.is_string()) {
+      out.text = v.get<std::string>();
+      if (out.text.empty()) return InvalidArgument(kForm);
+      return out;
+    }
+    if (!v.is_array() || v.empty()) return InvalidArgument(kForm);
+    for (const ojson& id : v) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        return InvalidArgument("\"prompt\": token ids must be integers from 0 to the vocabulary size");
+      out.ids.push_back(id.get<int32_t>());
+    }
+    return out;
+  };
+  std::vector<CompletionPrompt> prompts;
+  if (p.is_array() && !p.empty() && !p[0].is_number()) {  // several prompts
+    if (p.size() > kMaxPrompts) return InvalidArgument("\"prompt\" holds at most ", kMaxPrompts, " prompts");
+    for (const ojson& v : p) {
+      M3_ASSIGN_OR_RETURN(CompletionPrompt one_prompt, one(v));
+      prompts.push_back(std::move(one_prompt));
+    }
+  } else {
+    M3_ASSIGN_OR_RETURN(CompletionPrompt one_prompt, one(p));
+    prompts.push_back(std::move(one_prompt));
+  }
+  return prompts;
 }
 
 // The template takes tool-call arguments as objects; OpenAI clients send them as JSON strings.
@@ -128,6 +185,8 @@ StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults) 
     if (!f.is_object() || f.value("type", std::string()) != "text")
       return InvalidArgument("\"response_format\" other than {\"type\": \"text\"} is not supported");
   }
+  M3_RETURN_IF_ERROR(ReadChatLogprobs(body, &r));
+  M3_RETURN_IF_ERROR(CheckMaxTokens(r));
   return r;
 }
 
@@ -135,15 +194,17 @@ StatusOr<Request> ParseCompletionRequest(const ojson& body, const Defaults& defa
   Request r;
   r.chat = false;
   M3_RETURN_IF_ERROR(ReadCommon(body, defaults, &r));
-  const ojson* prompt = body.contains("prompt") ? &body["prompt"] : nullptr;
-  if (prompt && prompt->is_array() && prompt->size() == 1) prompt = &(*prompt)[0];
-  if (!prompt || !prompt->is_string() || prompt->get<std::string>().empty())
-    return InvalidArgument("\"prompt\" must be a non-empty string");
-  r.prompt = prompt->get<std::string>();
-  bool echo = false;
-  M3_RETURN_IF_ERROR(ReadBool(body, "echo", &echo));
-  if (echo) return InvalidArgument("\"echo\" is not supported");
+  M3_ASSIGN_OR_RETURN(r.prompts, ReadPrompts(body));
+  if (r.stream && r.prompts.size() > 1)
+    return InvalidArgument("\"stream\" takes one prompt (this request has ", r.prompts.size(), ")");
+  M3_RETURN_IF_ERROR(ReadBool(body, "echo", &r.echo));
+  if (body.contains("logprobs") && body["logprobs"].is_boolean())
+    return InvalidArgument("\"logprobs\" of a completion is a number (0..", kMaxTopLogprobs, "), not true/false");
+  M3_RETURN_IF_ERROR(ReadNumber(body, "logprobs", &r.logprobs));
+  if (body.contains("logprobs") && !body["logprobs"].is_null())
+    M3_RETURN_IF_ERROR(CheckTopLogprobs("logprobs", r.logprobs));
   if (body.contains("suffix") && !body["suffix"].is_null()) return InvalidArgument("\"suffix\" is not supported");
+  M3_RETURN_IF_ERROR(CheckMaxTokens(r));
   return r;
 }
 
@@ -168,8 +229,103 @@ ojson WireToolCall(const ToolCall& call, const ojson& index) {
   return c;
 }
 
+std::string LogprobsJson::Spelling(int32_t id) const {
+  const std::string& bytes = tokenizer_.TokenBytes(id);
+  if (byte_level::IsValidUtf8(bytes)) return bytes;
+  std::string s = "bytes:";
+  for (const unsigned char c : bytes) s += Str("\\x", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]);
+  return s;
+}
+
+ojson LogprobsJson::Of(std::span<const TokenLogprob> tokens, int32_t unscored_first) {
+  auto bytes_of = [&](int32_t id) {
+    ojson b = ojson::array();
+    for (const unsigned char c : tokenizer_.TokenBytes(id)) b.push_back(c);
+    return b;
+  };
+  if (chat_) {
+    ojson content = ojson::array();
+    for (const TokenLogprob& t : tokens) {
+      ojson top = ojson::array();
+      for (const auto& [id, lp] : t.top) top.push_back({{"token", Spelling(id)}, {"logprob", lp}, {"bytes", bytes_of(id)}});
+      content.push_back({{"token", Spelling(t.id)}, {"logprob", t.logprob}, {"bytes", bytes_of(t.id)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  ojson out = {{"tokens", ojson::array()},
+               {"token_logprobs", ojson::array()},
+               {"top_logprobs", ojson::array()},
+               {"text_offset", ojson::array()}};
+  auto add = [&](int32_t id, const ojson& logprob, const ojson& top) {
+    out["tokens"].push_back(Spelling(id));
+    out["token_logprobs"].push_back(logprob);
+    out["top_logprobs"].push_back(top);
+    out["text_offset"].push_back(offset_);
+    for (const unsigned char c : tokenizer_.TokenBytes(id)) offset_ += (c & 0xC0) != 0x80;  // characters
+  };
+  if (unscored_first >= 0) add(unscored_first, nullptr, nullptr);
+  for (const TokenLogprob& t : tokens) {
+    ojson top = ojson::object();
+    for (const auto& [id, lp] : t.top) top.emplace(Spelling(id), lp);  // the first of equal spellings
+    top.emplace(Spelling(t.id), t.logprob);                            // OpenAI: the token's own too
+    add(t.id, t.logprob, top);
+  }
+  return out;
+}
+
+void LogprobsJson::Append(ojson* all, const ojson& part) {
+  if (part.is_null()) return;
+  if (all->is_null()) {
+    *all = part;
+    return;
+  }
+  for (auto& [key, list] : all->items())
+    for (const ojson& v : part[key]) list.push_back(v);
+}
+
+ChoicePieces::ChoicePieces(const Tokenizer& tokenizer, const Request& r, std::vector<int32_t> prompt,
+                           size_t prompt_index)
+    : tokenizer_(tokenizer),
+      chat_(r.chat),
+      echo_(!r.chat && r.echo),
+      logprobs_(r.logprobs >= 0),
+      prompt_(std::move(prompt)),
+      json_(tokenizer, r.chat) {
+  if (echo_) {
+    const CompletionPrompt& p = r.prompts.at(prompt_index);
+    echo_text_ = p.text.empty() ? tokenizer_.Decode(p.ids, /*skip_special_tokens=*/false) : p.text;
+  }
+}
+
+ojson ChoicePieces::Next(const TurnDelta& d) {
+  ojson logprobs = nullptr;
+  if (chat_) {
+    if (logprobs_) logprobs = json_.Of(d.logprobs);
+    return {{"delta", ChatDelta(d, &tool_index_)}, {"logprobs", logprobs}};
+  }
+  std::string text = d.content;
+  if (echo_ && !started_) {
+    text = echo_text_ + text;
+    if (logprobs_) logprobs = json_.Of(d.prompt_logprobs, prompt_.empty() ? -1 : prompt_.front());
+  }
+  started_ = true;
+  if (logprobs_) LogprobsJson::Append(&logprobs, json_.Of(d.logprobs));
+  return {{"text", text}, {"logprobs", logprobs}};
+}
+
+ojson ChoicePieces::Last() {
+  if (!echo_ || started_) return nullptr;
+  return Next(TurnDelta());
+}
+
+void JoinedPieces::Add(const ojson& piece) {
+  if (piece.is_null()) return;
+  if (piece.contains("text")) text += piece["text"].get<std::string>();
+  LogprobsJson::Append(&logprobs, piece["logprobs"]);
+}
+
 ojson ChatResponse(const std::string& id, int64_t created, const std::string& model, const ParsedOutput& out,
-                   const GenerateStats& stats) {
+                   const GenerateStats& stats, const ojson& logprobs) {
   ojson message = {{"role", "assistant"},
                    {"content", out.content.empty() && !out.tool_calls.empty() ? ojson(nullptr) : ojson(out.content)}};
   if (!out.reasoning.empty()) message["reasoning_content"] = out.reasoning;
@@ -179,7 +335,7 @@ ojson ChatResponse(const std::string& id, int64_t created, const std::string& mo
   }
   ojson r = Envelope(id, "chat.completion", created, model);
   r["choices"] = ojson::array(
-      {{{"index", 0}, {"message", message}, {"logprobs", nullptr}, {"finish_reason", FinishReason(stats, out)}}});
+      {{{"index", 0}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", FinishReason(stats, out)}}});
   r["usage"] = Usage(stats);
   return r;
 }
@@ -196,28 +352,36 @@ ojson ChatDelta(const TurnDelta& d, size_t* tool_index) {
 }
 
 ojson ChatChunk(const std::string& id, int64_t created, const std::string& model, const ojson& delta,
-                const ojson& finish_reason) {
+                const ojson& finish_reason, const ojson& logprobs) {
   ojson r = Envelope(id, "chat.completion.chunk", created, model);
-  r["choices"] = ojson::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}});
+  r["choices"] = ojson::array({{{"index", 0}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish_reason}}});
   return r;
 }
 
-ojson CompletionResponse(const std::string& id, int64_t created, const std::string& model, const std::string& text,
-                         const GenerateStats& stats) {
+ojson CompletionResponse(const std::string& id, int64_t created, const std::string& model,
+                         const std::vector<CompletionChoice>& choices, const GenerateStats& usage) {
   ojson r = Envelope(id, "text_completion", created, model);
-  r["choices"] = ojson::array({{{"index", 0},
-                                {"text", text},
-                                {"logprobs", nullptr},
-                                {"finish_reason", FinishReason(stats, ParsedOutput{})}}});
-  r["usage"] = Usage(stats);
+  r["choices"] = ojson::array();
+  for (size_t i = 0; i < choices.size(); ++i)
+    r["choices"].push_back({{"index", i},
+                            {"text", choices[i].text},
+                            {"logprobs", choices[i].logprobs},
+                            {"finish_reason", choices[i].finish_reason}});
+  r["usage"] = Usage(usage);
   return r;
 }
 
 ojson CompletionChunk(const std::string& id, int64_t created, const std::string& model, const std::string& text,
-                      const ojson& finish_reason) {
+                      const ojson& finish_reason, const ojson& logprobs) {
   ojson r = Envelope(id, "text_completion", created, model);
-  r["choices"] = ojson::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", finish_reason}}});
+  r["choices"] = ojson::array({{{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_reason}}});
   return r;
+}
+
+void AddUsage(GenerateStats* total, const GenerateStats& choice) {
+  total->prompt_tokens += choice.prompt_tokens;
+  total->reused_tokens += choice.reused_tokens;
+  total->generated_tokens += choice.generated_tokens;
 }
 
 ojson UsageChunk(const std::string& id, int64_t created, const std::string& model, bool chat,
@@ -236,17 +400,28 @@ ojson ErrorBody(const std::string& message, int http_status) {
 }
 
 StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,
-                                          size_t max_context, TurnOptions* turn) {
+                                          size_t max_context, TurnOptions* turn, size_t prompt_index) {
   turn->raw = !r.chat;
   turn->generate = GenerateOptions{r.max_tokens, text.stop_ids(), r.lookup};
   turn->tool_call_id_prefix = "call_" + id + "_";
   turn->stop_strings = r.stop;
+  turn->top_logprobs = r.logprobs;
+  turn->prompt_logprobs = !r.chat && r.echo && r.logprobs >= 0;
   std::vector<int32_t> ids;
   if (r.chat) {
     M3_ASSIGN_OR_RETURN(ids, text.TurnPrompt(r.messages, r.tools, r.template_options, turn));
+  } else if (prompt_index >= r.prompts.size()) {
+    return InvalidArgument("no prompt ", prompt_index, " in a request of ", r.prompts.size());
+  } else if (const CompletionPrompt& p = r.prompts[prompt_index]; !p.text.empty()) {
+    ids = text.tokenizer().Encode(p.text);
   } else {
-    ids = text.tokenizer().Encode(r.prompt);
+    ids = p.ids;
+    for (const int32_t t : ids)
+      if (static_cast<size_t>(t) >= text.tokenizer().vocab_size())
+        return InvalidArgument("\"prompt\": token id ", t, " is outside the vocabulary (", text.tokenizer().vocab_size(),
+                               " ids)");
   }
+  if (ids.empty()) return InvalidArgument("the prompt encodes to no tokens");
   if (ids.size() > max_context)
     return OutOfRange("the prompt has ", ids.size(), " tokens but the context limit is ", max_context);
   return ids;

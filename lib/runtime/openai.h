@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,12 +25,27 @@ struct Defaults {
   LookupOptions lookup;  // the server's (not a request field)
 };
 
+// Most likely tokens listed with each token's log-probability (OpenAI's chat top_logprobs limit).
+inline constexpr int kMaxTopLogprobs = 20;
+// Prompts one completions request may carry (one choice each).
+inline constexpr size_t kMaxPrompts = 256;
+
+// A completions prompt: text, or token ids when `text` is empty.
+struct CompletionPrompt {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
 struct Request {
   bool chat = true;
   // Chat: messages (tool-call arguments as objects, as the template takes them), tools (array or
   // null), template variables from chat_template_kwargs (e.g. thinking_mode).
   ojson messages, tools, template_options = ojson::object();
-  std::string prompt;  // completions
+  std::vector<CompletionPrompt> prompts;  // completions: one choice each
+  // Log-probabilities of the tokens, each with this many most likely tokens (chat: top_logprobs
+  // once logprobs is true; completions: logprobs); -1: not asked.
+  int logprobs = -1;
+  bool echo = false;  // completions: the prompt (text, log-probabilities) before the completion
   std::vector<std::string> stop;  // stop strings (at most 4, none empty)
   SamplingParams sampling;
   int max_tokens = 0;
@@ -39,16 +55,19 @@ struct Request {
 };
 
 // Parses a body; InvalidArgument naming the field for a malformed or unsupported request (n > 1,
-// logprobs, frequency_penalty, a response_format other than text, ...). Fields
-// this server does not know are ignored, as OpenAI's clients send many.
+// frequency_penalty, a response_format other than text, ...). Fields this server does not know
+// are ignored, as OpenAI's clients send many. A completions prompt is a string, an array of token
+// ids, or an array of those (several prompts: non-streamed only); max_tokens may be 0 with echo
+// (scoring a prompt).
 StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults);
 StatusOr<Request> ParseCompletionRequest(const ojson& body, const Defaults& defaults);
 
 // A parsed request's prompt ids and turn options: the conversation rendered by `text`'s template
-// (chat) or the prompt encoded (completions), stop ids and strings, max_tokens, and tool-call ids
-// "call_<id>_<n>". OutOfRange when the prompt is longer than max_context.
+// (chat) or completions prompt `prompt_index` encoded, stop ids and strings, max_tokens,
+// log-probabilities, and tool-call ids "call_<id>_<n>". OutOfRange when the prompt is longer than
+// max_context; InvalidArgument for a token id outside the vocabulary.
 StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,
-                                          size_t max_context, TurnOptions* turn);
+                                          size_t max_context, TurnOptions* turn, size_t prompt_index = 0);
 
 // "tool_calls" when the turn ended on its own with tool calls, "stop" when it ended on its own
 // (or the caller stopped it), "length" at the token budget or the context limit.
@@ -58,18 +77,76 @@ ojson Usage(const GenerateStats& stats);
 // One tool call in OpenAI's wire form: arguments as a JSON string. `index` for stream deltas.
 ojson WireToolCall(const ToolCall& call, const ojson& index = nullptr);
 
+// Log-probabilities in the endpoints' forms, for the tokens of one choice in order. Chat:
+// {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]};
+// completions: {"tokens", "token_logprobs", "top_logprobs" (objects token -> log-probability, the
+// token's own included), "text_offset" (characters before the token in the choice's text)}.
+// A token that is not whole UTF-8 is spelled "bytes:\\xNN...", as OpenAI does.
+class LogprobsJson {
+ public:
+  LogprobsJson(const Tokenizer& tokenizer, bool chat) : tokenizer_(tokenizer), chat_(chat) {}
+  // The next tokens; `unscored_first` >= 0 lists that token first, without a log-probability (a
+  // prompt's first token). Completions' text offsets go on from the previous call's.
+  ojson Of(std::span<const TokenLogprob> tokens, int32_t unscored_first = -1);
+  // Appends the lists of `part` to those of *all (null: none yet).
+  static void Append(ojson* all, const ojson& part);
+
+ private:
+  std::string Spelling(int32_t id) const;
+  const Tokenizer& tokenizer_;
+  bool chat_;
+  size_t offset_ = 0;  // completions: characters so far
+};
+
+// One choice's pieces in the endpoint's form, from its turn's deltas in order: chat {"delta",
+// "logprobs"} (delta as ChatDelta), completions {"text", "logprobs"} with the echoed prompt (text
+// and log-probabilities) before the first piece. "logprobs" is null when not asked.
+class ChoicePieces {
+ public:
+  // `prompt`: the choice's prompt ids (echo lists them).
+  ChoicePieces(const Tokenizer& tokenizer, const Request& r, std::vector<int32_t> prompt, size_t prompt_index = 0);
+  ojson Next(const TurnDelta& d);
+  // After the turn: the echoed prompt when no piece came (a null piece otherwise).
+  ojson Last();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool chat_, echo_, logprobs_;
+  std::string echo_text_;
+  std::vector<int32_t> prompt_;
+  LogprobsJson json_;
+  size_t tool_index_ = 0;
+  bool started_ = false;
+};
+
+// A choice's pieces joined for a whole (non-streamed) response: the text and the log-probabilities.
+struct JoinedPieces {
+  std::string text;  // completions
+  ojson logprobs;    // null when not asked
+  void Add(const ojson& piece);
+};
+
 ojson ChatResponse(const std::string& id, int64_t created, const std::string& model, const ParsedOutput& out,
-                   const GenerateStats& stats);
+                   const GenerateStats& stats, const ojson& logprobs = nullptr);
 // A stream delta for one piece of a turn: {"reasoning_content"?, "content"?, "tool_calls"?};
 // *tool_index counts the calls sent so far (their indexes in the stream).
 ojson ChatDelta(const TurnDelta& d, size_t* tool_index);
 ojson ChatChunk(const std::string& id, int64_t created, const std::string& model, const ojson& delta,
-                const ojson& finish_reason = nullptr);
+                const ojson& finish_reason = nullptr, const ojson& logprobs = nullptr);
 
-ojson CompletionResponse(const std::string& id, int64_t created, const std::string& model, const std::string& text,
-                         const GenerateStats& stats);
+// A finished completions choice.
+struct CompletionChoice {
+  std::string text;  // the echoed prompt (echo), then the completion
+  ojson logprobs;    // null when not asked
+  std::string finish_reason;
+};
+// Choices in prompt order; `usage` counts them all.
+ojson CompletionResponse(const std::string& id, int64_t created, const std::string& model,
+                         const std::vector<CompletionChoice>& choices, const GenerateStats& usage);
 ojson CompletionChunk(const std::string& id, int64_t created, const std::string& model, const std::string& text,
-                      const ojson& finish_reason = nullptr);
+                      const ojson& finish_reason = nullptr, const ojson& logprobs = nullptr);
+// Adds a choice's token counts to a request's usage.
+void AddUsage(GenerateStats* total, const GenerateStats& choice);
 
 // A chunk carrying only the usage (stream_options.include_usage), after the finish_reason chunk.
 ojson UsageChunk(const std::string& id, int64_t created, const std::string& model, bool chat,

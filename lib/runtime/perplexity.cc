@@ -93,6 +93,27 @@ void LogSoftmax(std::span<const float> logits, std::vector<float>* out) {
   for (size_t i = 0; i < logits.size(); ++i) (*out)[i] = static_cast<float>(static_cast<double>(logits[i]) - lse);
 }
 
+TokenLogprob ScoreToken(std::span<const float> logits, int32_t id, size_t top_n) {
+  const double lse = LogSumExp(logits);
+  auto lp = [&](size_t i) { return static_cast<float>(static_cast<double>(logits[i]) - lse); };
+  TokenLogprob t;
+  t.id = id;
+  t.logprob = lp(static_cast<size_t>(id));
+  // One pass keeping the best top_n (a short sorted list: top_n is small, the vocabulary large).
+  top_n = std::min(top_n, logits.size());
+  std::vector<int32_t> best;
+  best.reserve(top_n + 1);
+  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  for (size_t i = 0; i < logits.size() && top_n > 0; ++i) {
+    const auto v = static_cast<int32_t>(i);
+    if (best.size() == top_n && !better(v, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), v, better), v);
+    if (best.size() > top_n) best.pop_back();
+  }
+  for (const int32_t b : best) t.top.emplace_back(b, lp(static_cast<size_t>(b)));
+  return t;
+}
+
 double KlDivergence(std::span<const float> log_p, std::span<const float> log_q) {
   double kl = 0;
   const size_t n = std::min(log_p.size(), log_q.size());

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/hash.h"
@@ -54,6 +55,17 @@ double LogSumExp(std::span<const float> logits);
 void LogSoftmax(std::span<const float> logits, std::vector<float>* out);
 // KL(p || q) in nats from log-probabilities (log_p of the reference), >= 0.
 double KlDivergence(std::span<const float> log_p, std::span<const float> log_q);
+
+// A token's log-probability under a row of logits (the model's own distribution: before any
+// sampling penalty, temperature or filter), with the row's most likely tokens.
+struct TokenLogprob {
+  int32_t id = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // (id, log-probability), most likely first, ties to the lower id
+};
+// `id`'s entry in `logits` with its top_n most likely tokens (fewer when the row is shorter).
+// `id` must index the row.
+TokenLogprob ScoreToken(std::span<const float> logits, int32_t id, size_t top_n);
 
 // Mean and its standard error of a stream of values.
 class MeanEstimate {
