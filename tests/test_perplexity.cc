@@ -55,38 +55,61 @@ TEST_CASE("score windows refuse impossible plans with a message", "[perplexity]"
   CHECK_THAT(PlanScoreWindows(0, 8, 4).status().message(), Catch::Contains("got 0"));
 }
 
-TEST_CASE("each scored token gets the row that predicts it (golden prefill logits)", "[perplexity][golden]") {
-  for (const char* name : {"s1_fp32_basic", "s5_realprop_mxfp8_vl"}) {
+// A golden case opened for scoring: its prompt, greedy ids, prefill logits and engine.
+struct GoldenPrefill {
+  std::vector<int32_t> ids, greedy;
+  double rel = 0;
+  NpyArray rows;
+  std::unique_ptr<Engine> engine;
+  size_t vocab = 0;
+
+  explicit GoldenPrefill(const std::string& name) {
     const std::string dir = test::GoldenDir(name);
     const auto spec = test::ReadPythonJson(dir + "/case.json");
-    const auto ids = spec["prompt_ids"].get<std::vector<int32_t>>();
-    const double rel = spec["tolerance"]["logits"]["rel"].get<double>();
+    ids = spec["prompt_ids"].get<std::vector<int32_t>>();
+    greedy = spec["greedy_ids"].get<std::vector<int32_t>>();
+    rel = spec["tolerance"]["logits"]["rel"].get<double>();
     auto golden = ReadNpy(dir + "/prefill_logits.npy");
     REQUIRE(golden.ok());
-    auto engine = Engine::Open(dir, {});
-    REQUIRE(engine.ok());
-    const size_t vocab = (*engine)->model().config().vocab_size;
-    // Chunks that split the scored rows at odd places.
+    rows = std::move(golden).value();
+    auto opened = Engine::Open(dir, {});
+    REQUIRE(opened.ok());
+    engine = std::move(opened).value();
+    vocab = engine->model().config().vocab_size;
+  }
+  // Prefill chunks that split the scored rows at odd places.
+  SessionOptions Chunked() const {
     SessionOptions options;
     options.prefill_chunk = ids.size() > 1000 ? 700 : 5;
-    Session session(**engine, options);
-    const ScoreWindow whole{0, ids.size(), 1};
+    return options;
+  }
+  // How far `row` is from the golden row that predicts token `index`, in units of the tolerance.
+  double Error(size_t index, std::span<const float> row) const {
+    const float* want = &rows.data[(index - 1) * vocab];
+    double err = 0, mag = 0;
+    for (size_t j = 0; j < vocab; ++j) {
+      err = std::max(err, std::fabs(double(row[j]) - want[j]));
+      mag = std::max(mag, std::fabs(double(want[j])));
+    }
+    return err / (rel * (1 + mag));
+  }
+};
+
+TEST_CASE("each scored token gets the row that predicts it (golden prefill logits)", "[perplexity][golden]") {
+  for (const char* name : {"s1_fp32_basic", "s5_realprop_mxfp8_vl"}) {
+    const GoldenPrefill c(name);
+    Session session(*c.engine, c.Chunked());
+    const ScoreWindow whole{0, c.ids.size(), 1};
     size_t next = 1;
     double worst = 0;
-    REQUIRE(ScoreTokens(session, ids, {&whole, 1}, [&](size_t index, std::span<const float> row) {
+    REQUIRE(ScoreTokens(session, c.ids, {&whole, 1}, [&](size_t index, std::span<const float> row) {
               REQUIRE(index == next++);
-              REQUIRE(row.size() == vocab);
-              const float* want = &golden->data[(index - 1) * vocab];
-              double err = 0, mag = 0;
-              for (size_t j = 0; j < vocab; ++j) {
-                err = std::max(err, std::fabs(double(row[j]) - want[j]));
-                mag = std::max(mag, std::fabs(double(want[j])));
-              }
-              worst = std::max(worst, err / (rel * (1 + mag)));
+              REQUIRE(row.size() == c.vocab);
+              worst = std::max(worst, c.Error(index, row));
               return true;
             }).ok());
     INFO(name);
-    CHECK(next == ids.size());
+    CHECK(next == c.ids.size());
     CHECK(worst <= 1.0);
   }
 }
@@ -285,19 +308,9 @@ TEST_CASE("a scored prompt gets the row that predicts each token and still gener
           "[perplexity][golden]") {
   for (const char* name : {"s1_fp32_basic", "s5_realprop_mxfp8_vl"}) {
     INFO(name);
-    const std::string dir = test::GoldenDir(name);
-    const auto spec = test::ReadPythonJson(dir + "/case.json");
-    const auto ids = spec["prompt_ids"].get<std::vector<int32_t>>();
-    const auto greedy = spec["greedy_ids"].get<std::vector<int32_t>>();
-    const double rel = spec["tolerance"]["logits"]["rel"].get<double>();
-    auto golden = ReadNpy(dir + "/prefill_logits.npy");
-    REQUIRE(golden.ok());
-    auto engine = Engine::Open(dir, {});
-    REQUIRE(engine.ok());
-    const size_t vocab = (*engine)->model().config().vocab_size;
-    SessionOptions options;
-    options.prefill_chunk = ids.size() > 1000 ? 700 : 5;  // rows split over chunks
-    Session session(**engine, options);
+    const GoldenPrefill c(name);
+    const std::vector<int32_t>& ids = c.ids;
+    Session session(*c.engine, c.Chunked());
     // A cached prefix of the prompt is not reused: its rows were never kept.
     std::vector<float> unused;
     REQUIRE(session.Eval(std::span(ids).first(10), LogitsMode::kLastRow, &unused).ok());
@@ -307,7 +320,7 @@ TEST_CASE("a scored prompt gets the row that predicts each token and still gener
       INFO((batched ? "batched" : "alone"));
       Sampler sampler(SamplingParams{.temperature = 0});
       GenerateOptions go;
-      go.max_tokens = static_cast<int>(greedy.size());
+      go.max_tokens = static_cast<int>(c.greedy.size());
       std::vector<int32_t> generated;
       Generation g(session, go, sampler, [&](int32_t id) { return generated.push_back(id), true; });
       size_t next = 1;
@@ -315,10 +328,8 @@ TEST_CASE("a scored prompt gets the row that predicts each token and still gener
       g.ScorePrompt([&](size_t index, int32_t id, std::span<const float> row) {
         REQUIRE(index == next++);
         REQUIRE(id == ids[index]);
-        REQUIRE(row.size() == vocab);
-        const float* want = &golden->data[(index - 1) * vocab];
-        for (size_t j = 0; j < vocab; ++j)
-          worst = std::max(worst, std::fabs(double(row[j]) - want[j]) / (rel * (1 + std::fabs(double(want[j])))));
+        REQUIRE(row.size() == c.vocab);
+        worst = std::max(worst, c.Error(index, row));
       });
       REQUIRE(g.Begin(ids).ok());
       CHECK(g.stats().reused_tokens == 0);
@@ -326,7 +337,7 @@ TEST_CASE("a scored prompt gets the row that predicts each token and still gener
         while (!g.pending().empty()) REQUIRE(g.Step(g.pending().first(std::min<size_t>(g.pending().size(), 7))).ok());
         REQUIRE(g.Run().ok());
       } else {
-        Session other_session(**engine, options);
+        Session other_session(*c.engine, c.Chunked());
         Sampler other_sampler(SamplingParams{.temperature = 0});
         GenerateOptions other_go;
         other_go.max_tokens = 3;
@@ -350,7 +361,7 @@ TEST_CASE("a scored prompt gets the row that predicts each token and still gener
       }
       CHECK(next == ids.size());
       CHECK(worst <= 1.0);
-      CHECK(generated == greedy);
+      CHECK(generated == c.greedy);
       REQUIRE(session.Rewind(10).ok());  // a cached prefix again for the next run
     }
   }
