@@ -56,41 +56,11 @@ ojson ErrorLine(size_t index, const Status& s) {
   return {{"index", index}, {"error", openai::ErrorBody(s.message(), openai::HttpStatus(s))["error"]}};
 }
 
-// One choice of a request (a completions request may have several prompts).
-struct ChoiceRun {
-  std::vector<int32_t> prompt;
-  std::vector<TurnDelta> deltas;
-  Status status;
-  ParsedOutput output;
-  GenerateStats stats;
-};
-
 // A request line while its choices run (on the scheduler's thread).
 struct RequestRun {
   openai::Request request;
-  std::vector<ChoiceRun> choices;
+  std::vector<openai::ChoiceResult> choices;
   size_t ended = 0;
-
-  // The result line once every choice has ended: the response, or the first choice's error.
-  ojson Line(size_t index, const std::string& id, int64_t created, const std::string& model,
-             const Tokenizer& tokenizer) const {
-    std::vector<openai::CompletionChoice> completions;
-    GenerateStats usage;
-    for (size_t c = 0; c < choices.size(); ++c) {
-      const ChoiceRun& choice = choices[c];
-      if (!choice.status.ok()) return ErrorLine(index, choice.status);
-      openai::ChoicePieces pieces(tokenizer, request, choice.prompt, c);
-      openai::JoinedPieces joined;
-      for (const TurnDelta& d : choice.deltas) joined.Add(pieces.Next(d));
-      joined.Add(pieces.Last());
-      if (request.chat)
-        return {{"index", index},
-                {"response", openai::ChatResponse(id, created, model, choice.output, choice.stats, joined.logprobs)}};
-      completions.push_back({joined.text, joined.logprobs, openai::FinishReason(choice.stats, ParsedOutput{})});
-      openai::AddUsage(&usage, choice.stats);
-    }
-    return {{"index", index}, {"response", openai::CompletionResponse(id, created, model, completions, usage)}};
-  }
 };
 
 int Batch(const BatchArgs& a) {
@@ -185,15 +155,16 @@ int Batch(const BatchArgs& a) {
         generated += st.generated_tokens;
         lookup.drafted_tokens += st.drafted_tokens;
         lookup.accepted_tokens += st.accepted_tokens;
-        ChoiceRun& choice = request->choices[c];
+        openai::ChoiceResult& choice = request->choices[c];
         choice.status = status;
         choice.output = std::move(out);
         choice.stats = st;
         if (++request->ended < request->choices.size()) return;
         ++done;
-        const ojson line = request->Line(i, id, created, model, (*text)->tokenizer());
-        if (line.contains("error")) ++failed;
-        writer.Put(i, line);
+        auto response = openai::WholeResponse((*text)->tokenizer(), request->request, id, created, model,
+                                              request->choices);
+        if (!response.ok()) ++failed;
+        writer.Put(i, response.ok() ? ojson{{"index", i}, {"response", *response}} : ErrorLine(i, response.status()));
         std::fprintf(stderr, "\rm3 batch: %zu / %zu requests done", done, lines.size());
       };
       scheduler.Submit(std::move(sr));

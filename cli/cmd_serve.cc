@@ -68,16 +68,6 @@ StatusOr<uint64_t> ParseByteSize(const std::string& text) {
   return static_cast<uint64_t>(bytes);
 }
 
-// One choice of a request (a completions request may have several prompts).
-struct Choice {
-  std::vector<int32_t> prompt;
-  std::vector<TurnDelta> deltas;  // not yet taken by the HTTP thread
-  bool finished = false;
-  Status status;
-  ParsedOutput output;
-  GenerateStats stats;
-};
-
 // A request seen from its HTTP thread: the scheduler's callbacks hand the deltas and the ends
 // over under `mu`.
 struct Job {
@@ -88,9 +78,10 @@ struct Job {
 
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<Choice> choices;
+  // One per prompt (a completions request may have several); a stream's deltas are those not yet
+  // taken by the HTTP thread.
+  std::vector<openai::ChoiceResult> choices;
   size_t finished = 0;  // choices ended
-  Status status;        // the first failed choice's
 };
 
 // The model, its text layer and the scheduler (lib/runtime/scheduler.h) that runs the requests.
@@ -127,13 +118,11 @@ struct Server {
       Log(job->path.c_str(), status.ok() ? 200 : openai::HttpStatus(status), st, largest_batch);
       {
         std::lock_guard<std::mutex> lock(job->mu);
-        Choice& choice = job->choices[c];
+        openai::ChoiceResult& choice = job->choices[c];
         choice.status = status;
         choice.output = std::move(out);
         choice.stats = st;
-        choice.finished = true;
         ++job->finished;
-        if (!status.ok() && job->status.ok()) job->status = status;
       }
       job->cv.notify_all();
     };
@@ -186,25 +175,9 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   if (!job->stream) {
     std::unique_lock<std::mutex> lock(job->mu);
     job->cv.wait(lock, [&] { return job->finished == job->choices.size(); });
-    if (!job->status.ok()) return SendError(res, openai::HttpStatus(job->status), job->status.message());
-    const std::string& model = server->args.name;
-    std::vector<openai::CompletionChoice> choices;
-    GenerateStats usage;
-    for (size_t c = 0; c < job->choices.size(); ++c) {
-      Choice& choice = job->choices[c];
-      openai::ChoicePieces pieces(tokenizer, r, choice.prompt, c);
-      openai::JoinedPieces joined;
-      for (const TurnDelta& d : choice.deltas) joined.Add(pieces.Next(d));
-      joined.Add(pieces.Last());
-      if (chat) {
-        res.set_content(Dump(openai::ChatResponse(job->id, created, model, choice.output, choice.stats, joined.logprobs)),
-                        "application/json");
-        return;
-      }
-      choices.push_back({joined.text, joined.logprobs, openai::FinishReason(choice.stats, ParsedOutput{})});
-      openai::AddUsage(&usage, choice.stats);
-    }
-    res.set_content(Dump(openai::CompletionResponse(job->id, created, model, choices, usage)), "application/json");
+    auto response = openai::WholeResponse(tokenizer, r, job->id, created, server->args.name, job->choices);
+    if (!response.ok()) return SendError(res, openai::HttpStatus(response.status()), response.status().message());
+    res.set_content(Dump(*response), "application/json");
     return;
   }
 
@@ -224,16 +197,16 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
       return chat ? send(openai::ChatChunk(id, created, model, piece["delta"], finish_reason, piece["logprobs"]))
                   : send(openai::CompletionChunk(id, created, model, piece["text"], finish_reason, piece["logprobs"]));
     };
-    Choice& choice = job->choices[0];
+    openai::ChoiceResult& choice = job->choices[0];
     bool client_gone = chat && !send(openai::ChatChunk(id, created, model, {{"role", "assistant"}, {"content", ""}}));
     bool finished = false;
     while (!finished && !client_gone) {
       std::vector<TurnDelta> deltas;
       {
         std::unique_lock<std::mutex> lock(job->mu);
-        job->cv.wait(lock, [&] { return choice.finished || !choice.deltas.empty(); });
+        job->cv.wait(lock, [&] { return job->finished > 0 || !choice.deltas.empty(); });
         deltas.swap(choice.deltas);
-        finished = choice.finished;
+        finished = job->finished > 0;
       }
       for (const TurnDelta& d : deltas) {
         client_gone = !send_piece(pieces->Next(d));

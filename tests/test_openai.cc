@@ -398,7 +398,7 @@ TEST_CASE("openai: token log-probabilities in the chat and completions forms", "
 
   // Without echo or logprobs: the text alone, "logprobs" null.
   r = *openai::ParseCompletionRequest(ojson{{"prompt", "Hi"}}, {});
-  openai::ChoicePieces plain(tok, r, {1});
+  openai::ChoicePieces plain(tok, r, std::vector<int32_t>{1});
   const ojson p = plain.Next(d);
   CHECK(p["text"] == "X");
   CHECK(p["logprobs"].is_null());

@@ -283,17 +283,16 @@ void LogprobsJson::Append(ojson* all, const ojson& part) {
     for (const ojson& v : part[key]) list.push_back(v);
 }
 
-ChoicePieces::ChoicePieces(const Tokenizer& tokenizer, const Request& r, std::vector<int32_t> prompt,
+ChoicePieces::ChoicePieces(const Tokenizer& tokenizer, const Request& r, std::span<const int32_t> prompt,
                            size_t prompt_index)
-    : tokenizer_(tokenizer),
-      chat_(r.chat),
+    : chat_(r.chat),
       echo_(!r.chat && r.echo),
       logprobs_(r.logprobs >= 0),
-      prompt_(std::move(prompt)),
+      first_prompt_id_(prompt.empty() ? -1 : prompt.front()),
       json_(tokenizer, r.chat) {
   if (echo_) {
     const CompletionPrompt& p = r.prompts.at(prompt_index);
-    echo_text_ = p.text.empty() ? tokenizer_.Decode(p.ids, /*skip_special_tokens=*/false) : p.text;
+    echo_text_ = p.text.empty() ? tokenizer.Decode(p.ids, /*skip_special_tokens=*/false) : p.text;
   }
 }
 
@@ -306,7 +305,7 @@ ojson ChoicePieces::Next(const TurnDelta& d) {
   std::string text = d.content;
   if (echo_ && !started_) {
     text = echo_text_ + text;
-    if (logprobs_) logprobs = json_.Of(d.prompt_logprobs, prompt_.empty() ? -1 : prompt_.front());
+    if (logprobs_) logprobs = json_.Of(d.prompt_logprobs, first_prompt_id_);
   }
   started_ = true;
   if (logprobs_) LogprobsJson::Append(&logprobs, json_.Of(d.logprobs));
@@ -322,6 +321,24 @@ void JoinedPieces::Add(const ojson& piece) {
   if (piece.is_null()) return;
   if (piece.contains("text")) text += piece["text"].get<std::string>();
   LogprobsJson::Append(&logprobs, piece["logprobs"]);
+}
+
+StatusOr<ojson> WholeResponse(const Tokenizer& tokenizer, const Request& r, const std::string& id, int64_t created,
+                              const std::string& model, const std::vector<ChoiceResult>& choices) {
+  std::vector<CompletionChoice> completions;
+  GenerateStats usage;
+  for (size_t c = 0; c < choices.size(); ++c) {
+    const ChoiceResult& choice = choices[c];
+    M3_RETURN_IF_ERROR(choice.status);
+    ChoicePieces pieces(tokenizer, r, choice.prompt, c);
+    JoinedPieces joined;
+    for (const TurnDelta& d : choice.deltas) joined.Add(pieces.Next(d));
+    joined.Add(pieces.Last());
+    if (r.chat) return ChatResponse(id, created, model, choice.output, choice.stats, joined.logprobs);
+    completions.push_back({joined.text, joined.logprobs, FinishReason(choice.stats, ParsedOutput{})});
+    AddUsage(&usage, choice.stats);
+  }
+  return CompletionResponse(id, created, model, completions, usage);
 }
 
 ojson ChatResponse(const std::string& id, int64_t created, const std::string& model, const ParsedOutput& out,

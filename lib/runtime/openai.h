@@ -104,16 +104,16 @@ class LogprobsJson {
 class ChoicePieces {
  public:
   // `prompt`: the choice's prompt ids (echo lists them).
-  ChoicePieces(const Tokenizer& tokenizer, const Request& r, std::vector<int32_t> prompt, size_t prompt_index = 0);
+  ChoicePieces(const Tokenizer& tokenizer, const Request& r, std::span<const int32_t> prompt,
+               size_t prompt_index = 0);
   ojson Next(const TurnDelta& d);
   // After the turn: the echoed prompt when no piece came (a null piece otherwise).
   ojson Last();
 
  private:
-  const Tokenizer& tokenizer_;
   bool chat_, echo_, logprobs_;
   std::string echo_text_;
-  std::vector<int32_t> prompt_;
+  int32_t first_prompt_id_;  // echo: listed without a log-probability
   LogprobsJson json_;
   size_t tool_index_ = 0;
   bool started_ = false;
@@ -128,6 +128,19 @@ struct JoinedPieces {
 
 ojson ChatResponse(const std::string& id, int64_t created, const std::string& model, const ParsedOutput& out,
                    const GenerateStats& stats, const ojson& logprobs = nullptr);
+
+// One choice's turn once it has ended: its prompt ids, the pieces it passed on, how it ended.
+struct ChoiceResult {
+  std::vector<int32_t> prompt;
+  std::vector<TurnDelta> deltas;
+  Status status;
+  ParsedOutput output;
+  GenerateStats stats;
+};
+// The whole (non-streamed) response to `r` from its choices (chat: the one), or the first failed
+// choice's status.
+StatusOr<ojson> WholeResponse(const Tokenizer& tokenizer, const Request& r, const std::string& id, int64_t created,
+                              const std::string& model, const std::vector<ChoiceResult>& choices);
 // A stream delta for one piece of a turn: {"reasoning_content"?, "content"?, "tool_calls"?};
 // *tool_index counts the calls sent so far (their indexes in the stream).
 ojson ChatDelta(const TurnDelta& d, size_t* tool_index);
