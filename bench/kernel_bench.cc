@@ -327,7 +327,7 @@ CallPolicy GemmPolicy(const Plan& plan, bool expert, size_t cold) {
 // moment anywhere sets it, and no kernel row is compared against a limit taken in a noisy one.
 class LimitProbes {
  public:
-  enum Kind { kReadBw, kInt8Peak, kFmaPeak, kKinds };
+  enum Kind { kReadBw, kInt8Peak, kFmaPeak, kAmxPeak, kKinds };
 
   LimitProbes(const Plan& plan, const std::vector<int>& thread_counts)
       : plan_(plan), thread_counts_(thread_counts), buf_(plan.read_bytes) {
@@ -344,8 +344,9 @@ class LimitProbes {
         }
         continue;
       }
-      std::vector<double> v = kind == kInt8Peak ? MeasurePeak(t, plan_.peak_seconds, reps, iters_[kind][t], Int8PeakLoop)
-                                                : MeasurePeak(t, plan_.peak_seconds, reps, iters_[kind][t], FmaLoop);
+      std::vector<double> v =
+          MeasurePeak(t, plan_.peak_seconds, reps, iters_[kind][t],
+                      kind == kInt8Peak ? Int8PeakLoop : kind == kAmxPeak ? AmxInt8PeakLoop : FmaLoop);
       auto& all = samples_[kind][t];
       all.insert(all.end(), v.begin(), v.end());
     }
@@ -471,16 +472,18 @@ class Report {
   static double PeakOf(const LimitProbes& probes, const std::string& kind, int threads) {
     if (kind == "read_bw") return probes.Best(LimitProbes::kReadBw, threads);
     if (kind == "int8_peak") return probes.Best(LimitProbes::kInt8Peak, threads);
+    if (kind == "amx_int8_peak") return probes.Best(LimitProbes::kAmxPeak, threads);
     if (kind == "fma_peak") return probes.Best(LimitProbes::kFmaPeak, threads);
     if (kind == "fma_peak_x2") return 2 * probes.Best(LimitProbes::kFmaPeak, threads);
     return 0;
   }
   static int Section(const Row& r) {
-    static const char* const kOrder[] = {"read_bw", "int8_peak", "fma_peak", "gemv", "gemm", "onednn_int8"};
-    if (r.kernel == "gemm" && r.limit_kind == "onednn") return 6;
-    for (int i = 0; i < 6; ++i)
+    static const char* const kOrder[] = {"read_bw",   "int8_peak", "amx_int8_peak", "fma_peak",
+                                         "gemv",      "gemm",      "onednn_int8"};
+    if (r.kernel == "gemm" && r.limit_kind == "onednn") return 7;
+    for (int i = 0; i < 7; ++i)
       if (r.kernel == kOrder[i]) return i;
-    return 7;
+    return 8;
   }
 
   std::vector<Row> rows_;
@@ -491,10 +494,11 @@ double MatMulOps(const shapes::MatShape& ms, size_t n_tok) {
   return 2.0 * static_cast<double>(ms.rows) * static_cast<double>(ms.cols) * static_cast<double>(n_tok);
 }
 
-// The compute limit of a weight type's matmul: vdpbf16ps does two products per fp32 lane where
-// an FMA does one, twice the FMA peak.
-const char* PeakKind(WeightFormat f, bool bf16_dot) {
-  return f != WeightFormat::kBF16Tiled ? "int8_peak" : bf16_dot ? "fma_peak_x2" : "fma_peak";
+// The compute limit of a weight type's matmul run by `impl`: vdpbf16ps does two products per
+// fp32 lane where an FMA does one, twice the FMA peak; AMX has a peak of its own.
+const char* PeakKind(WeightFormat f, bool bf16_dot, const std::string& impl) {
+  if (f == WeightFormat::kBF16Tiled) return bf16_dot ? "fma_peak_x2" : "fma_peak";
+  return impl == "amx-int8" ? "amx_int8_peak" : "int8_peak";
 }
 
 const char* TypeName(WeightFormat f) {
@@ -524,6 +528,8 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
   probes.Probe(LimitProbes::kReadBw, plan.read_reps);
   probes.Probe(LimitProbes::kInt8Peak, plan.peak_reps);
   probes.Probe(LimitProbes::kFmaPeak, plan.peak_reps);
+  const bool amx = simd::AmxInt8PeakLoop(1) > 0;
+  if (amx) probes.Probe(LimitProbes::kAmxPeak, plan.peak_reps);
 
   // 2. GEMV and GEMM per shape and type.
   const bool bf16_dot = std::string(simd::Bf16KernelName()).find("bf16") != std::string::npos;
@@ -536,7 +542,9 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       MatrixSet set(geometry, count, ThreadConfig{max_threads});
       const size_t max_tokens = std::max(plan.gemm_tokens, plan.gemv_tokens.back());
       MatMulRunner runner(geometry, max_tokens);
-      const std::string impl = f == WeightFormat::kBF16Tiled ? simd::Bf16KernelName() : simd::QuantKernelName();
+      const auto impl_for = [&](size_t n_tok) -> std::string {
+        return f == WeightFormat::kBF16Tiled ? simd::Bf16KernelName() : simd::QuantKernelName(geometry, n_tok);
+      };
       const char* type = TypeName(f);
 
       // Correctness first (a fast wrong kernel is no result): 1 token on all rows, and the GEMM
@@ -584,10 +592,10 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
           secs.erase(secs.begin(), secs.begin() + static_cast<std::ptrdiff_t>(skip));
           const PairedSamples::Summary paired = pairs.Summarize();
           const double s = Median(secs);
-          report.Add({"gemv", type, shape, n_tok, t, gb / s, "GB/s", paired.read_gbps, "read_bw", impl,
+          report.Add({"gemv", type, shape, n_tok, t, gb / s, "GB/s", paired.read_gbps, "read_bw", impl_for(n_tok),
                       {{"seconds", s},
                        {"ops", MatMulOps(ms, n_tok)},
-                       {"peak_kind", PeakKind(f, bf16_dot)},
+                       {"peak_kind", PeakKind(f, bf16_dot, impl_for(n_tok))},
                        {"best_seconds", *std::min_element(secs.begin(), secs.end())},
                        {"calls", secs.size()},
                        {"bytes", bytes},
@@ -603,6 +611,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       }
 
       probes.Probe(f == WeightFormat::kBF16Tiled ? LimitProbes::kFmaPeak : LimitProbes::kInt8Peak, plan.reprobe_reps);
+      if (amx && f == WeightFormat::kQ8) probes.Probe(LimitProbes::kAmxPeak, plan.reprobe_reps);
       // The prompt's GEMM on one matrix, then an expert's share of it on the GEMV set's matrices
       // round robin, each call's weights cold as a chosen expert's are.
       for (const bool expert : {false, true}) {
@@ -615,7 +624,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
               TimeCalls(policy, [&] { runner.Run(tc, set.at(expert ? next++ % count : 0), n_tok); });
           const double s = Median(secs);
           const double gops = n_ops / s / 1e9;
-          report.Add({"gemm", type, shape, n_tok, t, gops, "GOP/s", 0, PeakKind(f, bf16_dot), impl,
+          report.Add({"gemm", type, shape, n_tok, t, gops, "GOP/s", 0, PeakKind(f, bf16_dot, impl_for(n_tok)), impl_for(n_tok),
                       {{"seconds", s},
                        {"best_seconds", *std::min_element(secs.begin(), secs.end())},
                        {"calls", secs.size()},
@@ -683,14 +692,17 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
         const double matmul_gops = n_ops / Median(matmul) / 1e9;
         const std::string weights =
             expert ? "cold, round robin over " + std::to_string(copies) + " copies each" : "one matrix";
-        report.Add({"onednn_int8", "q8", shape, n_tok, t, gops, "GOP/s", 0, "int8_peak", od->impl(),
+        const bool od_amx = amx && od->impl().find("amx") != std::string::npos;
+        report.Add({"onednn_int8", "q8", shape, n_tok, t, gops, "GOP/s", 0, od_amx ? "amx_int8_peak" : "int8_peak",
+                    od->impl(),
                     {{"seconds", Median(peer)},
                      {"calls", peer.size()},
                      {"ops", n_ops},
                      {"src", "u8"},
                      {"wei", "s8"},
                      {"weights", weights}}});
-        report.Add({"gemm", "q8", shape, n_tok, t, ours_gops, "GOP/s", gops, "onednn", simd::QuantKernelName(),
+        report.Add({"gemm", "q8", shape, n_tok, t, ours_gops, "GOP/s", gops, "onednn",
+                    simd::QuantKernelName(q8_shape, n_tok),
                     {{"peer", od->impl()},
                      {"paired_calls", ours.size()},
                      {"seconds", Median(ours)},
@@ -716,15 +728,18 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
        "stream-read-" + simd::ActiveTargetName()},
       {LimitProbes::kInt8Peak, "int8_peak", "int8", "GOP/s", "-", simd::QuantKernelName()},
       {LimitProbes::kFmaPeak, "fma_peak", "f32", "GOP/s", "-", "fma-" + simd::ActiveTargetName()},
+      {LimitProbes::kAmxPeak, "amx_int8_peak", "int8", "GOP/s", "-", "amx-int8"},
   };
   for (const LimitRow& lr : limit_rows)
-    for (int t : thread_counts)
+    for (int t : thread_counts) {
+      if (lr.kind == LimitProbes::kAmxPeak && !amx) continue;
       report.Add({lr.kernel, lr.type, lr.shape, 0, t, probes.Best(lr.kind, t), lr.unit, 0, lr.kernel, lr.impl,
                   {{"median", probes.MedianOf(lr.kind, t)},
                    {"pattern", lr.kind == LimitProbes::kReadBw ? probes.BestPattern(t) : "-"},
                    {"samples", probes.Samples(lr.kind, t)},
                    {"stat", "best"},
                    {"sample_bytes", lr.kind == LimitProbes::kReadBw ? plan.read_chunk : 0}}});
+    }
 
   char header[1024];
   std::snprintf(header, sizeof header,

@@ -117,6 +117,7 @@ std::map<simd::ReadPattern, std::vector<double>> MeasureReadBandwidth(BigBuffer&
 }
 
 double Int8PeakLoop(size_t n) { return static_cast<double>(simd::Int8DotPeakLoop(n)); }
+double AmxInt8PeakLoop(size_t n) { return static_cast<double>(simd::AmxInt8PeakLoop(n)); }
 
 double FmaLoop(size_t n) {
   float sink;

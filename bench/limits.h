@@ -109,6 +109,7 @@ std::vector<double> MeasurePeak(int threads, double seconds, int reps, std::vect
 }
 
 double Int8PeakLoop(size_t n);  // simd::Int8DotPeakLoop as operations
+double AmxInt8PeakLoop(size_t n);  // simd::AmxInt8PeakLoop as operations
 double FmaLoop(size_t n);       // simd::FmaPeakLoop as operations
 
 // The samples of one limit (GB/s or GOP/s) from one or more calls below; the limit is the best.

@@ -60,12 +60,19 @@ for n, line in enumerate(p.stdout.splitlines(), 1):
             check(math.isclose(row.get("peak_ratio", 0), gops / peak, rel_tol=1e-9), f"line {n}: peak_ratio")
             want = "compute" if ops / peak > nbytes / row["limit"] else "memory"
             check(row.get("bound") == want, f"line {n}: bound {row.get('bound')}, want {want}")
-            kinds_ok = ("fma_peak", "fma_peak_x2") if row["type"] == "bf16" else ("int8_peak",)
+            kinds_ok = ("fma_peak", "fma_peak_x2") if row["type"] == "bf16" else ("int8_peak", "amx_int8_peak")
             check(row.get("peak_kind") in kinds_ok, f"line {n}: peak_kind {row.get('peak_kind')}")
         else:
             check(False, f"line {n}: gemv row without ops, seconds, peak and bytes")
 
 kinds = {(r.get("kernel"), r.get("type"), r.get("limit_kind"), r.get("threads")) for r in rows}
+# Rows run on AMX (q8 prompts where the CPU has it) are measured against AMX's own peak, in the run.
+for n, row in enumerate(rows):
+    if row.get("kernel_impl") == "amx-int8" and row.get("kernel") in ("gemv", "gemm") and row.get("limit_kind") != "onednn":
+        check(row.get("type") == "q8" and row.get("limit_kind") in ("read_bw", "amx_int8_peak"),
+              f"line {n}: amx-int8 row {row.get('type')} {row.get('limit_kind')}")
+        check(any(r.get("kernel") == "amx_int8_peak" and r.get("threads") == row.get("threads") for r in rows),
+              f"line {n}: no amx_int8_peak row for {row.get('threads')} threads")
 for t in (1, 2):
     for k in ("read_bw", "int8_peak", "fma_peak"):
         check(any(x[0] == k and x[3] == t for x in kinds), f"no {k} row for {t} threads")
@@ -76,7 +83,8 @@ for t in (1, 2):
         check(len(gemv_tokens) >= 2 and gemv_tokens[0] == 1, f"gemv {ty} token counts for {t} threads: {gemv_tokens}")
         check(any(x[0] == "gemm" and x[1] == ty and x[3] == t for x in kinds), f"no gemm {ty} row for {t} threads")
 if "onednn rows skipped" not in p.stderr:
-    check(("onednn_int8", "q8", "int8_peak", 1) in kinds, "no onednn_int8 row")
+    check(("onednn_int8", "q8", "int8_peak", 1) in kinds or ("onednn_int8", "q8", "amx_int8_peak", 1) in kinds,
+          "no onednn_int8 row")
     check(("gemm", "q8", "onednn", 1) in kinds, "no gemm q8 vs onednn row")
     # Against oneDNN at both GEMM sizes: the prompt on one matrix, the expert share on cold copies.
     vs = [r for r in rows if r.get("kernel") == "gemm" and r.get("limit_kind") == "onednn"]
