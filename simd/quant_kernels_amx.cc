@@ -17,8 +17,10 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <cpuid.h>
 #include <immintrin.h>
+#if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -204,8 +206,12 @@ bool AmxUsable() {
   if (!tile || !int8 || !HasVnni()) return false;
   // Linux (5.16+) hands out the 8 KiB of tile state per process on request; without it the
   // first tile instruction faults.
+#if defined(__linux__)
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;  // other systems: not wired up
+#endif
 }
 
 }  // namespace
