@@ -13,7 +13,8 @@
 // target, the reference) agree bit for bit (q4 on FMA targets).
 // AVX-512 VNNI uses vpdpbusd (u8 codes x s8 activations, zero point removed through the group
 // sums), AVX-512BW and AVX2 maddubs/madd, other targets (NEON, SSE4, scalar) portable Highway
-// code. Groups are multiples of 32 inputs (the packed formats' contract).
+// code; q8 prompts of 16+ tokens on Intel AMX-INT8 where present (tdpbsud, groups of 64k inputs).
+// Groups are multiples of 32 inputs (the packed formats' contract).
 //
 // bf16 (kBF16Tiled): y = x . W^T with fp32 activations; AVX512-BF16 uses vdpbf16ps on the
 // activation split into bf16 high and low parts (each input exact to 2^-16 relative), other
