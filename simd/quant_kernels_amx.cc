@@ -137,8 +137,9 @@ M3_AMX_AVX512 inline void AddSums(const AmxBlock& b, size_t g, size_t j0, int rt
 // Measured and left alone (Sapphire Rapids guest, 3072x6144 and 6144x3072 at 512 tokens, paired
 // runs; the machine's noise is about +-10%):
 // - In an L1-only loop, a unit's tile work (4 tilezero, 8 tileloadd, 8 tdpbsud, 4 tilestored)
-//   takes ~200 cycles and this epilogue ~250, but together ~430: they barely overlap. A tile
-//   instruction waits in order for the tile registers it reuses, and what follows it waits too.
+//   takes ~200 cycles and this epilogue ~250, but together ~430: they barely overlap. It looks as
+//   if a tile instruction waits in order for the tile registers it reuses (tdpbsud alone, with no
+//   tile loads, stores or zeroing, did overlap with the epilogue), and what follows it waits too.
 // - An epilogue of three vector operations a vector instead of five (float(I) * 2^-e_a, then an
 //   fma with 2^-e_w: the same bits, as the first product is exact) cut it to ~150 cycles, and
 //   spreading the tile instructions through it in slices cut the L1 loop to ~340. In this kernel
