@@ -582,13 +582,13 @@ HWY_EXPORT(Int8DotPeakImpl);
 
 namespace {
 
-enum Forced : int { kAuto = 0, kRef, kVnni, kAvx512Bf16, kAmx, kHighway };
+enum Forced : int { kAuto = 0, kRef, kVnni, kVnniFour, kAvx512Bf16, kAmx, kHighway };
 std::atomic<int> g_forced{kAuto};  // tests only
 int64_t g_forced_target = 0;       // the Highway target when g_forced == kHighway
 
 // The x86 kernels (VNNI, AMX, AVX512-BF16) run together: forcing one keeps the others for what
 // it does not cover.
-bool UseX86(int f) { return f == kAuto || f == kVnni || f == kAvx512Bf16 || f == kAmx; }
+bool UseX86(int f) { return f == kAuto || f == kVnni || f == kVnniFour || f == kAvx512Bf16 || f == kAmx; }
 bool UseVnni() { return UseX86(g_forced.load(std::memory_order_relaxed)) && x86::HasVnni(); }
 bool UseAvx512Bf16() { return UseX86(g_forced.load(std::memory_order_relaxed)) && x86::HasAvx512Bf16(); }
 
@@ -601,6 +601,13 @@ bool UseAmx(const WeightRef& w, size_t n_tok) {
   return w.format == WeightFormat::kQ8 && w.group % 64 == 0 && (f == kAmx || n_tok >= kAmxMinTokens);
 }
 bool UseRef() { return g_forced.load(std::memory_order_relaxed) == kRef; }
+// The VNNI GEMV's streams: this CPU's, or forced ("avx512-vnni": one, "avx512-vnni-4streams": four).
+x86::GemvStreams VnniStreams() {
+  const int f = g_forced.load(std::memory_order_relaxed);
+  if (f == kVnni) return x86::GemvStreams::kOne;
+  if (f == kVnniFour) return x86::GemvStreams::kFour;
+  return x86::PreferredGemvStreams();
+}
 
 const char* HighwayKernelName(int64_t target) {
   if (target == HWY_AVX3) return "avx512";
@@ -632,7 +639,7 @@ void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_
                  size_t ldy) {
   if (UseRef()) return ref::QuantMatMul(w, a, tile_begin, tile_end, y, ldy);
   if (UseAmx(w, a.n_tok)) return x86::QuantMatMulAmx(w, a, tile_begin, tile_end, y, ldy);
-  if (UseVnni()) return x86::QuantMatMulVnni(w, a, tile_begin, tile_end, y, ldy);
+  if (UseVnni()) return x86::QuantMatMulVnni(w, a, tile_begin, tile_end, y, ldy, VnniStreams());
   HWY_DYNAMIC_DISPATCH(QuantMatMulImpl)(w, a, tile_begin, tile_end, y, ldy);
 }
 
@@ -646,12 +653,15 @@ void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_to
 const char* QuantKernelName() {
   if (UseRef()) return "ref";
   if (g_forced.load(std::memory_order_relaxed) == kAmx) return "amx-int8";
+  if (g_forced.load(std::memory_order_relaxed) == kVnniFour) return "avx512-vnni-4streams";
   if (UseVnni()) return "avx512-vnni";
   return ActiveHighwayKernelName();
 }
 
 const char* QuantKernelName(const WeightRef& w, size_t n_tok) {
-  return UseAmx(w, n_tok) ? "amx-int8" : QuantKernelName();
+  if (UseAmx(w, n_tok)) return "amx-int8";
+  if (UseVnni() && n_tok <= x86::kFourStreamMaxTokens && VnniStreams() == x86::GemvStreams::kFour) return "avx512-vnni-4streams";
+  return QuantKernelName();
 }
 
 const char* Bf16KernelName() {
@@ -674,7 +684,10 @@ uint64_t AmxInt8PeakLoop(uint64_t iterations) { return x86::AmxInt8PeakLoop(iter
 
 std::vector<std::string> RunnableQuantKernels() {
   std::vector<std::string> names = {"ref"};
-  if (x86::HasVnni()) names.push_back("avx512-vnni");
+  if (x86::HasVnni()) {
+    names.push_back("avx512-vnni");
+    names.push_back("avx512-vnni-4streams");
+  }
   if (x86::HasAvx512Bf16()) names.push_back("avx512-bf16");
   if (x86::HasAmxInt8()) names.push_back("amx-int8");
   const bool forced = g_forced.load() == kHighway;
@@ -689,10 +702,14 @@ bool ForceQuantKernelForTest(const char* name) {
   hwy::SetSupportedTargetsForTest(0);
   if (name == nullptr || *name == '\0') return true;
   const std::string n = name;
-  const bool x86_kernel = (n == "avx512-vnni" && x86::HasVnni()) || (n == "avx512-bf16" && x86::HasAvx512Bf16()) ||
-                          (n == "amx-int8" && x86::HasAmxInt8());
+  const bool x86_kernel = ((n == "avx512-vnni" || n == "avx512-vnni-4streams") && x86::HasVnni()) ||
+                          (n == "avx512-bf16" && x86::HasAvx512Bf16()) || (n == "amx-int8" && x86::HasAmxInt8());
   if (n == "ref" || x86_kernel) {
-    g_forced = n == "ref" ? kRef : n == "avx512-vnni" ? kVnni : n == "amx-int8" ? kAmx : kAvx512Bf16;
+    g_forced = n == "ref"                    ? kRef
+               : n == "avx512-vnni"          ? kVnni
+               : n == "avx512-vnni-4streams" ? kVnniFour
+               : n == "amx-int8"             ? kAmx
+                                             : kAvx512Bf16;
     return true;
   }
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) {

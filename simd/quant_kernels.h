@@ -121,7 +121,8 @@ void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_to
 // "avx2", "highway-NEON", "avx512-bf16"); for benchmark reports.
 const char* QuantKernelName();
 const char* Bf16KernelName();
-// The implementation QuantMatMul uses for w with n_tok tokens (AMX takes q8 prompts where present).
+// The implementation QuantMatMul uses for w with n_tok tokens (AMX takes q8 prompts where present,
+// and Intel's decode GEMV reads four streams).
 const char* QuantKernelName(const WeightRef& w, size_t n_tok);
 
 // Runs the fastest int8 dot-product instruction of this CPU (vpdpbusd with 16 independent
@@ -132,7 +133,8 @@ uint64_t Int8DotPeakLoop(uint64_t iterations);
 // matmul uses where present: the int8 operations performed, 0 without AMX.
 uint64_t AmxInt8PeakLoop(uint64_t iterations);
 
-// Tests only (not thread safe). Every implementation runnable here: "ref", "avx512-vnni",
+// Tests only (not thread safe). Every implementation runnable here: "ref", "avx512-vnni" (its
+// decode GEMV reading one stream), "avx512-vnni-4streams" (four; the automatic choice on Intel),
 // "avx512-bf16" (bf16 only), "amx-int8" (q8 with groups of 64k inputs, every token count; VNNI
 // for the rest), and one per Highway target ("avx512", "avx2", "highway-SSE4", ...).
 std::vector<std::string> RunnableQuantKernels();

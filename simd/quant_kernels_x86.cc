@@ -72,9 +72,13 @@ constexpr int kGemmTok = 6;
 // into L1, +5-13% against none (8 KiB into L2 within +-3% of it). Measured paired call by call,
 // weights cycling through 2.5 GiB, both expert shapes. q8 reads at the bandwidth limit without
 // it, and prefetching slowed its 2-7 token GEMV by 3-20%.
-template <int T>
-inline void PrefetchQ4GemvLine(const uint8_t* line) {
-  if constexpr (T == 2 || T == 3)
+// Four tiles side by side (R == kFourStreams, GemvShape), q4 and q8 alike: 1 KiB ahead into L1.
+constexpr int kFourStreams = 4;
+template <int R, int T>
+inline void PrefetchGemvLine(const uint8_t* line) {
+  if constexpr (R == kFourStreams)
+    _mm_prefetch(reinterpret_cast<const char*>(line + 1024), _MM_HINT_T0);
+  else if constexpr (T == 2 || T == 3)
     _mm_prefetch(reinterpret_cast<const char*>(line + 8192), _MM_HINT_T1);
   else
     _mm_prefetch(reinterpret_cast<const char*>(line + 4096), _MM_HINT_T0);
@@ -134,8 +138,8 @@ inline int32_t Load32(const int8_t* p) {
 // Never inlined: each shape is compiled alone, so its register allocation does not depend on
 // the dispatch code around it (inlined into the dispatcher, the q8 4-token kernel ran a 16-token
 // prompt 3.5% slower).
-// kPrefetch: the prompt block's share of the next step; kAhead: q4 GEMV, its own tiles' lines
-// ahead (PrefetchQ4GemvLine).
+// kPrefetch: the prompt block's share of the next step; kAhead: GEMV, its own tiles' lines
+// ahead (PrefetchGemvLine).
 template <int R, int T, int C, bool kQ4, size_t kG, bool kPrefetch, bool kAhead>
 M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
   // q4: high nibbles in accumulators of their own, left in place (16 x code, one exact >> 4 per
@@ -190,7 +194,7 @@ M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r) {
               if constexpr (kAhead)
-                if (h == 0) PrefetchQ4GemvLine<T>(wp + r * b.tile_bytes + (v + c) * 64);
+                if (h == 0) PrefetchGemvLine<R, T>(wp + r * b.tile_bytes + (v + c) * 64);
               const __m512i raw = _mm512_loadu_si512(wp + r * b.tile_bytes + (v + c) * 64);
               half[r] = _mm512_and_si512(h == 0 ? raw : _mm512_srli_epi16(raw, 4), nibble);
             }
@@ -207,7 +211,7 @@ M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
         __m512i lo[R], hi[R];
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) {
-          if constexpr (kAhead) PrefetchQ4GemvLine<T>(wp + r * b.tile_bytes + (v + c) * 64);
+          if constexpr (kAhead) PrefetchGemvLine<R, T>(wp + r * b.tile_bytes + (v + c) * 64);
           const __m512i raw = _mm512_loadu_si512(wp + r * b.tile_bytes + (v + c) * 64);
           lo[r] = kQ4 ? _mm512_and_si512(raw, nibble) : raw;
           hi[r] = !kQ4 ? raw : kHiApart ? _mm512_andnot_si512(nibble, raw)
@@ -277,10 +281,17 @@ M3_VNNI __attribute__((noinline)) void GemvTiles(const Block& b) {
 // One stream when memory bound; 4+ tokens are compute bound. q8 with 3 tokens runs two tiles
 // with one chain: +7-25% against one tile with two (paired, cold weights, both expert shapes;
 // with 2 tokens -6 to +5%, and q4 with 3 tokens 19-23% slower).
-template <bool kQ4, int T>
+// kFour (GemvStreams::kFour): memory-bound blocks (1-3 tokens) read four tiles side by side, four
+// streams, each prefetched 1 KiB ahead. On a Sapphire Rapids guest one stream left the core's
+// read bandwidth unused (1 token: ~0.70 of the paired read probe, which reads four prefetched
+// streams); four read more, paired call by call against one stream, cold weights, both expert
+// shapes: q8 1 token +15-20%, 2 tokens +28-31%, 3 tokens +9-12%; q4 +4-13%. (8 side by side,
+// or 2 x 2 chains, no better; no prefetch 3% less.) On Zen 4 one stream was ~30% faster.
+template <bool kQ4, int T, bool kFour>
 struct GemvShape {
-  static constexpr int R = T >= 4 || (!kQ4 && T == 3) ? 2 : 1;
-  static constexpr int C = T == 1 ? (kQ4 ? 1 : 4) : R == 1 ? 2 : 1;
+  static constexpr bool kWide = kFour && T <= static_cast<int>(kFourStreamMaxTokens);
+  static constexpr int R = kWide ? kFourStreams : T >= 4 || (!kQ4 && T == 3) ? 2 : 1;
+  static constexpr int C = kWide ? 1 : T == 1 ? (kQ4 ? 1 : 4) : R == 1 ? 2 : 1;
 };
 
 // Compute-bound blocks (4+ tokens) with no share of the next step to prefetch, most of a prompt's,
@@ -291,7 +302,7 @@ struct GemvShape {
 template <int R, int T, int C, bool kQ4, size_t kG>
 M3_VNNI void GemvTilesPrefetchOrNot(const Block& b) {
   if constexpr (T < 4) {
-    GemvTiles<R, T, C, kQ4, kG, true, kQ4>(b);
+    GemvTiles<R, T, C, kQ4, kG, true, kQ4 || R == kFourStreams>(b);
   } else {
     if constexpr (T <= kGemmTok)
       if (b.prefetch_lines > 0) return GemvTiles<R, T, C, kQ4, kG, true, false>(b);
@@ -301,10 +312,10 @@ M3_VNNI void GemvTilesPrefetchOrNot(const Block& b) {
   }
 }
 
-template <bool kQ4, int MaxT>
+template <bool kQ4, bool kFour, int MaxT>
 M3_VNNI void GemvDispatch(int t, int r, const Block& b) {
   if constexpr (MaxT >= 1) {
-    using S = GemvShape<kQ4, MaxT>;
+    using S = GemvShape<kQ4, MaxT, kFour>;
     // The packer's groups (q4 32, q8 128) as constants: fully unrolled group loops.
     constexpr size_t kPackerGroup = kQ4 ? 32 : 128;
     if (t == MaxT) {
@@ -328,21 +339,21 @@ M3_VNNI void GemvDispatch(int t, int r, const Block& b) {
       }
       return;
     }
-    GemvDispatch<kQ4, MaxT - 1>(t, r, b);
+    GemvDispatch<kQ4, kFour, MaxT - 1>(t, r, b);
   }
 }
 
-template <bool kQ4>
+template <bool kQ4, bool kFour>
 int GemvRows(int t) {
   switch (t) {
-    case 1: return GemvShape<kQ4, 1>::R;
-    case 2: return GemvShape<kQ4, 2>::R;
-    case 3: return GemvShape<kQ4, 3>::R;
-    case 4: return GemvShape<kQ4, 4>::R;
-    case 5: return GemvShape<kQ4, 5>::R;
-    case 6: return GemvShape<kQ4, 6>::R;
-    case 7: return GemvShape<kQ4, 7>::R;
-    default: return GemvShape<kQ4, 8>::R;
+    case 1: return GemvShape<kQ4, 1, kFour>::R;
+    case 2: return GemvShape<kQ4, 2, kFour>::R;
+    case 3: return GemvShape<kQ4, 3, kFour>::R;
+    case 4: return GemvShape<kQ4, 4, kFour>::R;
+    case 5: return GemvShape<kQ4, 5, kFour>::R;
+    case 6: return GemvShape<kQ4, 6, kFour>::R;
+    case 7: return GemvShape<kQ4, 7, kFour>::R;
+    default: return GemvShape<kQ4, 8, kFour>::R;
   }
 }
 
@@ -357,6 +368,7 @@ struct Job {
   const float* da;
   const float* sa;             // q8: token scales
   bool stream;                 // Block::stream
+  bool four;                   // GemvStreams::kFour
 };
 
 // Every step of row tiles, then every token block against it.
@@ -366,7 +378,8 @@ M3_VNNI void RunTiles(const Job& j) {
   const size_t n = j.a->n_tok, groups = w.groups(), padded = w.padded_cols();
   const detail::TokenBlocks& tb = j.blocks;
   const int largest = static_cast<int>((n + tb.count - 1) / tb.count);  // token block
-  const size_t step = static_cast<size_t>(q4 ? GemvRows<true>(largest) : GemvRows<false>(largest));
+  const size_t step = static_cast<size_t>(q4 ? (j.four ? GemvRows<true, true>(largest) : GemvRows<true, false>(largest))
+                                             : (j.four ? GemvRows<false, true>(largest) : GemvRows<false, false>(largest)));
   // Prompts: each step of row tiles is read from memory by its first token block and from L2
   // by the others. The last kPrefetchBlocks blocks of a step prefetch the next step, a share
   // each spread over its groups, so that step's first block does not wait on memory (Zen 4,
@@ -404,9 +417,9 @@ M3_VNNI void RunTiles(const Job& j) {
       b.gemv = n <= kGemvMaxTok;
       b.stream = j.stream;
       if (q4)
-        GemvDispatch<true, kGemvMaxTok>(nt, r, b);
+        j.four ? GemvDispatch<true, true, kGemvMaxTok>(nt, r, b) : GemvDispatch<true, false, kGemvMaxTok>(nt, r, b);
       else
-        GemvDispatch<false, kGemvMaxTok>(nt, r, b);
+        j.four ? GemvDispatch<false, true, kGemvMaxTok>(nt, r, b) : GemvDispatch<false, false, kGemvMaxTok>(nt, r, b);
     }
   }
 }
@@ -487,6 +500,11 @@ bool HasVnni() {
   return ok;
 }
 
+GemvStreams PreferredGemvStreams() {
+  static const GemvStreams s = __builtin_cpu_is("intel") ? GemvStreams::kFour : GemvStreams::kOne;
+  return s;
+}
+
 bool HasAvx512Bf16() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
@@ -498,7 +516,7 @@ bool HasAvx512Bf16() {
 namespace {
 
 void QuantMatMulVnniTokens(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end,
-                           float* y, size_t ldy) {
+                           float* y, size_t ldy, GemvStreams streams) {
   const size_t n = a.n_tok, groups = w.groups();
   const int32_t zero = w.format == WeightFormat::kQ4 ? kQ4Zero : kQ8Zero;
   // Per token block, [group][token] tables the kernel reads with scalar broadcasts.
@@ -516,14 +534,14 @@ void QuantMatMulVnniTokens(const WeightRef& w, const QuantizedActivations& a, si
   const bool stream = n > kGemvMaxTok && output_bytes >= detail::kCoreL2Bytes &&
                       reinterpret_cast<uintptr_t>(y) % 64 == 0 && ldy % kTileRows == 0;
   RunTiles(Job{&w, &a, tile_begin, tile_end, y, ldy, blocks, bias.data(), da.data(), a.shift ? a.scale : nullptr,
-               stream});
+               stream, streams == GemvStreams::kFour});
   if (stream) _mm_sfence();
 }
 
 }  // namespace
 
 void QuantMatMulVnni(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                     size_t ldy) {
+                     size_t ldy, GemvStreams streams) {
   tile_end = std::min(tile_end, w.row_tiles());
   if (tile_begin >= tile_end || a.n_tok == 0) return;
   // Tokens in batches of at most ~768 (a multiple of the token block) bound the per-thread
@@ -537,7 +555,7 @@ void QuantMatMulVnni(const WeightRef& w, const QuantizedActivations& a, size_t t
     part.sum += t0 * a.groups();
     if (a.shift) part.shift += t0 * a.groups();
     part.n_tok = std::min(step, a.n_tok - t0);
-    QuantMatMulVnniTokens(w, part, tile_begin, tile_end, y + t0 * ldy, ldy);
+    QuantMatMulVnniTokens(w, part, tile_begin, tile_end, y + t0 * ldy, ldy, streams);
   }
 }
 
@@ -586,7 +604,8 @@ uint64_t Int8DotPeakLoopVnni(uint64_t iterations) {
 namespace m3::simd::x86 {
 bool HasVnni() { return false; }
 bool HasAvx512Bf16() { return false; }
-void QuantMatMulVnni(const WeightRef&, const QuantizedActivations&, size_t, size_t, float*, size_t) {}
+GemvStreams PreferredGemvStreams() { return GemvStreams::kOne; }
+void QuantMatMulVnni(const WeightRef&, const QuantizedActivations&, size_t, size_t, float*, size_t, GemvStreams) {}
 void Bf16TiledMatMulAvx512Bf16(const WeightRef&, const float*, size_t, size_t, size_t, size_t, float*, size_t) {}
 uint64_t Int8DotPeakLoopVnni(uint64_t) { return 0; }
 }  // namespace m3::simd::x86

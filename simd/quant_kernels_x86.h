@@ -35,8 +35,15 @@ namespace x86 {
 bool HasVnni();       // AVX-512 F/BW/DQ/VL + VNNI usable (CPU and OS)
 bool HasAvx512Bf16();  // the above without VNNI, plus AVX512_BF16
 
+// How the decode GEMV (1-3 tokens) reads its weights: one tile at a time, one stream the hardware
+// prefetcher follows (fastest on Zen 4), or four tiles side by side, each stream prefetched ahead
+// in software (fastest on Sapphire Rapids). Same results either way.
+enum class GemvStreams { kOne, kFour };
+inline constexpr size_t kFourStreamMaxTokens = 3;  // kFour applies to calls of at most this many tokens
+GemvStreams PreferredGemvStreams();  // this CPU's: kFour on Intel, else kOne
+
 void QuantMatMulVnni(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                     size_t ldy);
+                     size_t ldy, GemvStreams streams);
 void Bf16TiledMatMulAvx512Bf16(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
                                size_t tile_end, float* y, size_t ldy);
 uint64_t Int8DotPeakLoopVnni(uint64_t iterations);
