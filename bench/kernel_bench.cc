@@ -619,7 +619,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       }
 
       probes.Probe(f == WeightFormat::kBF16Tiled ? LimitProbes::kFmaPeak : LimitProbes::kInt8Peak, plan.reprobe_reps);
-      if (amx && f == WeightFormat::kQ8) probes.Probe(LimitProbes::kAmxPeak, plan.reprobe_reps);
+      if (amx && simd::IsQuantized(f)) probes.Probe(LimitProbes::kAmxPeak, plan.reprobe_reps);
       // The prompt's GEMM on one matrix, then an expert's share of it on the GEMV set's matrices
       // round robin, each call's weights cold as a chosen expert's are.
       for (const bool expert : {false, true}) {

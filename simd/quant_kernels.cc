@@ -592,13 +592,19 @@ bool UseX86(int f) { return f == kAuto || f == kVnni || f == kVnniFour || f == k
 bool UseVnni() { return UseX86(g_forced.load(std::memory_order_relaxed)) && x86::HasVnni(); }
 bool UseAvx512Bf16() { return UseX86(g_forced.load(std::memory_order_relaxed)) && x86::HasAvx512Bf16(); }
 
-// AMX takes q8 matmuls of at least this many tokens (forced for tests: every q8 matmul it can):
-// Sapphire Rapids-class VM, 3072 x 6144 in L3, AMX / VNNI: 12 tokens 0.96x, 16 1.1x, 32 1.5x, 64 1.6x.
-constexpr size_t kAmxMinTokens = 16;
+// AMX takes q8 matmuls (groups of 64k inputs) and q4 ones (groups of 32) of at least this many
+// tokens (forced for tests: every one it can). Sapphire Rapids-class VM, AMX / VNNI: q8 3072 x
+// 6144 in L3, 12 tokens 0.96x, 16 1.1x, 32 1.5x, 64 1.6x; q4 6144 x 3072 with cold weights, 8
+// tokens 0.93x (VNNI's GEMV), 9 1.12x, 12 1.08x, 16 1.14-1.34x, 32 1.2x, 512 1.08x.
+constexpr size_t kAmxMinTokensQ8 = 16;
+constexpr size_t kAmxMinTokensQ4 = 9;
 bool UseAmx(const WeightRef& w, size_t n_tok) {
   const int f = g_forced.load(std::memory_order_relaxed);
   if ((f != kAuto && f != kAmx) || !x86::HasAmxInt8()) return false;
-  return w.format == WeightFormat::kQ8 && w.group % 64 == 0 && (f == kAmx || n_tok >= kAmxMinTokens);
+  const bool forced = f == kAmx;
+  if (w.format == WeightFormat::kQ8) return w.group % 64 == 0 && (forced || n_tok >= kAmxMinTokensQ8);
+  if (w.format == WeightFormat::kQ4) return w.group == 32 && (forced || n_tok >= kAmxMinTokensQ4);
+  return false;
 }
 bool UseRef() { return g_forced.load(std::memory_order_relaxed) == kRef; }
 // The VNNI GEMV's streams: this CPU's, or forced ("avx512-vnni": one, "avx512-vnni-4streams": four).

@@ -13,7 +13,8 @@
 // target, the reference) agree bit for bit (q4 on FMA targets).
 // AVX-512 VNNI uses vpdpbusd (u8 codes x s8 activations, zero point removed through the group
 // sums), AVX-512BW and AVX2 maddubs/madd, other targets (NEON, SSE4, scalar) portable Highway
-// code; q8 prompts of 16+ tokens on Intel AMX-INT8 where present (tdpbsud, groups of 64k inputs).
+// code; prompts on Intel AMX-INT8 where present (q8 groups of 64k inputs, 16+ tokens: tdpbsud;
+// q4 groups of 32, 9+ tokens: tdpbssd).
 // Groups are multiples of 32 inputs (the packed formats' contract).
 //
 // bf16 (kBF16Tiled): y = x . W^T with fp32 activations; AVX512-BF16 uses vdpbf16ps on the
@@ -121,7 +122,7 @@ void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_to
 // "avx2", "highway-NEON", "avx512-bf16"); for benchmark reports.
 const char* QuantKernelName();
 const char* Bf16KernelName();
-// The implementation QuantMatMul uses for w with n_tok tokens (AMX takes q8 prompts where present,
+// The implementation QuantMatMul uses for w with n_tok tokens (AMX takes prompts where present,
 // and Intel's decode GEMV reads four streams).
 const char* QuantKernelName(const WeightRef& w, size_t n_tok);
 
@@ -129,14 +130,14 @@ const char* QuantKernelName(const WeightRef& w, size_t n_tok);
 // accumulators when AVX-512 VNNI is present, else the active path's sequence) from registers
 // only, `iterations` times; returns the int8 operations performed (2 per multiply-add).
 uint64_t Int8DotPeakLoop(uint64_t iterations);
-// The same for Intel AMX's tdpbsud (four independent accumulator tiles), which the q8 prompt
-// matmul uses where present: the int8 operations performed, 0 without AMX.
+// The same for Intel AMX's tdpbsud (four independent accumulator tiles), which the prompt
+// matmuls use where present: the int8 operations performed, 0 without AMX.
 uint64_t AmxInt8PeakLoop(uint64_t iterations);
 
 // Tests only (not thread safe). Every implementation runnable here: "ref", "avx512-vnni" (its
 // decode GEMV reading one stream), "avx512-vnni-4streams" (four; the automatic choice on Intel),
-// "avx512-bf16" (bf16 only), "amx-int8" (q8 with groups of 64k inputs, every token count; VNNI
-// for the rest), and one per Highway target ("avx512", "avx2", "highway-SSE4", ...).
+// "avx512-bf16" (bf16 only), "amx-int8" (q8 with groups of 64k inputs and q4 with groups of
+// 32, every token count; VNNI for the rest), and one per Highway target ("avx512", "avx2", "highway-SSE4", ...).
 std::vector<std::string> RunnableQuantKernels();
 // Forces QuantizeActivations / QuantMatMul / Bf16TiledMatMul to the named implementation where it
 // provides them (automatic choice for the others); nullptr or "" restores automatic choice.

@@ -9,6 +9,11 @@
 // 2^-(e_w + e_a) (vscalefps, exact) and added in ascending group order, then multiplied by
 // s_w * s_a. So each group's sums leave the tile registers for memory, where AVX-512 finishes
 // them while the next group's tile products run.
+//
+// q4 (groups of 32 inputs, the packer's): one tdpbssd per group and row tile, 16 tokens x 32
+// inputs x 16 rows, on signed codes c - 8 that AVX-512 unpacks from the nibbles into L1 a group
+// ahead (the B operand cannot be read in place), then fma(float(I_g), d_w * d_a, y) per group as
+// the reference does.
 #include "quant_kernels_x86.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -38,6 +43,8 @@
 #define M3_TILE_ZERO(tmm) asm volatile("tilezero %%tmm" #tmm ::)
 // C += A (s8 activations) . B (u8 weight codes), AT&T operand order.
 #define M3_TILE_DPBSUD(c, a, b) asm volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+// C += A (s8 activations) . B (s8 weight codes).
+#define M3_TILE_DPBSSD(c, a, b) asm volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
 
 namespace m3::simd::x86 {
 namespace {
@@ -62,6 +69,43 @@ void LoadTileConfig() {
     cfg.rows[i] = 16;
   }
   asm volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+// q4: C tmm0 / tmm1 (alternate units, 16 tokens x 16 rows), A tmm2 (16 tokens x 32 inputs), B
+// tmm3 / tmm4 (8 quads of 4 inputs x 16 rows).
+void LoadQ4TileConfig() {
+  TileConfig cfg;
+  cfg.colsb[0] = cfg.colsb[1] = 64;
+  cfg.rows[0] = cfg.rows[1] = 16;
+  cfg.colsb[2] = 32;
+  cfg.rows[2] = 16;
+  cfg.colsb[3] = cfg.colsb[4] = 64;
+  cfg.rows[3] = cfg.rows[4] = 8;
+  cfg.colsb[5] = cfg.colsb[6] = 64;
+  cfg.rows[5] = cfg.rows[6] = 16;
+  cfg.colsb[7] = 32;
+  cfg.rows[7] = 16;
+  asm volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+// Activation codes packed token tile by token tile (tile tt at tt * 16 * padded_cols): per chunk
+// of `chunk` inputs, 16 tokens x chunk bytes, so each tile load reads one contiguous run instead
+// of 16 lines a row apart, and the missing tokens of a last partial tile read zeros.
+void PackTokenTiles(const QuantizedActivations& a, size_t chunk, std::vector<int8_t>& packed) {
+  const size_t n = a.n_tok, padded = a.padded_cols, chunks = padded / chunk;
+  const size_t token_tiles = (n + kAmxTokens - 1) / kAmxTokens;
+  packed.resize(token_tiles * kAmxTokens * padded);
+  for (size_t tt = 0; tt < token_tiles; ++tt)
+    for (size_t r = 0; r < kAmxTokens; ++r) {
+      const size_t t = tt * kAmxTokens + r;
+      int8_t* dst = packed.data() + tt * kAmxTokens * padded + r * chunk;
+      for (size_t k = 0; k < chunks; ++k, dst += kAmxTokens * chunk) {
+        if (t < n)
+          std::memcpy(dst, a.q + t * padded + k * chunk, chunk);
+        else
+          std::memset(dst, 0, chunk);
+      }
+    }
 }
 
 // A step of up to kStepTiles row tiles stays in L2 while every token block passes over it; a
@@ -214,33 +258,9 @@ M3_AMX_AVX512 __attribute__((noinline)) void AmxStep(const AmxBlock& b) {
   }
 }
 
-bool AmxUsable() {
-  unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  const bool tile = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
-  if (!tile || !int8 || !HasVnni()) return false;
-  // Linux (5.16+) hands out the 8 KiB of tile state per process on request; without it the
-  // first tile instruction faults.
-#if defined(__linux__)
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-  return false;  // other systems: not wired up
-#endif
-}
-
-}  // namespace
-
-bool HasAmxInt8() {
-  static const bool ok = AmxUsable();
-  return ok;
-}
-
-void QuantMatMulAmx(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                    size_t ldy) {
-  tile_end = std::min(tile_end, w.row_tiles());
+void QuantMatMulAmxQ8(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
+                      size_t ldy) {
   const size_t n = a.n_tok;
-  if (tile_begin >= tile_end || n == 0) return;
   const size_t groups = w.groups(), padded = w.padded_cols();
   // Per token and group: the zero point's share and the negated shift, for scalar broadcasts.
   thread_local std::vector<int32_t> bias;
@@ -251,22 +271,8 @@ void QuantMatMulAmx(const WeightRef& w, const QuantizedActivations& a, size_t ti
     bias[i] = -kQ8Zero * a.sum[i];
     ne[i] = -static_cast<float>(a.shift[i]);
   }
-  // Activations packed tile by tile: each tile load reads 1 KiB in a row instead of 16 lines a row
-  // apart, and a partial last tile reads zeros.
   thread_local std::vector<int8_t> packed;
-  const size_t token_tiles = (n + kAmxTokens - 1) / kAmxTokens, ksteps = padded / kAmxK;
-  packed.resize(token_tiles * kAmxTokens * padded);
-  for (size_t tt = 0; tt < token_tiles; ++tt)
-    for (size_t r = 0; r < kAmxTokens; ++r) {
-      const size_t t = tt * kAmxTokens + r;
-      int8_t* dst = packed.data() + tt * kAmxTokens * padded + r * kAmxK;
-      for (size_t k = 0; k < ksteps; ++k, dst += kAmxTokens * kAmxK) {
-        if (t < n)
-          std::memcpy(dst, a.q + t * padded + k * kAmxK, kAmxK);
-        else
-          std::memset(dst, 0, kAmxK);
-      }
-    }
+  PackTokenTiles(a, kAmxK, packed);
   const auto token_tile = [&](size_t t0) { return packed.data() + t0 * padded; };
   LoadTileConfig();
   constexpr size_t kBlockTokens = 2 * kAmxTokens;
@@ -305,6 +311,196 @@ void QuantMatMulAmx(const WeightRef& w, const QuantizedActivations& a, size_t ti
       else
         AmxStep<1>(b);
     }
+  }
+}
+
+// q4: a step of kQ4StepTiles row tiles per token tile (16 tokens), all groups.
+constexpr size_t kQ4Group = 32;
+constexpr size_t kQ4StepTiles = 4;
+constexpr size_t kQ4GroupBytes = kTileRows * kQ4Group / 2;  // one group of a row tile: 256 bytes
+// Each row tile's codes and scales are prefetched this many groups ahead into L1 (1 KiB): the
+// first token tile reads them from memory (an expert's 16-token share of a prompt: +10-15%).
+constexpr size_t kQ4PrefetchGroups = 4;
+
+struct AmxQ4Block {
+  const uint8_t* w;  // codes of the step's first row tile; tile j at w + j * tile_bytes
+  size_t tile_bytes;
+  const uint8_t* scales;  // fp16 [groups][16] of the first row tile; tile j at scales + j * scale_bytes
+  size_t scale_bytes;
+  size_t row_tiles;  // in the step, <= kQ4StepTiles
+  const int8_t* a[2];  // codes of each token tile, packed: [group][16 tokens][32 bytes]
+  const float* da[2];  // d_a of each token tile, [group][16], 0 for the missing tokens of a partial tile
+  size_t groups;
+  float* y;  // output of the block's first token and the step's first row
+  size_t ldy;
+  size_t tokens, rows;  // valid tokens and rows from the first ones
+};
+
+// One group of a q4 row tile (chunk v: quad v in the low nibbles, quad v + 4 in the high ones)
+// as the B operand: 8 rows of 64 bytes, row = quad, signed codes c - 8.
+M3_AMX_AVX512 inline void UnpackQ4Group(const uint8_t* src, int8_t (*dst)[64]) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F), zero = _mm512_set1_epi8(kQ4Zero);
+  for (int v = 0; v < 4; ++v) {
+    const __m512i raw = _mm512_loadu_si512(src + 64 * v);
+    _mm512_store_si512(dst[v], _mm512_sub_epi8(_mm512_and_si512(raw, nibble), zero));
+    _mm512_store_si512(dst[v + 4], _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble), zero));
+  }
+}
+
+template <int TT>
+using Q4Sums = int32_t[TT][kAmxTokens][kTileRows];
+template <int TT>
+using Q4Acc = float[TT * kAmxTokens][kTileRows];
+
+// acc += the sums of group g of row tile j, as the reference adds them.
+template <int TT>
+M3_AMX_AVX512 inline void AddQ4Sums(const AmxQ4Block& b, size_t g, size_t j, const Q4Sums<TT>& sums, Q4Acc<TT>& acc) {
+  const __m512 dw = _mm512_cvtph_ps(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.scales + j * b.scale_bytes + g * kTileRows * 2)));
+  for (size_t t = 0; t < b.tokens; ++t) {
+    const size_t i = t / kAmxTokens, r = t % kAmxTokens;
+    const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(b.da[i][g * kAmxTokens + r]));
+    _mm512_store_ps(acc[t], _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[i][r])), d, _mm512_load_ps(acc[t])));
+  }
+}
+
+// TT token tiles (16 tokens each) over a step of row tiles, all groups. Software pipelined like
+// AmxStep: a unit's (group, row tile) tile products are issued before the previous unit's sums
+// are added, and every row tile's next group is unpacked meanwhile. Units alternate between two
+// sets of registers: C tmm0 / tmm5 (token tile 0 / 1) and B tmm3, or C tmm1 / tmm6 and B tmm4; A
+// is tmm2 / tmm7.
+template <int TT>
+M3_AMX_AVX512 __attribute__((noinline)) void AmxQ4Step(const AmxQ4Block& b) {
+  alignas(64) int8_t codes[2][kQ4StepTiles][8][64];  // [group parity][row tile]
+  alignas(64) Q4Sums<TT> sums[2];
+  alignas(64) Q4Acc<TT> acc[kQ4StepTiles];
+  for (size_t j = 0; j < b.row_tiles; ++j) {
+    for (size_t t = 0; t < b.tokens; ++t) _mm512_store_ps(acc[j][t], _mm512_setzero_ps());
+    UnpackQ4Group(b.w + j * b.tile_bytes, codes[0][j]);
+  }
+  size_t unit = 0, prev_g = 0, prev_j = 0;
+  for (size_t g = 0; g < b.groups; ++g) {
+    M3_TILE_LOAD(2, b.a[0] + g * kAmxTokens * kQ4Group, kQ4Group);
+    if constexpr (TT == 2) M3_TILE_LOAD(7, b.a[1] + g * kAmxTokens * kQ4Group, kQ4Group);
+    for (size_t j = 0; j < b.row_tiles; ++j, ++unit) {
+      const uint8_t* wj = b.w + j * b.tile_bytes;
+      if (g + kQ4PrefetchGroups < b.groups) {
+        const char* line = reinterpret_cast<const char*>(wj + (g + kQ4PrefetchGroups) * kQ4GroupBytes);
+        for (size_t l = 0; l < kQ4GroupBytes; l += 64) _mm_prefetch(line + l, _MM_HINT_T0);
+        if (g % 2 == 0)  // 32 bytes of scales per group
+          _mm_prefetch(reinterpret_cast<const char*>(b.scales + j * b.scale_bytes +
+                                                     (g + kQ4PrefetchGroups) * kTileRows * 2),
+                       _MM_HINT_T0);
+      }
+      auto& out = sums[unit & 1];
+      if (unit & 1) {
+        M3_TILE_ZERO(1);
+        M3_TILE_LOAD(4, codes[g & 1][j], 64);
+        M3_TILE_DPBSSD(1, 2, 4);
+        if constexpr (TT == 2) {
+          M3_TILE_ZERO(6);
+          M3_TILE_DPBSSD(6, 7, 4);
+        }
+        M3_TILE_STORE(1, out[0], 64);
+        if constexpr (TT == 2) M3_TILE_STORE(6, out[1], 64);
+      } else {
+        M3_TILE_ZERO(0);
+        M3_TILE_LOAD(3, codes[g & 1][j], 64);
+        M3_TILE_DPBSSD(0, 2, 3);
+        if constexpr (TT == 2) {
+          M3_TILE_ZERO(5);
+          M3_TILE_DPBSSD(5, 7, 3);
+        }
+        M3_TILE_STORE(0, out[0], 64);
+        if constexpr (TT == 2) M3_TILE_STORE(5, out[1], 64);
+      }
+      if (g + 1 < b.groups) UnpackQ4Group(wj + (g + 1) * kQ4GroupBytes, codes[(g + 1) & 1][j]);
+      if (unit > 0) AddQ4Sums<TT>(b, prev_g, prev_j, sums[(unit - 1) & 1], acc[prev_j]);
+      prev_g = g;
+      prev_j = j;
+    }
+  }
+  AddQ4Sums<TT>(b, prev_g, prev_j, sums[(unit - 1) & 1], acc[prev_j]);
+  for (size_t j = 0; j < b.row_tiles; ++j) {
+    const size_t valid = std::min<size_t>(kTileRows, b.rows - std::min(b.rows, j * kTileRows));
+    if (valid == 0) continue;
+    const __mmask16 m = static_cast<__mmask16>((1u << valid) - 1);
+    for (size_t t = 0; t < b.tokens; ++t) _mm512_mask_storeu_ps(b.y + t * b.ldy + j * kTileRows, m, _mm512_load_ps(acc[j][t]));
+  }
+}
+
+void QuantMatMulAmxQ4(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
+                      size_t ldy) {
+  const size_t n = a.n_tok, groups = w.groups(), padded = w.padded_cols();
+  const size_t token_tiles = (n + kAmxTokens - 1) / kAmxTokens;
+  thread_local std::vector<float> da;  // [token tile][group][16]
+  da.assign(token_tiles * groups * kAmxTokens, 0.0f);
+  for (size_t t = 0; t < n; ++t)
+    for (size_t g = 0; g < groups; ++g)
+      da[(t / kAmxTokens * groups + g) * kAmxTokens + t % kAmxTokens] = a.scale[t * groups + g];
+  thread_local std::vector<int8_t> packed;
+  PackTokenTiles(a, kQ4Group, packed);
+  LoadQ4TileConfig();
+  // Blocks of two token tiles share each unpacked B tile (cold weights, 24-64 tokens: +3-14%
+  // against one).
+  constexpr size_t kBlockTokens = 2 * kAmxTokens;
+  for (size_t tile = tile_begin; tile < tile_end; tile += kQ4StepTiles)
+    for (size_t t0 = 0; t0 < n; t0 += kBlockTokens) {
+      AmxQ4Block b;
+      b.w = static_cast<const uint8_t*>(w.data) + tile * w.tile_bytes();
+      b.tile_bytes = w.tile_bytes();
+      b.scales = w.scales + tile * w.tile_scale_bytes();
+      b.scale_bytes = w.tile_scale_bytes();
+      b.row_tiles = std::min(kQ4StepTiles, tile_end - tile);
+      b.tokens = std::min(kBlockTokens, n - t0);
+      for (size_t i = 0; i < 2; ++i) {  // a second token tile only when the block has one
+        const size_t ti = std::min(t0 + i * kAmxTokens, (token_tiles - 1) * kAmxTokens);
+        b.a[i] = packed.data() + ti * padded;
+        b.da[i] = da.data() + ti * groups;
+      }
+      b.groups = groups;
+      b.y = y + t0 * ldy + tile * kTileRows;
+      b.ldy = ldy;
+      b.rows = std::min(w.rows, (tile + b.row_tiles) * kTileRows) - tile * kTileRows;
+      if (b.tokens > kAmxTokens)
+        AmxQ4Step<2>(b);
+      else
+        AmxQ4Step<1>(b);
+    }
+}
+
+bool AmxUsable() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool tile = (edx >> 24) & 1, int8 = (edx >> 25) & 1;
+  if (!tile || !int8 || !HasVnni()) return false;
+  // Linux (5.16+) hands out the 8 KiB of tile state per process on request; without it the
+  // first tile instruction faults.
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;  // other systems: not wired up
+#endif
+}
+
+}  // namespace
+
+bool HasAmxInt8() {
+  static const bool ok = AmxUsable();
+  return ok;
+}
+
+
+void QuantMatMulAmx(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
+                    size_t ldy) {
+  tile_end = std::min(tile_end, w.row_tiles());
+  const size_t n = a.n_tok;
+  if (tile_begin >= tile_end || n == 0) return;
+  if (w.format == WeightFormat::kQ4) {
+    QuantMatMulAmxQ4(w, a, tile_begin, tile_end, y, ldy);
+  } else {
+    QuantMatMulAmxQ8(w, a, tile_begin, tile_end, y, ldy);
   }
   // Give the tile state back: a thread holding it saves and restores 8 KiB at every switch.
   asm volatile("tilerelease" ::);

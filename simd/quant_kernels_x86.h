@@ -1,5 +1,5 @@
 // x86-64 kernels for quant_kernels.h compiled with function target attributes (not Highway
-// targets): AVX-512 VNNI (vpdpbusd) for q8/q4, AMX-INT8 (tdpbsud) for q8 prompts and
+// targets): AVX-512 VNNI (vpdpbusd) for q8/q4, AMX-INT8 (tdpbsud, tdpbssd) for prompts and
 // AVX512-BF16 (vdpbf16ps) for bf16 tiles.
 // Internal to m3_simd; quant_kernels.cc selects them at run time.
 #pragma once
@@ -49,7 +49,7 @@ void Bf16TiledMatMulAvx512Bf16(const WeightRef& w, const float* x, size_t ldx, s
 uint64_t Int8DotPeakLoopVnni(uint64_t iterations);
 
 // Intel AMX-INT8 (quant_kernels_amx.cc): tile registers usable (CPU, and the OS granted the tile
-// state), and the q8 matmul on them for groups that are multiples of 64 inputs.
+// state), and the q8 (groups that are multiples of 64 inputs) and q4 (groups of 32) matmuls on them.
 bool HasAmxInt8();
 void QuantMatMulAmx(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
                     size_t ldy);

@@ -66,10 +66,10 @@ for n, line in enumerate(p.stdout.splitlines(), 1):
             check(False, f"line {n}: gemv row without ops, seconds, peak and bytes")
 
 kinds = {(r.get("kernel"), r.get("type"), r.get("limit_kind"), r.get("threads")) for r in rows}
-# Rows run on AMX (q8 prompts where the CPU has it) are measured against AMX's own peak, in the run.
+# Rows run on AMX (q8 and q4 prompts where the CPU has it) are measured against AMX's own peak, in the run.
 for n, row in enumerate(rows):
     if row.get("kernel_impl") == "amx-int8" and row.get("kernel") in ("gemv", "gemm") and row.get("limit_kind") != "onednn":
-        check(row.get("type") == "q8" and row.get("limit_kind") in ("read_bw", "amx_int8_peak"),
+        check(row.get("type") in ("q8", "q4") and row.get("limit_kind") in ("read_bw", "amx_int8_peak"),
               f"line {n}: amx-int8 row {row.get('type')} {row.get('limit_kind')}")
         check(any(r.get("kernel") == "amx_int8_peak" and r.get("threads") == row.get("threads") for r in rows),
               f"line {n}: no amx_int8_peak row for {row.get('threads')} threads")
