@@ -318,9 +318,12 @@ void QuantMatMulAmxQ8(const WeightRef& w, const QuantizedActivations& a, size_t 
 constexpr size_t kQ4Group = 32;
 constexpr size_t kQ4StepTiles = 4;
 constexpr size_t kQ4GroupBytes = kTileRows * kQ4Group / 2;  // one group of a row tile: 256 bytes
-// Each row tile's codes and scales are prefetched this many groups ahead into L1 (1 KiB): the
-// first token tile reads them from memory (an expert's 16-token share of a prompt: +10-15%).
-constexpr size_t kQ4PrefetchGroups = 4;
+// Each row tile's codes and scales are prefetched this many groups ahead into L1 (512 bytes):
+// the first token tile reads them from memory. An expert's 16-token share of a prompt, cold
+// weights: 1 KiB ahead +10-15% against none; in the engine's prefill 512 bytes to 1 KiB were
+// best, 256 bytes and 2 KiB worse, and also prefetching the next step into L2 (as the VNNI
+// kernel does) no better.
+constexpr size_t kQ4PrefetchGroups = 2;
 
 struct AmxQ4Block {
   const uint8_t* w;  // codes of the step's first row tile; tile j at w + j * tile_bytes
