@@ -160,6 +160,20 @@ TEST_CASE("quant kernel registry", "[quant]") {
   CHECK(ForceQuantKernelForTest(nullptr));
   CHECK(Int8DotPeakLoop(1000) > 0);
   if (__builtin_cpu_supports("avx512vnni")) CHECK(std::string(QuantKernelName()) == "avx512-vnni");
+  // Where AMX runs, it takes the prompts it covers: q8 (groups of 64k) from 16 tokens, q4 (groups of 32)
+  // from 9; VNNI keeps the rest.
+  if (std::find(names.begin(), names.end(), "amx-int8") != names.end()) {
+    const auto amx = [](WeightFormat f, size_t group, size_t n_tok) {
+      return std::string(QuantKernelName(TiledShape(f, 64, 256, group), n_tok)) == "amx-int8";
+    };
+    CHECK(!amx(WeightFormat::kQ8, 128, 15));
+    CHECK(amx(WeightFormat::kQ8, 128, 16));
+    CHECK(!amx(WeightFormat::kQ8, 32, 512));
+    CHECK(!amx(WeightFormat::kQ4, 32, 8));
+    CHECK(amx(WeightFormat::kQ4, 32, 9));
+    CHECK(amx(WeightFormat::kQ4, 32, 512));
+    CHECK(!amx(WeightFormat::kQ4, 64, 512));
+  }
 }
 
 // The active implementation's QuantizeActivations of x equals the reference's `want`, bit for
