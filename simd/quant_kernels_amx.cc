@@ -395,28 +395,24 @@ M3_AMX_AVX512 __attribute__((noinline)) void AmxQ4Step(const AmxQ4Block& b) {
                                                      (g + kQ4PrefetchGroups) * kTileRows * 2),
                        _MM_HINT_T0);
       }
-      auto& out = sums[unit & 1];
-      if (unit & 1) {
-        M3_TILE_ZERO(1);
-        M3_TILE_LOAD(4, codes[g & 1][j], 64);
-        M3_TILE_DPBSSD(1, 2, 4);
-        if constexpr (TT == 2) {
-          M3_TILE_ZERO(6);
-          M3_TILE_DPBSSD(6, 7, 4);
-        }
-        M3_TILE_STORE(1, out[0], 64);
-        if constexpr (TT == 2) M3_TILE_STORE(6, out[1], 64);
-      } else {
-        M3_TILE_ZERO(0);
-        M3_TILE_LOAD(3, codes[g & 1][j], 64);
-        M3_TILE_DPBSSD(0, 2, 3);
-        if constexpr (TT == 2) {
-          M3_TILE_ZERO(5);
-          M3_TILE_DPBSSD(5, 7, 3);
-        }
-        M3_TILE_STORE(0, out[0], 64);
-        if constexpr (TT == 2) M3_TILE_STORE(5, out[1], 64);
-      }
+      // The unit's tile products on one register set: C c0 / c1 (token tile 0 / 1), B bt.
+#define M3_Q4_UNIT(c0, c1, bt)                                 \
+  do {                                                         \
+    M3_TILE_ZERO(c0);                                          \
+    M3_TILE_LOAD(bt, codes[g & 1][j], 64);                     \
+    M3_TILE_DPBSSD(c0, 2, bt);                                 \
+    if constexpr (TT == 2) {                                   \
+      M3_TILE_ZERO(c1);                                        \
+      M3_TILE_DPBSSD(c1, 7, bt);                               \
+    }                                                          \
+    M3_TILE_STORE(c0, sums[unit & 1][0], 64);                  \
+    if constexpr (TT == 2) M3_TILE_STORE(c1, sums[unit & 1][1], 64); \
+  } while (0)
+      if (unit & 1)
+        M3_Q4_UNIT(1, 6, 4);
+      else
+        M3_Q4_UNIT(0, 5, 3);
+#undef M3_Q4_UNIT
       if (g + 1 < b.groups) UnpackQ4Group(wj + (g + 1) * kQ4GroupBytes, codes[(g + 1) & 1][j]);
       if (unit > 0) AddQ4Sums<TT>(b, prev_g, prev_j, sums[(unit - 1) & 1], acc[prev_j]);
       prev_g = g;
