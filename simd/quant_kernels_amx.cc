@@ -71,8 +71,9 @@ void LoadTileConfig() {
   asm volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
-// q4: C tmm0 / tmm1 (alternate units, 16 tokens x 16 rows), A tmm2 (16 tokens x 32 inputs), B
-// tmm3 / tmm4 (8 quads of 4 inputs x 16 rows).
+// q4: C (16 tokens x 16 rows) tmm0 / tmm1 for token tile 0 and tmm5 / tmm6 for token tile 1
+// (alternate units), A (16 tokens x 32 inputs) tmm2 / tmm7, B (8 quads of 4 inputs x 16 rows)
+// tmm3 / tmm4.
 void LoadQ4TileConfig() {
   TileConfig cfg;
   cfg.colsb[0] = cfg.colsb[1] = 64;
@@ -314,7 +315,7 @@ void QuantMatMulAmxQ8(const WeightRef& w, const QuantizedActivations& a, size_t 
   }
 }
 
-// q4: a step of kQ4StepTiles row tiles per token tile (16 tokens), all groups.
+// q4: blocks of up to two token tiles (16 tokens each) over a step of kQ4StepTiles row tiles.
 constexpr size_t kQ4Group = 32;
 constexpr size_t kQ4StepTiles = 4;
 constexpr size_t kQ4GroupBytes = kTileRows * kQ4Group / 2;  // one group of a row tile: 256 bytes
