@@ -153,7 +153,7 @@ class ColdReads {
   std::pair<simd::ReadPattern, double> Read(size_t bytes) {
     bytes = std::min(bytes, buf_.size());
     if (cursor_ + bytes > buf_.size()) cursor_ = 0;
-    const simd::ReadPattern pattern = kReadPatterns[count_++ % 2];
+    const simd::ReadPattern pattern = ReadPatternAt(count_++);
     const double dt = TimedRead(buf_, cursor_, bytes, threads_, pattern);
     cursor_ += bytes;
     return {pattern, static_cast<double>(bytes) / dt / 1e9};
@@ -401,6 +401,19 @@ std::string WritePlot(const std::vector<Row>& rows, const std::vector<CacheType>
 // Output.
 
 nlohmann::json Nullable(double v, bool present) { return present ? nlohmann::json(v) : nlohmann::json(nullptr); }
+// The scan against a read limit: a ratio when the scan has one and stays at or below it.
+nlohmann::json LimitJson(double scan_gbps, double limit, bool scanned) {
+  const LimitRatio j = RatioToLimit(scan_gbps, limit, "read limit");
+  return Nullable(j.ratio, scanned && j.valid);
+}
+// The table's cell for it: "-" without a scan, "above" when the probe read less than the scan.
+std::string LimitCell(double scan_gbps, double limit) {
+  if (!(limit > 0)) return "-";
+  const LimitRatio j = RatioToLimit(scan_gbps, limit, "read limit");
+  char buf[32] = "above";
+  if (j.valid) std::snprintf(buf, sizeof buf, "%.3f", j.ratio);
+  return buf;
+}
 
 void PrintJson(const std::vector<Row>& rows, const ColdReads& cold, int threads, FILE* out) {
   const std::string cpu = CpuModel(), target = simd::ActiveTargetName();
@@ -432,13 +445,13 @@ void PrintJson(const std::vector<Row>& rows, const ColdReads& cold, int threads,
         {"read_stat", scanned ? "median of cold reads of the scan's bytes, one right before each decode scan"
                               : "median of the eviction reads during the decode calls"},
         {"read_pattern", r.scan_pairs.pattern},
-        {"index_scan_ratio", Nullable(scan_gbps / r.scan_pairs.read_gbps, scanned && r.scan_pairs.read_gbps > 0)},
+        {"index_scan_ratio", LimitJson(scan_gbps, r.scan_pairs.read_gbps, scanned)},
         {"index_scan_pair_ratio_median", Nullable(r.scan_pairs.ratio, scanned && r.scan_pairs.pairs > 0)},
         {"fast_regime_pairs", r.scan_pairs.fast_pairs},
         {"fast_regime_ratio", Nullable(r.scan_pairs.fast_ratio, scanned && r.scan_pairs.fast_pairs > 0)},
         {"read_gbps_best", r.best_read_gbps},
         {"read_pattern_best", cold.best().pattern},
-        {"index_scan_ratio_best", Nullable(scan_gbps / r.best_read_gbps, scanned && r.best_read_gbps > 0)},
+        {"index_scan_ratio_best", LimitJson(scan_gbps, r.best_read_gbps, scanned)},
         {"attention_ms_ratio_4k", Nullable(r.ratio_4k.value_or(0), r.ratio_4k.has_value())},
         {"decode_calls", r.decode_calls},
         {"dense_decode_calls", r.dense_decode_calls},
@@ -470,10 +483,10 @@ void PrintTable(const std::vector<Row>& rows, const std::string& header, FILE* o
     if (r.index_scan_bytes > 0) {
       const double gbps = static_cast<double>(r.index_scan_bytes) / (r.indexer_ms * 1e-3) / 1e9;
       std::snprintf(scan, sizeof scan, "%.2f", gbps);
-      if (r.scan_pairs.read_gbps > 0) std::snprintf(ratio, sizeof ratio, "%.3f", gbps / r.scan_pairs.read_gbps);
+      std::snprintf(ratio, sizeof ratio, "%s", LimitCell(gbps, r.scan_pairs.read_gbps).c_str());
       if (r.scan_pairs.fast_pairs > 0)
         std::snprintf(fast, sizeof fast, "%.3f/%zu", r.scan_pairs.fast_ratio, r.scan_pairs.fast_pairs);
-      if (r.best_read_gbps > 0) std::snprintf(best, sizeof best, "%.3f", gbps / r.best_read_gbps);
+      std::snprintf(best, sizeof best, "%s", LimitCell(gbps, r.best_read_gbps).c_str());
     }
     if (r.ratio_4k) std::snprintf(r4k, sizeof r4k, "%.3f", *r.ratio_4k);
     std::fprintf(out,

@@ -433,9 +433,12 @@ class Report {
                             {"shape", r.shape},           {"tokens", r.tokens},
                             {"threads", r.threads},       {"value", r.value},
                             {"unit", r.unit},             {"limit", r.limit},
-                            {"limit_kind", r.limit_kind}, {"ratio", Ratio(r)},
+                            {"limit_kind", r.limit_kind}, {"ratio", nullptr},
                             {"cpu", cpu},                 {"simd_target", simd_target},
                             {"kernel_impl", r.impl},      {"commit", M3_COMMIT}};
+        const LimitRatio judged = Judge(r);
+        if (judged.valid) j["ratio"] = judged.ratio;
+        else j["limit_note"] = judged.note;
         for (auto& [k, v] : r.extra.items()) j[k] = v;
         std::fprintf(out, "%s\n", j.dump().c_str());
       }
@@ -453,21 +456,31 @@ class Report {
       const Row& r = *rp;
       if (last >= 0 && Section(r) != last) std::fprintf(out, "\n");
       last = Section(r);
-      std::fprintf(out, "%-12s %-5s %-10s %4s %4d %10.2f %-6s %10.2f %-12s %6.3f %5.2f  %s", r.kernel.c_str(),
+      const LimitRatio judged = Judge(r);
+      char ratio[16] = "above";  // the work beat the probe: not a limit (the note below says so)
+      if (judged.valid) std::snprintf(ratio, sizeof ratio, "%.3f", judged.ratio);
+      std::fprintf(out, "%-12s %-5s %-10s %4s %4d %10.2f %-6s %10.2f %-12s %6s %5.2f  %s", r.kernel.c_str(),
                    r.type.c_str(), r.shape.c_str(), r.tokens ? std::to_string(r.tokens).c_str() : "-", r.threads,
-                   r.value, r.unit.c_str(), r.limit, r.limit_kind.c_str(), Ratio(r), r.extra["loadavg"].get<double>(),
+                   r.value, r.unit.c_str(), r.limit, r.limit_kind.c_str(), ratio, r.extra["loadavg"].get<double>(),
                    r.impl.c_str());
       if (r.extra.contains("matmul_ratio"))  // the GEMM vs oneDNN rows: also without our quantization
         std::fprintf(out, " (matmul alone %.3f)", r.extra["matmul_ratio"].get<double>());
       if (r.extra.value("bound", "") == "compute")
         std::fprintf(out, " (compute bound: %.3f of %s)", r.extra["peak_ratio"].get<double>(),
                      r.extra["peak_kind"].get<std::string>().c_str());
+      if (!judged.valid) std::fprintf(out, " (%s)", judged.note.c_str());
       std::fprintf(out, "\n");
     }
   }
 
  private:
-  static double Ratio(const Row& r) { return r.limit > 0 ? r.value / r.limit : 0.0; }
+  // A row against a machine limit has a ratio only up to 1 (LimitRatio); against a peer (oneDNN)
+  // any ratio is a ratio.
+  static bool AgainstPeer(const Row& r) { return r.limit_kind == "onednn"; }
+  static LimitRatio Judge(const Row& r) {
+    if (AgainstPeer(r)) return {r.limit > 0, r.limit > 0 ? r.value / r.limit : 0.0, ""};
+    return RatioToLimit(r.value, r.limit, r.limit_kind.c_str());
+  }
   // A peak's best sample of the run; 0 for a kind that is not a peak.
   static double PeakOf(const LimitProbes& probes, const std::string& kind, int threads) {
     if (kind == "read_bw") return probes.Best(LimitProbes::kReadBw, threads);
@@ -574,7 +587,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       // second 0.92-0.97).
       for (size_t i = 0; i < count; ++i, ++next) {
         runner.Run(ThreadConfig{thread_counts.front()}, set.at(next % count), 1);
-        probes.PairedRead(bytes, thread_counts.front(), kReadPatterns[next % 2]);
+        probes.PairedRead(bytes, thread_counts.front(), ReadPatternAt(next));
       }
       for (int t : thread_counts) {
         const ThreadConfig tc{t};
@@ -591,7 +604,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
             const auto t0 = Clock::now();
             runner.Run(tc, set.at(next % count), n_tok);
             secs.push_back(Seconds(t0, Clock::now()));
-            const simd::ReadPattern pattern = kReadPatterns[next % 2];
+            const simd::ReadPattern pattern = ReadPatternAt(next);
             const double read_s = probes.PairedRead(bytes, t, pattern);
             if (secs.size() > static_cast<size_t>(policy.warmup)) pairs.Add(pattern, gb / read_s, gb / secs.back());
             ++next;

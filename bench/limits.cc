@@ -7,10 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <new>
 
+#include "base/status.h"
 #include "quant_kernels.h"
 
 namespace m3::bench {
@@ -83,7 +86,32 @@ void BigBuffer::Fill(int threads) {
 }
 
 const char* PatternName(simd::ReadPattern p) {
-  return p == simd::ReadPattern::kSequential ? "sequential" : "quarters-prefetched";
+  switch (p) {
+    case simd::ReadPattern::kSequential: return "sequential";
+    case simd::ReadPattern::kQuartersPrefetched: return "quarters-prefetched";
+    case simd::ReadPattern::kHalves: return "halves";
+    case simd::ReadPattern::kSequentialPrefetchL2: return "sequential-prefetch-l2";
+  }
+  return "?";
+}
+
+LimitRatio RatioToLimit(double work, double limit, const char* limit_name) {
+  LimitRatio r;
+  if (!(limit > 0) || !std::isfinite(work)) {
+    r.note = Str("no ", limit_name, " measured");
+    return r;
+  }
+  const double ratio = work / limit;
+  if (ratio > 1.0) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "the work (%.4g) exceeded its %s (%.4g): that probe is not the limit", work,
+                  limit_name, limit);
+    r.note = buf;
+    return r;
+  }
+  r.valid = true;
+  r.ratio = ratio;
+  return r;
 }
 
 double TimedRead(BigBuffer& buf, size_t offset, size_t bytes, int threads, simd::ReadPattern pattern) {
@@ -108,7 +136,7 @@ std::map<simd::ReadPattern, std::vector<double>> MeasureReadBandwidth(BigBuffer&
   size_t i = 0;
   for (int r = 0; r < reps + 1; ++r) {  // the first pass is a warm-up
     for (size_t c0 = 0; c0 + chunk <= buf.size(); c0 += chunk, ++i) {
-      const simd::ReadPattern pattern = kReadPatterns[i % 2];
+      const simd::ReadPattern pattern = ReadPatternAt(i);
       const double dt = TimedRead(buf, c0, chunk, threads, pattern);
       if (r > 0) gbs[pattern].push_back(static_cast<double>(chunk) / dt / 1e9);
     }

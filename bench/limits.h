@@ -1,19 +1,24 @@
 // Machine limits the benchmarks judge their results against, measured in the same run:
 //
-//   read bandwidth   simd::StreamRead over a buffer >= 8x L3 (1 GiB at least), both read patterns,
-//                    split over the threads as a GEMV splits its row tiles
+//   read bandwidth   simd::StreamRead over a buffer >= 8x L3 (1 GiB at least), every read pattern
+//                    (one to four streams per thread, with and without software prefetch), split
+//                    over the same threads as the work, as a GEMV splits its row tiles; the limit
+//                    is the fastest pattern's
 //   int8 peak        simd::Int8DotPeakLoop on every thread at once, rates summed
 //   fp32 FMA peak    simd::FmaPeakLoop likewise
 //
 // Other processes only ever lower a probe, so a probe's best sample is the machine at its
 // quietest; work is judged against reads paired with it (PairedSamples) where the bench can take
-// them, with the best sample reported beside. Shared by
+// them, with the best sample reported beside. A limit is a limit: work measured above it means
+// the probe missed a faster way to read (or compute), and the bench prints that instead of a
+// ratio (LimitRatio). Shared by
 // `m3 bench --kernels` (kernel_bench.cc) and the end-to-end `m3 bench` (model_bench.cc).
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <iterator>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -56,9 +61,21 @@ class BigBuffer {
   uint8_t* data_ = nullptr;
 };
 
-inline constexpr simd::ReadPattern kReadPatterns[] = {simd::ReadPattern::kSequential,
-                                                      simd::ReadPattern::kQuartersPrefetched};
+// The read patterns in the order the probes cycle through them (sample i uses ReadPatternAt(i)).
+inline simd::ReadPattern ReadPatternAt(size_t i) {
+  return simd::kAllReadPatterns[i % std::size(simd::kAllReadPatterns)];
+}
 const char* PatternName(simd::ReadPattern p);
+
+// Work against its limit: the ratio when it is at most 1, otherwise none and why. Above 1 the
+// probe is not the limit of that work (it read or computed less than the work did), and a
+// ratio that reads "at the limit" would hide the gap.
+struct LimitRatio {
+  bool valid = false;
+  double ratio = 0;       // work / limit when valid
+  std::string note;       // why there is no ratio (empty when valid)
+};
+LimitRatio RatioToLimit(double work, double limit, const char* limit_name);
 
 // Reads bytes [offset, offset + bytes) of buf with `threads` threads (one contiguous slice each,
 // one parallel region); returns the seconds.
@@ -66,7 +83,7 @@ double TimedRead(BigBuffer& buf, size_t offset, size_t bytes, int threads, simd:
 
 // Read bandwidth samples in GB/s: `reps` passes over buf (after one warm-up pass; the first
 // read of freshly written memory is several times slower on VMs), each timed in chunks of
-// `chunk` bytes, the chunks alternating between the read patterns. Chunks the size of one
+// `chunk` bytes, the chunks cycling through the read patterns. Chunks the size of one
 // matrix give samples at the time scale of one kernel call; the buffer as a whole (>= 8x L3)
 // keeps every chunk cold. Returns the samples of each pattern.
 std::map<simd::ReadPattern, std::vector<double>> MeasureReadBandwidth(BigBuffer& buf, size_t chunk, int threads,
@@ -125,7 +142,7 @@ struct ProbeResult {
 // VM switches between bandwidth regimes for seconds to minutes at a time (the 2-core Zen 4 VM:
 // about 33 and about 58 GB/s with 2 threads), so the read taken at the same moment is the limit
 // that matches a call; the run's best sample may come from the other regime. Pairs are kept per
-// read pattern and judged by the faster pattern's, as the limits are.
+// read pattern and judged by the fastest pattern's, as the limits are.
 class PairedSamples {
  public:
   // work_gbps < 0: a read with no work of its own (it counts towards the limit only).
@@ -133,7 +150,7 @@ class PairedSamples {
   void Clear() { pairs_.clear(); }
 
   struct Summary {
-    double read_gbps = 0;     // the faster pattern's median read: the limit
+    double read_gbps = 0;     // the fastest pattern's median read: the limit
     const char* pattern = "";
     size_t pairs = 0;         // that pattern's reads paired with work
     double ratio = 0;         // median of work / read over those pairs

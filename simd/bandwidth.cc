@@ -3,7 +3,7 @@
 // StreamRead on a shared 2-core Cascade Lake VM, 1 GiB, one thread, best of 30: one front-to-back
 // stream 11.5 GB/s; 2, 4 or 8 interleaved streams without prefetch 11.6-12.6; 4 or 8 streams with
 // software prefetch 0.5-4 KiB ahead 12.4-13.0. On a 2-core Zen 4 VM, 3 GiB, paired 16 MiB chunks:
-// one stream ~29 GB/s, four prefetched quarters 17-24 GB/s. Hence two patterns (ReadPattern).
+// one stream ~29 GB/s, four prefetched quarters 17-24 GB/s. Hence several patterns (ReadPattern).
 #include <cstring>
 
 #undef HWY_TARGET_INCLUDE
@@ -34,40 +34,62 @@ uint64_t StreamReadImpl(const void* p, size_t n, ReadPattern pattern) {
   const size_t N = hn::Lanes(d);
   const uint8_t* bytes = static_cast<const uint8_t*>(p);
   const size_t words = n / 8;
-  uint64_t sum = 0;
-  size_t done = 0;  // words covered by the vector loop
+  size_t done = 0;  // words [0, done) covered by the vector loops
+  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
   // Word loads through uint64_t pointers need 8-byte alignment; unaligned callers (never the
   // benchmark) go through memcpy.
   if (reinterpret_cast<uintptr_t>(p) % alignof(uint64_t) == 0) {
     const uint64_t* w = reinterpret_cast<const uint64_t*>(bytes);
-    auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-    if (pattern == ReadPattern::kSequential) {
-      const size_t whole = words / (4 * N) * (4 * N);
-      for (size_t i = 0; i < whole; i += 4 * N) {
-        a0 = hn::Add(a0, hn::LoadU(d, w + i));
-        a1 = hn::Add(a1, hn::LoadU(d, w + i + N));
-        a2 = hn::Add(a2, hn::LoadU(d, w + i + 2 * N));
-        a3 = hn::Add(a3, hn::LoadU(d, w + i + 3 * N));
+    switch (pattern) {
+      case ReadPattern::kSequential:
+      case ReadPattern::kSequentialPrefetchL2: {
+        const bool prefetch = pattern == ReadPattern::kSequentialPrefetchL2;
+        constexpr size_t kPrefetchBytes = 8192;
+        const size_t whole = words / (4 * N) * (4 * N);
+        for (size_t i = 0; i < whole; i += 4 * N) {
+          if (prefetch)  // every 64-byte line of the next four vectors, 8 KiB ahead
+            for (size_t b = 0; b < 4 * N * 8; b += 64)
+              __builtin_prefetch(reinterpret_cast<const uint8_t*>(w + i) + kPrefetchBytes + b, 0, 2);
+          a0 = hn::Add(a0, hn::LoadU(d, w + i));
+          a1 = hn::Add(a1, hn::LoadU(d, w + i + N));
+          a2 = hn::Add(a2, hn::LoadU(d, w + i + 2 * N));
+          a3 = hn::Add(a3, hn::LoadU(d, w + i + 3 * N));
+        }
+        done = whole;
+        break;
       }
-      done = whole;
-    } else {
-      constexpr size_t kPrefetchBytes = 1024;
-      const size_t quarter = words / 4 / N * N;
-      const uint64_t *w0 = w, *w1 = w + quarter, *w2 = w + 2 * quarter, *w3 = w + 3 * quarter;
-      for (size_t i = 0; i < quarter; i += N) {
-        hwy::Prefetch(reinterpret_cast<const uint8_t*>(w0 + i) + kPrefetchBytes);
-        hwy::Prefetch(reinterpret_cast<const uint8_t*>(w1 + i) + kPrefetchBytes);
-        hwy::Prefetch(reinterpret_cast<const uint8_t*>(w2 + i) + kPrefetchBytes);
-        hwy::Prefetch(reinterpret_cast<const uint8_t*>(w3 + i) + kPrefetchBytes);
-        a0 = hn::Add(a0, hn::LoadU(d, w0 + i));
-        a1 = hn::Add(a1, hn::LoadU(d, w1 + i));
-        a2 = hn::Add(a2, hn::LoadU(d, w2 + i));
-        a3 = hn::Add(a3, hn::LoadU(d, w3 + i));
+      case ReadPattern::kHalves: {
+        const size_t half = words / 2 / (2 * N) * (2 * N);
+        const uint64_t *w0 = w, *w1 = w + half;
+        for (size_t i = 0; i < half; i += 2 * N) {
+          a0 = hn::Add(a0, hn::LoadU(d, w0 + i));
+          a1 = hn::Add(a1, hn::LoadU(d, w1 + i));
+          a2 = hn::Add(a2, hn::LoadU(d, w0 + i + N));
+          a3 = hn::Add(a3, hn::LoadU(d, w1 + i + N));
+        }
+        done = 2 * half;
+        break;
       }
-      done = 4 * quarter;
+      case ReadPattern::kQuartersPrefetched: {
+        constexpr size_t kPrefetchBytes = 1024;
+        const size_t quarter = words / 4 / N * N;
+        const uint64_t *w0 = w, *w1 = w + quarter, *w2 = w + 2 * quarter, *w3 = w + 3 * quarter;
+        for (size_t i = 0; i < quarter; i += N) {
+          hwy::Prefetch(reinterpret_cast<const uint8_t*>(w0 + i) + kPrefetchBytes);
+          hwy::Prefetch(reinterpret_cast<const uint8_t*>(w1 + i) + kPrefetchBytes);
+          hwy::Prefetch(reinterpret_cast<const uint8_t*>(w2 + i) + kPrefetchBytes);
+          hwy::Prefetch(reinterpret_cast<const uint8_t*>(w3 + i) + kPrefetchBytes);
+          a0 = hn::Add(a0, hn::LoadU(d, w0 + i));
+          a1 = hn::Add(a1, hn::LoadU(d, w1 + i));
+          a2 = hn::Add(a2, hn::LoadU(d, w2 + i));
+          a3 = hn::Add(a3, hn::LoadU(d, w3 + i));
+        }
+        done = 4 * quarter;
+        break;
+      }
     }
-    sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
   }
+  uint64_t sum = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(a0, a1), hn::Add(a2, a3))));
   sum += SumWords(bytes, done, words);
   if (n % 8) {
     uint64_t v = 0;

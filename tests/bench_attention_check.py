@@ -69,16 +69,23 @@ for n, line in enumerate(p.stdout.splitlines(), 1):
           f"line {n}: fast_regime_pairs {row.get('fast_regime_pairs')!r}")
     for f in ("index_scan_gbps", "index_scan_ratio", "index_scan_ratio_best", "index_scan_pair_ratio_median"):
         check(f in row, f"line {n}: no {f}")
-        if scans:
+        limit = {"index_scan_ratio": "read_gbps", "index_scan_ratio_best": "read_gbps_best"}.get(f)
+        if scans and limit and row.get(f) is None:
+            # No ratio to a limit the scan beat (the probe is then not its limit).
+            check(positive(row.get("index_scan_gbps")) and row["index_scan_gbps"] > row.get(limit, 0),
+                  f"line {n}: {f} is null though the scan stayed under {limit}")
+        elif scans:
             check(positive(row.get(f)), f"line {n}: {f} = {row.get(f)!r} at context {ctx}")
+            if limit:
+                check(row[f] <= 1.0, f"line {n}: {f} = {row[f]} is above 1")
         else:
             check(row.get(f) is None, f"line {n}: {f} = {row.get(f)!r} though nothing is scanned at context {ctx}")
     check(isinstance(row.get("index_scan_bytes"), int) and (row["index_scan_bytes"] > 0) == scans,
           f"line {n}: index_scan_bytes {row.get('index_scan_bytes')!r}")
-    if scans and positive(row.get("index_scan_gbps")) and positive(row.get("read_gbps")):
+    if scans and positive(row.get("index_scan_gbps")) and positive(row.get("read_gbps")) and row.get("index_scan_ratio") is not None:
         check(math.isclose(row["index_scan_ratio"], row["index_scan_gbps"] / row["read_gbps"], rel_tol=1e-9),
               f"line {n}: index_scan_ratio != index_scan_gbps / read_gbps")
-    if scans and positive(row.get("index_scan_gbps")) and positive(row.get("read_gbps_best")):
+    if scans and positive(row.get("index_scan_gbps")) and positive(row.get("read_gbps_best")) and row.get("index_scan_ratio_best") is not None:
         check(math.isclose(row["index_scan_ratio_best"], row["index_scan_gbps"] / row["read_gbps_best"], rel_tol=1e-9),
               f"line {n}: index_scan_ratio_best != index_scan_gbps / read_gbps_best")
     check((row.get("fast_regime_ratio") is None) == (not scans or row.get("fast_regime_pairs") == 0),

@@ -23,7 +23,7 @@ p = subprocess.run([m3, "bench", "--kernels", "--quick", "--json", "-t", "1,2"],
                    timeout=120)
 check(p.returncode == 0, f"exit code {p.returncode}; stderr: {p.stderr.strip()}")
 required = {"kernel": str, "type": str, "shape": str, "tokens": int, "threads": int, "value": (int, float),
-            "unit": str, "limit": (int, float), "limit_kind": str, "ratio": (int, float), "cpu": str,
+            "unit": str, "limit": (int, float), "limit_kind": str, "cpu": str,
             "simd_target": str, "kernel_impl": str, "commit": str}
 rows = []
 for n, line in enumerate(p.stdout.splitlines(), 1):
@@ -39,6 +39,17 @@ for n, line in enumerate(p.stdout.splitlines(), 1):
     for field, kind in required.items():
         check(field in row and isinstance(row[field], kind) and not isinstance(row[field], bool),
               f"line {n}: field {field} missing or of the wrong type")
+    # A ratio to a machine limit is at most 1; above, it is null and limit_note says the probe is
+    # not the limit. Against the peer (oneDNN) it is any positive number.
+    ratio = row.get("ratio", "missing")
+    if ratio is None:
+        check(row.get("limit_kind") != "onednn" and isinstance(row.get("limit_note"), str)
+              and "not the limit" in row["limit_note"] and row["value"] > row["limit"],
+              f"line {n}: null ratio without a reason: {row.get('limit_note')!r}")
+    else:
+        check(isinstance(ratio, (int, float)) and not isinstance(ratio, bool), f"line {n}: ratio {ratio!r}")
+        if row.get("limit_kind") != "onednn" and isinstance(ratio, (int, float)):
+            check(ratio <= 1.0, f"line {n}: ratio {ratio} to the limit {row.get('limit_kind')} is above 1")
     if all(isinstance(row.get(f), (int, float)) for f in ("value", "limit", "ratio")):
         v, lim, r = row["value"], row["limit"], row["ratio"]
         check(math.isfinite(v) and v > 0, f"line {n}: value {v} not positive")

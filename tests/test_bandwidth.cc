@@ -31,7 +31,7 @@ TEST_CASE("StreamRead equals its reference for every length, offset and pattern"
   ForEachTarget([&] {
     for (size_t offset : {0, 1, 8, 64}) {
       for (size_t n : {0, 1, 7, 8, 9, 63, 64, 255, 256, 257, 1000, 4096, 65536 + 24}) {
-        for (ReadPattern pattern : {ReadPattern::kSequential, ReadPattern::kQuartersPrefetched}) {
+        for (ReadPattern pattern : kAllReadPatterns) {
           INFO("offset " << offset << " n " << n << " pattern " << static_cast<int>(pattern));
           CHECK(StreamRead(buf.data() + offset, n, pattern) == ref::StreamRead(buf.data() + offset, n));
         }

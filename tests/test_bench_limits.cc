@@ -1,4 +1,5 @@
 // PairedSamples (bench/limits.h): the limit and ratios the benchmarks judge memory-bound work by.
+#include <cmath>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -30,4 +31,19 @@ TEST_CASE("PairedSamples judges work by the faster pattern's median read, pair b
   CHECK(none.pairs == 0);
   CHECK(none.fast_pairs == 0);
   CHECK(none.fast_ratio == 0);
+}
+
+TEST_CASE("RatioToLimit gives a ratio up to 1 and says why above it", "[bench]") {
+  using m3::bench::RatioToLimit;
+  const auto at = RatioToLimit(45, 50, "paired read bandwidth");
+  CHECK(at.valid);
+  CHECK(at.ratio == Approx(0.9));
+  CHECK(at.note.empty());
+  CHECK(RatioToLimit(50, 50, "x").valid);  // exactly at the limit is still a ratio
+  const auto above = RatioToLimit(51, 50, "paired read bandwidth");
+  CHECK_FALSE(above.valid);
+  CHECK(above.note.find("paired read bandwidth") != std::string::npos);
+  CHECK(above.note.find("not the limit") != std::string::npos);
+  CHECK_FALSE(RatioToLimit(10, 0, "x").valid);  // no limit measured
+  CHECK_FALSE(RatioToLimit(NAN, 50, "x").valid);
 }
