@@ -312,6 +312,7 @@ class PairedWeightReads {
 
 struct Result {
   std::string model_dir, model_kind;
+  std::string pack_type;  // the generated model's; empty for a given model
   bool generated = false;
   double generation_s = 0, load_s = 0, read_in_s = 0;
   bool read_in = false;
@@ -332,7 +333,16 @@ struct Result {
   PairedSamples::Summary steps_paired;
   // The limit decode is judged by: the paired reads where there are some, else the best sample.
   double read_limit_gbps() const { return steps_paired.read_gbps > 0 ? steps_paired.read_gbps : read_bw.best; }
+  // Per layer and lm_head apart (all layers of the generated model are MoE + sparse attention, as
+  // 57 of the real 60): decode from the split of each step (the step minus an lm_head matmul
+  // timed right after it), prefill as the prefill minus one lm_head matmul, over the layers.
   double t_rest_s = 0, t_layer_s = 0, projected_tok_s = 0, projected_bytes_per_token = 0;
+  double t_layer_prefill_s = 0, projected_prefill_tok_s = 0;
+  double layer_bytes_per_token = 0, lm_head_bytes = 0;  // what one decode token reads of each
+  double layer_share = 0, layer_share_full = 0;  // the layers' share of a decode token's bytes, here and with 60 layers
+  double layer_gbps() const { return t_layer_s > 0 ? layer_bytes_per_token / t_layer_s / 1e9 : 0; }
+  double lm_head_gbps() const { return t_rest_s > 0 ? lm_head_bytes / t_rest_s / 1e9 : 0; }
+  double layer_prefill_gops = 0;  // a layer's int8 work per prefill over its time
   // Batched decode (batch > 1): medians of batched steps and of the single steps paired with them.
   int batch = 1, batch_steps = 0, batch_context = 0;
   double batch_step_s = 0, batch_single_step_s = 0, batch_bytes_per_step = 0;
@@ -377,8 +387,9 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
 
   // 1. The model: given, or the synthetic one (generated once).
   if (!o.model_dir.empty()) {
-    if (o.layers || o.tiny || !o.cache_dir.empty())
-      return InvalidArgument("--layers, --tiny and --cache-dir describe the generated model; they cannot be used with -m");
+    if (o.layers || o.tiny || !o.cache_dir.empty() || o.type_given)
+      return InvalidArgument(
+          "--layers, --type, --tiny and --cache-dir describe the generated model; they cannot be used with -m");
     std::error_code ec;
     if (!fs::is_directory(o.model_dir, ec)) return NotFound(o.model_dir, ": no such model folder");
     r.model_dir = o.model_dir;
@@ -387,6 +398,7 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
     SyntheticModelOptions so;
     so.layers = o.layers.value_or(0);
     so.tiny = o.tiny;
+    so.type = o.type;
     so.cache_dir = o.cache_dir;
     so.threads = r.threads;
     M3_ASSIGN_OR_RETURN(SyntheticModel sm, EnsureSyntheticModel(so, log));
@@ -394,6 +406,7 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
     r.generated = sm.generated;
     r.generation_s = sm.seconds;
     r.model_kind = o.tiny ? "synthetic-tiny" : "synthetic";
+    r.pack_type = PackTypeName(o.type);
   }
   auto t0 = Clock::now();
   EngineOptions engine_options = o.engine;
@@ -490,9 +503,9 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
     if (paired) {
       const uint64_t step_bytes = fp.fixed_bytes + step_routed;
       t0 = Clock::now();
-      const double read_gbps = pair_reads.Read(step_bytes, kReadPatterns[i % 2]);
+      const double read_gbps = pair_reads.Read(step_bytes, ReadPatternAt(static_cast<size_t>(i)));
       read_s += Seconds(t0, Clock::now());
-      steps_paired.Add(kReadPatterns[i % 2], read_gbps, static_cast<double>(step_bytes) / r.step_s.back() / 1e9);
+      steps_paired.Add(ReadPatternAt(static_cast<size_t>(i)), read_gbps, static_cast<double>(step_bytes) / r.step_s.back() / 1e9);
     }
   }
   const int64_t io_after = StorageReadBytes();
@@ -515,8 +528,20 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
   r.t_layer_s = Median(layers_s) / std::max(1, r.layers);
   r.projected_tok_s = 1.0 / (r.t_layer_s * static_cast<double>(shapes::kLayers) + r.t_rest_s);
   const double outside_layers = static_cast<double>(fp.fixed_bytes - fp.layers_fixed_bytes);
+  r.lm_head_bytes = static_cast<double>(fp.lm_head_bytes);
+  r.layer_bytes_per_token = (r.bytes_per_token - outside_layers) / std::max(1, r.layers);
+  r.layer_share = r.bytes_per_token > 0 ? (r.bytes_per_token - outside_layers) / r.bytes_per_token : 0;
+  // A prefill is its layers and one lm_head row (the last token's logits), as a decode step is.
+  r.t_layer_prefill_s = std::max(0.0, r.ttft_s - r.t_rest_s) / std::max(1, r.layers);
+  r.projected_prefill_tok_s =
+      o.prompt_tokens / (r.t_layer_prefill_s * static_cast<double>(shapes::kLayers) + r.t_rest_s);
+  r.layer_prefill_gops = r.t_layer_prefill_s > 0 ? 2.0 * static_cast<double>(fp.layer_params) * o.prompt_tokens /
+                                                       std::max(1, r.layers) / r.t_layer_prefill_s / 1e9
+                                                 : 0;
   r.projected_bytes_per_token =
       (r.bytes_per_token - outside_layers) / std::max(1, r.layers) * static_cast<double>(shapes::kLayers) + outside_layers;
+  r.layer_share_full =
+      r.projected_bytes_per_token > 0 ? (r.projected_bytes_per_token - outside_layers) / r.projected_bytes_per_token : 0;
 
   // 7. Batched decode: `batch` sessions and one more, each with its own prompt of the same length
   // (a shorter one than the prefill's, to keep this phase cheap), so that they route apart as
@@ -642,10 +667,41 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
 
 double Ratio(double v, double limit) { return limit > 0 ? v / limit : 0.0; }
 
+// A work/limit ratio for JSON: the number when it is a ratio to a limit, else null (and the
+// report's notes say why).
+nlohmann::json RatioJson(const LimitRatio& r) { return r.valid ? nlohmann::json(r.ratio) : nlohmann::json(nullptr); }
+
+// The ratios of the run that are judged against machine limits, with the notes of those that are not.
+struct LimitRatios {
+  LimitRatio decode, decode_paired, decode_best, layer, lm_head, prefill, layer_prefill, batch;
+  std::vector<std::string> notes;
+};
+
+LimitRatios JudgeLimits(const Result& r) {
+  LimitRatios j;
+  const char* read_name = r.steps_paired.read_gbps > 0 ? "paired read bandwidth" : "best read sample";
+  auto judge = [&](const char* what, double work, double limit, const char* limit_name) {
+    LimitRatio l = RatioToLimit(work, limit, limit_name);
+    if (!l.valid && limit > 0) j.notes.push_back(Str(what, ": ", l.note));
+    return l;
+  };
+  j.decode = judge("decode", r.decode_gbps, r.read_limit_gbps(), read_name);
+  j.decode_paired = judge("decode (paired)", r.decode_gbps, r.steps_paired.read_gbps, "paired read bandwidth");
+  j.decode_best = judge("decode (best read)", r.decode_gbps, r.read_bw.best, "best read sample");
+  j.layer = judge("decode, one layer", r.layer_gbps(), r.read_limit_gbps(), read_name);
+  j.lm_head = judge("decode, lm_head", r.lm_head_gbps(), r.read_limit_gbps(), read_name);
+  j.prefill = judge("prefill", r.prefill_gops, r.int8_peak.best, "int8 peak");
+  j.layer_prefill = judge("prefill, one layer", r.layer_prefill_gops, r.int8_peak.best, "int8 peak");
+  j.batch = judge("batched decode", r.batch_gbps(), r.read_bw.best, "best read sample");
+  return j;
+}
+
 nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
+  const LimitRatios lr = JudgeLimits(r);
   return {
       {"model_dir", r.model_dir},
       {"model_kind", r.model_kind},
+      {"pack_type", r.pack_type},
       {"generated_now", r.generated},
       {"generation_s", r.generation_s},
       {"load_s", r.load_s},
@@ -666,7 +722,7 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
       {"prefill_ops", r.prefill_ops},
       {"prefill_gops", r.prefill_gops},
       {"int8_peak_gops", r.int8_peak.best},
-      {"prefill_peak_ratio", Ratio(r.prefill_gops, r.int8_peak.best)},
+      {"prefill_peak_ratio", RatioJson(lr.prefill)},
       {"active_params", r.active_params},
       {"decode_tok_s", r.decode_tok_s},
       {"decode_tok_s_mean", r.decode_tok_s_mean},
@@ -676,32 +732,46 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
       {"routed_expert_bytes_per_token", r.routed_bytes_per_token},
       {"decode_gbps", r.decode_gbps},
       {"read_gbps", r.read_limit_gbps()},
-      {"read_stat", r.steps_paired.read_gbps > 0 ? "median of the reads paired with the decode steps"
+      {"read_stat", r.steps_paired.read_gbps > 0 ? "median of the reads paired with the decode steps, fastest pattern"
                                                  : "best sample (weights not paired)"},
-      {"decode_bw_ratio", Ratio(r.decode_gbps, r.read_limit_gbps())},
+      {"decode_bw_ratio", RatioJson(lr.decode)},
       {"read_gbps_paired", r.steps_paired.read_gbps},
       {"read_paired_pattern", r.steps_paired.pattern},
-      {"decode_bw_ratio_paired", Ratio(r.decode_gbps, r.steps_paired.read_gbps)},
+      {"decode_bw_ratio_paired", RatioJson(lr.decode_paired)},
       {"decode_pair_ratio_median", r.steps_paired.ratio},
       {"fast_regime_steps", r.steps_paired.fast_pairs},
       {"fast_regime_ratio", r.steps_paired.fast_ratio},
       {"read_gbps_best", r.read_bw.best},
       {"read_gbps_best_median", r.read_bw.median()},
       {"read_pattern_best", r.read_bw.pattern},
-      {"decode_bw_ratio_best", Ratio(r.decode_gbps, r.read_bw.best)},
+      {"decode_bw_ratio_best", RatioJson(lr.decode_best)},
+      {"limit_notes", lr.notes},
       {"disk_read_bytes", r.disk_read_bytes},
       {"disk_read_mbps", r.disk_read_mbps},
       {"peak_rss_bytes", r.peak_rss},
       {"peak_rss_excludes_probe", r.peak_rss_reset},
+      {"layer_bytes_per_token", r.layer_bytes_per_token},
+      {"lm_head_bytes", r.lm_head_bytes},
+      {"layer_share_of_bytes", r.layer_share},
+      {"layer_share_of_bytes_full_model", r.layer_share_full},
       {"t_layer_s", r.t_layer_s},
+      {"layer_gbps", r.layer_gbps()},
+      {"layer_bw_ratio", RatioJson(lr.layer)},
       {"t_rest_s", r.t_rest_s},
+      {"lm_head_gbps", r.lm_head_gbps()},
+      {"lm_head_bw_ratio", RatioJson(lr.lm_head)},
+      {"t_layer_prefill_s", r.t_layer_prefill_s},
+      {"layer_prefill_gops", r.layer_prefill_gops},
+      {"layer_prefill_peak_ratio", RatioJson(lr.layer_prefill)},
       {"projected_full_model_tok_s", r.projected_tok_s},
+      {"projected_full_model_prefill_tok_s", r.projected_prefill_tok_s},
       {"projected_full_model_bytes_per_token", r.projected_bytes_per_token},
       {"projection_note",
        Str("all ", shapes::kLayers, " layers taken as this model's layers (the real model has ", shapes::kDenseLayers,
            " dense-attention + dense-MLP layers and ", shapes::kLayers - shapes::kDenseLayers,
-           " MoE sparse ones); per-layer time = median over the steps of (decode step - an lm_head matmul timed "
-           "right after it) / layers; assumes the weights stay in memory")},
+           " MoE sparse ones); decode: per-layer time = median over the steps of (decode step - an lm_head matmul "
+           "timed right after it) / layers; prefill: (time to first token - that lm_head time) / layers; assumes "
+           "the weights stay in memory")},
       {"batch", r.batch},
       {"batch_steps", r.batch_steps},
       {"batch_context", r.batch_context},
@@ -710,7 +780,7 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
       {"batch_speedup", Ratio(r.batch_tok_s(), r.batch_single_tok_s())},
       {"batch_bytes_per_step", r.batch_bytes_per_step},
       {"batch_gbps", r.batch_gbps()},
-      {"batch_bw_ratio_best", Ratio(r.batch_gbps(), r.read_bw.best)},
+      {"batch_bw_ratio_best", RatioJson(lr.batch)},
       {"batch_projected_full_model_bytes_per_step", r.batch_projected_bytes_per_step},
       {"batch_projected_full_model_speedup", r.batch_projected_speedup()},
       {"lookup", r.lookup},
@@ -728,48 +798,64 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
 }
 
 void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
+  const LimitRatios lr = JudgeLimits(r);
   const std::string kind = r.model_kind == "given" ? "given model"
                            : Str(r.model_kind == "synthetic" ? "MiniMax-M3 shapes" : "tiny shapes", ", ", r.layers,
-                                 " of ", shapes::kLayers, " layers, random q4-mixed weights");
+                                 " of ", shapes::kLayers, " layers, random ", r.pack_type, " weights");
   std::fprintf(out, "m3 bench: %s (%s)\n", r.model_dir.c_str(), kind.c_str());
   std::fprintf(out, "cpu %s | simd %s | quant kernels %s | %d threads, numa %s | commit %s | load %.2f -> %.2f\n",
                CpuModel().c_str(), simd_target.c_str(), simd::QuantKernelName(), r.threads, r.numa.c_str(), M3_COMMIT,
                r.loadavg_start, r.loadavg_end);
   const std::string residency =
       r.read_in ? Str(" (read into memory in ", Num(r.read_in_s), " s)") : std::string(" (streamed from storage)");
-  std::fprintf(out, "weights %s%s | active params per token %s M | prompt %d + decode %d tokens\n\n",
+  std::fprintf(out, "weights %s%s | active params per token %s M | prompt %d + decode %d tokens\n",
                Bytes(static_cast<double>(r.weight_bytes)).c_str(), residency.c_str(),
                Num(static_cast<double>(r.active_params) / 1e6).c_str(), r.prompt_tokens, r.decode_tokens);
+  std::fprintf(out, "the layers read %.0f%% of a decode token's bytes here (the 60-layer model: %.0f%%)\n\n",
+               100 * r.layer_share, 100 * r.layer_share_full);
   std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6s\n", "", "value", "unit", "limit", "limit kind", "ratio");
+  // A row against a limit prints its ratio when that is one (<= 1), else "above".
   auto row = [&](const char* name, double v, const char* unit, double limit, const char* limit_kind,
-                 const std::string& note) {
-    if (limit > 0)
+                 const std::string& note, const LimitRatio* judged = nullptr) {
+    if (limit > 0 && judged && judged->valid)
+      std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6.3f\n", name, Num(v).c_str(), unit, Num(limit).c_str(),
+                   limit_kind, judged->ratio);
+    else if (limit > 0 && judged)
+      std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6s\n", name, Num(v).c_str(), unit, Num(limit).c_str(),
+                   limit_kind, "above");
+    else if (limit > 0)
       std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6.3f\n", name, Num(v).c_str(), unit, Num(limit).c_str(),
                    limit_kind, v / limit);
     else
       std::fprintf(out, "%-27s %10s %-6s %s\n", name, Num(v).c_str(), unit, note.c_str());
   };
+  const PairedSamples::Summary& sp = r.steps_paired;
+  const char* read_kind = sp.read_gbps > 0 ? "paired" : "read_bw";
   row("prefill", r.prefill_tok_s, "tok/s", 0, "", "");
   row("time to first token", r.ttft_s, "s", 0, "", "");
-  row("prefill compute", r.prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "");
+  row("prefill compute", r.prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "", &lr.prefill);
+  row("  one layer", r.t_layer_prefill_s * 1e3, "ms", 0, "", Str(Num(r.layer_prefill_gops), " GOP/s"));
+  row("  one layer compute", r.layer_prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "", &lr.layer_prefill);
   row("decode (median step)", r.decode_tok_s, "tok/s", 0, "", Str("mean ", Num(r.decode_tok_s_mean), " tok/s"));
   row("weights read per token", r.bytes_per_token / 1e6, "MB", 0, "",
       Str("routed experts ", Num(r.routed_bytes_per_token / 1e6), " MB"));
-  const PairedSamples::Summary& sp = r.steps_paired;
+  row("decode bandwidth", r.decode_gbps, "GB/s", r.read_limit_gbps(), read_kind, "", &lr.decode);
   if (sp.read_gbps > 0) {
-    row("decode bandwidth", r.decode_gbps, "GB/s", sp.read_gbps, "paired", "");
     if (sp.fast_pairs > 0)
       std::fprintf(out, "  steps in a fast regime     %10zu steps  %10s %-10s %6.3f\n", sp.fast_pairs, "", "paired",
                    sp.fast_ratio);
-    row("  vs best read sample", r.decode_gbps, "GB/s", r.read_bw.best, "read_bw", "");
-  } else {
-    row("decode bandwidth", r.decode_gbps, "GB/s", r.read_bw.best, "read_bw", "");
+    row("  vs best read sample", r.decode_gbps, "GB/s", r.read_bw.best, "read_bw", "", &lr.decode_best);
   }
+  row("  one layer", r.t_layer_s * 1e3, "ms", 0, "",
+      Str(Bytes(r.layer_bytes_per_token), ", ", Num(r.layer_gbps()), " GB/s"));
+  row("  one layer bandwidth", r.layer_gbps(), "GB/s", r.read_limit_gbps(), read_kind, "", &lr.layer);
+  row("  lm_head", r.t_rest_s * 1e3, "ms", 0, "", Str(Bytes(r.lm_head_bytes), ", ", Num(r.lm_head_gbps()), " GB/s"));
+  row("  lm_head bandwidth", r.lm_head_gbps(), "GB/s", r.read_limit_gbps(), read_kind, "", &lr.lm_head);
   if (r.batch > 1) {
     row(Str("decode, ", r.batch, " sequences").c_str(), r.batch_tok_s(), "tok/s", r.batch_single_tok_s(), "1 seq",
         "");
     row("  weights read per step", r.batch_bytes_per_step / 1e6, "MB", 0, "", "");
-    row("  bandwidth", r.batch_gbps(), "GB/s", r.read_bw.best, "read_bw", "");
+    row("  bandwidth", r.batch_gbps(), "GB/s", r.read_bw.best, "read_bw", "", &lr.batch);
     row("  projected 60-layer speedup", r.batch_projected_speedup(), "x", 0, "",
         Str("if bound by bytes read: ", Bytes(r.batch_projected_bytes_per_step), "/step against ", r.batch, " x ",
             Bytes(r.projected_bytes_per_token)));
@@ -785,6 +871,9 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
   row("disk reads during decode", r.disk_read_mbps, "MB/s", 0, "", "");
   row("peak RSS", static_cast<double>(r.peak_rss) / 1e9, "GB", 0, "",
       r.peak_rss_reset ? "" : "includes the 1st probe's buffer");
+  row("projected 60-layer prefill", r.projected_prefill_tok_s, "tok/s", 0, "",
+      Str(Num(r.t_layer_prefill_s * 1e3), " ms/layer x ", shapes::kLayers, " + ", Num(r.t_rest_s * 1e3),
+          " ms lm_head"));
   row("projected 60-layer decode", r.projected_tok_s, "tok/s", 0, "",
       Str(Num(r.t_layer_s * 1e3), " ms/layer x ", shapes::kLayers, " + ", Num(r.t_rest_s * 1e3), " ms lm_head, ",
           Bytes(r.projected_bytes_per_token), "/token"));
@@ -795,13 +884,20 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
                r.int8_peak.samples.size(), Num(r.int8_peak.median()).c_str());
   if (sp.read_gbps > 0)
     std::fprintf(out,
-                 "paired: median read of as many cold weight bytes right after each decode step (%s), the limit "
-                 "decode is judged by: the host's bandwidth switches between regimes, and the read at the moment of "
-                 "the work is its yardstick. Steps in a fast regime: those whose read was >= %.1fx the median, with "
-                 "their median step GB/s / read GB/s.\n",
+                 "paired: median read of as many cold weight bytes right after each decode step, the read patterns "
+                 "taken in turn and the fastest one's (%s) the limit decode is judged by: the host's bandwidth "
+                 "switches between regimes, and the read at the moment of the work is its yardstick. Steps in a fast "
+                 "regime: those whose read was >= %.1fx the median, with their median step GB/s / read GB/s.\n",
                  sp.pattern, PairedSamples::kFastRegime);
+  else
+    std::fprintf(out, "not paired: the weights (%s) are %s, so decode is judged by the best read sample.\n",
+                 Bytes(static_cast<double>(r.weight_bytes)).c_str(),
+                 r.read_in ? "too few to be read cold from memory" : "not resident");
+  for (const std::string& note : lr.notes) std::fprintf(out, "above its limit: %s\n", note.c_str());
   std::fprintf(out,
                "prefill compute: 2 x every layer's active parameters per prompt token + lm_head once (last row).\n"
+               "one layer: decode, the median step minus an lm_head matmul timed right after it, over the layers; "
+               "prefill, the time to first token minus that lm_head time, over the layers.\n"
                "projection: all %zu layers taken as MoE + sparse-attention layers (the real model has %zu dense "
                "ones), weights in memory.\n",
                shapes::kLayers, shapes::kDenseLayers);

@@ -31,6 +31,7 @@
 #include <optional>
 #include <string>
 
+#include "model/packer.h"
 #include "runtime/engine.h"
 
 namespace m3::bench {
@@ -39,6 +40,8 @@ struct ModelBenchOptions {
   std::string model_dir;      // empty: the synthetic model
   std::optional<int> layers;  // synthetic model only; unset: what fits in a third of RAM
   bool tiny = false;          // synthetic model at small shapes (smoke tests)
+  PackType type = PackType::kQ4Mixed;  // synthetic model only: its pack type
+  bool type_given = false;    // --type was given (refused with -m)
   std::string cache_dir;      // synthetic model cache; empty: $XDG_CACHE_HOME/m3 or ~/.cache/m3
   int prompt_tokens = 512;
   int decode_tokens = 128;

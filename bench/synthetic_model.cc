@@ -36,7 +36,7 @@ namespace fs = std::filesystem;
 using simd::WeightFormat;
 
 // Part of the folder name: bump it when shapes or values change, so old caches are not reused.
-constexpr int kGeneratorVersion = 1;
+constexpr int kGeneratorVersion = 2;
 constexpr const char* kGeneratorName = "m3 bench synthetic model";
 
 // Generation unit: one chunk is filled by all threads, hashed, then written (bounded memory).
@@ -69,8 +69,8 @@ ModelConfig ParsedConfig(int layers, bool tiny) {
   return std::move(cfg).value();  // a generator bug if it does not parse; tests cover it
 }
 
-nlohmann::json GeneratorMeta(int layers, bool tiny) {
-  return {{"pack_type", PackTypeName(PackType::kQ4Mixed)},
+nlohmann::json GeneratorMeta(int layers, bool tiny, PackType type) {
+  return {{"pack_type", PackTypeName(type)},
           {"m3_version", M3_VERSION_STRING},
           {"source",
            {{"dir", "synthetic (m3 bench): random weights"},
@@ -265,8 +265,8 @@ Status CheckCached(const fs::path& dir, const nlohmann::json& config, const Pack
   return Status::Ok();
 }
 
-Status Generate(const fs::path& dir, int layers, bool tiny, const PackLayout& planned, const ThreadConfig& tc,
-                FILE* log) {
+Status Generate(const fs::path& dir, int layers, bool tiny, PackType type, const PackLayout& planned,
+                const ThreadConfig& tc, FILE* log) {
   const fs::path final_path = dir / kPackFileName;
   const fs::path partial_path = dir / (std::string(kPackFileName) + ".partial");
   for (const PackedTensor& t : planned.tensors()) {
@@ -281,7 +281,7 @@ Status Generate(const fs::path& dir, int layers, bool tiny, const PackLayout& pl
   // A stale or damaged file is ours to replace; removing it first frees its space.
   fs::remove(final_path, ec);
   fs::remove(partial_path, ec);
-  const uint64_t need = SyntheticModelBytes(layers, tiny) + (uint64_t{64} << 20);
+  const uint64_t need = SyntheticModelBytes(layers, tiny, type) + (uint64_t{64} << 20);
   struct statvfs vfs;
   if (::statvfs(dir.c_str(), &vfs) == 0) {
     const uint64_t avail = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
@@ -312,7 +312,7 @@ Status Generate(const fs::path& dir, int layers, bool tiny, const PackLayout& pl
     if (t.scales.bytes) M3_RETURN_IF_ERROR(WriteRegion(*writer, tc, t.scales, scale_fill, buf, &scale_hash, &progress));
     t.hash = PackedTensorHash(data_hash.Digest(), scale_hash.Digest());
   }
-  M3_RETURN_IF_ERROR(writer->Finish(layout, GeneratorMeta(layers, tiny)));
+  M3_RETURN_IF_ERROR(writer->Finish(layout, GeneratorMeta(layers, tiny, type)));
   fs::rename(partial_path, final_path, ec);
   if (ec) return IoError(final_path.string(), ": cannot rename the finished file into place: ", ec.message());
   guard.armed = false;
@@ -373,18 +373,43 @@ nlohmann::json SyntheticConfigJson(int layers, bool tiny) {
   };
 }
 
-uint64_t SyntheticModelBytes(int layers, bool tiny) {
-  const PackLayout layout = PlanPackLayout(ParsedConfig(layers, tiny), 0, PackType::kQ4Mixed);
-  const uint64_t directory = PackDirectoryJson(layout, GeneratorMeta(layers, tiny)).dump().size();
+uint64_t SyntheticModelBytes(int layers, bool tiny, PackType type) {
+  const PackLayout layout = PlanPackLayout(ParsedConfig(layers, tiny), 0, type);
+  const uint64_t directory = PackDirectoryJson(layout, GeneratorMeta(layers, tiny, type)).dump().size();
   return (layout.data_end() + kPackAlign - 1) / kPackAlign * kPackAlign + directory;
 }
 
-int DefaultSyntheticLayers(bool tiny) {
+double DecodeBytes::LayerShare(int layers) const {
+  const double l = static_cast<double>(per_layer) * layers;
+  return l + static_cast<double>(lm_head) > 0 ? l / (l + static_cast<double>(lm_head)) : 0;
+}
+
+DecodeBytes SyntheticDecodeBytes(bool tiny, PackType type) {
+  const ModelConfig cfg = ParsedConfig(1, tiny);
+  const PackLayout layout = PlanPackLayout(cfg, 0, type);
+  DecodeBytes b;
+  for (const PackedTensor& t : layout.tensors()) {
+    const uint64_t bytes = t.data.bytes + t.scales.bytes;
+    int layer = 0, expert = 0;
+    if (RoutedExpertOf(cfg, t.name, &layer, &expert)) {
+      b.per_layer += expert < cfg.experts_per_token ? bytes : 0;  // top-k of the equally sized experts
+    } else if (t.name == "lm_head.weight" || t.name == "model.norm.weight") {
+      b.lm_head += bytes;
+    } else if (t.name != "model.embed_tokens.weight") {
+      b.per_layer += bytes;
+    }
+  }
+  return b;
+}
+
+int DefaultSyntheticLayers(bool tiny, PackType type) {
   if (tiny) return 2;
-  const uint64_t one = SyntheticModelBytes(1, false), per_layer = SyntheticModelBytes(2, false) - one;
-  const uint64_t budget = PhysicalMemory() / 3;
-  if (budget <= one) return 1;
-  return static_cast<int>(std::min<uint64_t>(shapes::kLayers, 1 + (budget - one) / per_layer));
+  const DecodeBytes decode = SyntheticDecodeBytes(false, type);
+  int layers = 1;
+  while (layers < static_cast<int>(shapes::kLayers) && decode.LayerShare(layers) < kMoeShareTarget) ++layers;
+  const uint64_t budget = PhysicalMemory() / 3 * 2;
+  while (layers > 1 && SyntheticModelBytes(layers, false, type) > budget) --layers;
+  return layers;
 }
 
 std::string DefaultCacheDir() {
@@ -394,8 +419,10 @@ std::string DefaultCacheDir() {
   return (fs::path(home && *home ? home : ".") / ".cache" / "m3").string();
 }
 
-std::string SyntheticModelDir(const std::string& cache_dir, int layers, bool tiny) {
-  return (fs::path(cache_dir) / Str("bench-model-", tiny ? "tiny-" : "", layers, "L-v", kGeneratorVersion)).string();
+std::string SyntheticModelDir(const std::string& cache_dir, int layers, bool tiny, PackType type) {
+  return (fs::path(cache_dir) /
+          Str("bench-model-", tiny ? "tiny-" : "", PackTypeName(type), "-", layers, "L-v", kGeneratorVersion))
+      .string();
 }
 
 StatusOr<SyntheticModel> EnsureSyntheticModel(const SyntheticModelOptions& options, FILE* log) {
@@ -403,10 +430,11 @@ StatusOr<SyntheticModel> EnsureSyntheticModel(const SyntheticModelOptions& optio
     return InvalidArgument("--layers must be 1..", shapes::kLayers, " (the real model has ", shapes::kLayers,
                            "), got ", options.layers);
   SyntheticModel m;
-  m.layers = options.layers > 0 ? options.layers : DefaultSyntheticLayers(options.tiny);
-  m.dir = SyntheticModelDir(options.cache_dir.empty() ? DefaultCacheDir() : options.cache_dir, m.layers, options.tiny);
+  m.layers = options.layers > 0 ? options.layers : DefaultSyntheticLayers(options.tiny, options.type);
+  m.dir = SyntheticModelDir(options.cache_dir.empty() ? DefaultCacheDir() : options.cache_dir, m.layers, options.tiny,
+                            options.type);
   const nlohmann::json config = SyntheticConfigJson(m.layers, options.tiny);
-  const PackLayout layout = PlanPackLayout(ParsedConfig(m.layers, options.tiny), 0, PackType::kQ4Mixed);
+  const PackLayout layout = PlanPackLayout(ParsedConfig(m.layers, options.tiny), 0, options.type);
   const Status cached = CheckCached(m.dir, config, layout);
   std::error_code ec;
   if (cached.ok()) {
@@ -417,13 +445,13 @@ StatusOr<SyntheticModel> EnsureSyntheticModel(const SyntheticModelOptions& optio
   if (log) {
     if (cached.code() != StatusCode::kNotFound)
       std::fprintf(log, "m3 bench: the cached model cannot be used (%s); generating it again\n", cached.message().c_str());
-    std::fprintf(log, "m3 bench: generating a %d-layer benchmark model with the %s in %s (%s, once)\n", m.layers,
-                 options.tiny ? "tiny test shapes" : "MiniMax-M3 shapes", m.dir.c_str(),
-                 Size(SyntheticModelBytes(m.layers, options.tiny)).c_str());
+    std::fprintf(log, "m3 bench: generating a %d-layer %s benchmark model with the %s in %s (%s, once)\n", m.layers,
+                 PackTypeName(options.type), options.tiny ? "tiny test shapes" : "MiniMax-M3 shapes", m.dir.c_str(),
+                 Size(SyntheticModelBytes(m.layers, options.tiny, options.type)).c_str());
   }
   const auto start = std::chrono::steady_clock::now();
   const ThreadConfig tc{ResolveThreadCount(options.threads)};
-  M3_RETURN_IF_ERROR(Generate(m.dir, m.layers, options.tiny, layout, tc, log));
+  M3_RETURN_IF_ERROR(Generate(m.dir, m.layers, options.tiny, options.type, layout, tc, log));
   m.generated = true;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   m.file_bytes = fs::file_size(fs::path(m.dir) / kPackFileName, ec);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "model/packer.h"
 #if M3_HAVE_BENCH
 #include "bench/attention_bench.h"
 #include "bench/kernel_bench.h"
@@ -34,6 +35,7 @@ struct BenchArgs {
   // End to end only.
   std::string model, cache_dir;
   std::optional<int> layers;
+  std::optional<std::string> type;  // the generated model's pack type
   int prompt_tokens = 512, decode_tokens = 128, batch = 4, lookup = 3;
   bool tiny = false;
   EngineArgs engine;  // --numa, --mlock-dense (threads come from -t above)
@@ -136,6 +138,15 @@ int RunEndToEnd(const BenchArgs& args) {
   opts.engine = engine_options.value();
   opts.model_dir = args.model;
   opts.layers = args.layers;
+  if (args.type) {
+    const std::optional<PackType> type = ParsePackType(*args.type);
+    if (!type) {
+      std::fprintf(stderr, "m3 bench: --type: unknown pack type '%s' (q8, q4 or q4-mixed)\n", args.type->c_str());
+      return 2;
+    }
+    opts.type = *type;
+    opts.type_given = true;
+  }
   opts.tiny = args.tiny;
   opts.cache_dir = args.cache_dir;
   opts.prompt_tokens = args.prompt_tokens;
@@ -220,7 +231,10 @@ void AddBenchCommand(CLI::App& app, int* rc) {
   std::vector<CLI::Option*> end_to_end = {
       cmd->add_option("-m,--model", args->model, "Model folder to benchmark (default: the generated model)"),
       cmd->add_option("--layers", args->layers,
-                      "Layers of the generated model (default: what fits in about a third of RAM)"),
+                      "Layers of the generated model (default: the fewest whose MoE layers read 2/3 of a decode "
+                      "token's bytes, as in the 60-layer model, capped at what fits in 2/3 of RAM)"),
+      cmd->add_option("--type", args->type,
+                      "Pack type of the generated model: q4-mixed (default; routed experts q4, the rest q8), q4 or q8"),
       cmd->add_option("-p,--prompt-tokens", args->prompt_tokens, "Prompt tokens of the prefill (default 512)"),
       cmd->add_option("-n,--decode-tokens", args->decode_tokens, "Tokens to decode (default 128)"),
       cmd->add_option("--batch", args->batch,

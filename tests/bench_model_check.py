@@ -26,16 +26,27 @@ def run(args, timeout=300):
 
 
 POSITIVE = ["prefill_tok_s", "decode_tok_s", "decode_tok_s_mean", "ttft_s", "bytes_per_token", "decode_gbps",
-            "read_gbps", "decode_bw_ratio", "prefill_gops", "int8_peak_gops", "prefill_peak_ratio", "peak_rss_bytes",
+            "read_gbps", "prefill_gops", "int8_peak_gops", "peak_rss_bytes",
             "threads", "layers", "projected_full_model_tok_s", "active_params", "weight_bytes", "t_layer_s",
+            "projected_full_model_prefill_tok_s", "layer_bytes_per_token", "lm_head_bytes", "layer_share_of_bytes",
+            "layer_share_of_bytes_full_model", "layer_gbps", "lm_head_gbps",
             "batch_tok_s", "batch_single_tok_s", "batch_speedup", "batch_bytes_per_step", "batch_gbps",
             "batch_projected_full_model_bytes_per_step", "batch_projected_full_model_speedup",
             "lookup_step_ms", "lookup_single_step_ms", "lookup_step_cost", "lookup_bytes_per_step",
             "lookup_projected_full_model_step_cost"]
 NON_NEGATIVE = ["disk_read_mbps", "disk_read_bytes", "t_rest_s", "load_s", "routed_expert_bytes_per_token",
-                "read_gbps_paired", "decode_bw_ratio_paired", "read_gbps_best", "decode_bw_ratio_best",
+                "read_gbps_paired", "read_gbps_best", "t_layer_prefill_s", "layer_prefill_gops",
                 "decode_pair_ratio_median", "fast_regime_steps", "fast_regime_ratio"]
 STRINGS = ["simd_target", "model_dir", "cpu", "commit", "projection_note", "quant_kernels"]
+# Ratios to a machine limit: a number in (0, 1], or null with a note in limit_notes (never above 1).
+LIMIT_RATIOS = [("decode_bw_ratio", "decode_gbps", "read_gbps"),
+                ("decode_bw_ratio_paired", "decode_gbps", "read_gbps_paired"),
+                ("decode_bw_ratio_best", "decode_gbps", "read_gbps_best"),
+                ("layer_bw_ratio", "layer_gbps", "read_gbps"),
+                ("lm_head_bw_ratio", "lm_head_gbps", "read_gbps"),
+                ("prefill_peak_ratio", "prefill_gops", "int8_peak_gops"),
+                ("layer_prefill_peak_ratio", "layer_prefill_gops", "int8_peak_gops"),
+                ("batch_bw_ratio_best", "batch_gbps", "read_gbps_best")]
 
 
 def check_report(p, label):
@@ -69,13 +80,19 @@ def check_report(p, label):
         # A verify step over 1 + 3 tokens reads the weights once, its rows' experts as a union.
         check(r["bytes_per_token"] * 0.5 <= r["lookup_bytes_per_step"] <= 4 * r["bytes_per_token"] * 1.5,
               f"{label}: lookup bytes per step")
-    for ratio, value, limit in (("decode_bw_ratio", "decode_gbps", "read_gbps"),
-                                ("decode_bw_ratio_paired", "decode_gbps", "read_gbps_paired"),
-                                ("decode_bw_ratio_best", "decode_gbps", "read_gbps_best"),
-                                ("prefill_peak_ratio", "prefill_gops", "int8_peak_gops"),
-                                ("batch_speedup", "batch_tok_s", "batch_single_tok_s"),
-                                ("batch_bw_ratio_best", "batch_gbps", "read_gbps_best"),
-                                ("lookup_step_cost", "lookup_step_ms", "lookup_single_step_ms")):
+    notes = r.get("limit_notes")
+    check(isinstance(notes, list) and all(isinstance(n, str) and n for n in notes), f"{label}: limit_notes {notes!r}")
+    notes = notes if isinstance(notes, list) else []
+    for ratio, value, limit in LIMIT_RATIOS:
+        v, work, lim = r.get(ratio, "missing"), r.get(value), r.get(limit)
+        if v is None:  # no ratio: the work was above the limit (or there is no limit), and a note says so
+            if isinstance(work, (int, float)) and isinstance(lim, (int, float)) and lim > 0:
+                check(work > lim, f"{label}: {ratio} is null though {value} {work} <= {limit} {lim}")
+                check(any(f"({lim:.4g})" in n for n in notes), f"{label}: {ratio} is null and no note names {lim:.4g}: {notes}")
+            continue
+        check(isinstance(v, (int, float)) and 0 < v <= 1.0, f"{label}: {ratio} = {v!r} is not a ratio to a limit")
+    for ratio, value, limit in LIMIT_RATIOS + [("batch_speedup", "batch_tok_s", "batch_single_tok_s"),
+                                               ("lookup_step_cost", "lookup_step_ms", "lookup_single_step_ms")]:
         if all(isinstance(r.get(k), (int, float)) and r.get(k) > 0 for k in (ratio, value, limit)):
             check(math.isclose(r[ratio], r[value] / r[limit], rel_tol=1e-9),
                   f"{label}: {ratio} {r[ratio]} != {value} / {limit} = {r[value] / r[limit]}")
@@ -87,6 +104,16 @@ def check_report(p, label):
               f"{label}: decode_gbps != bytes_per_token x decode_tok_s")
     if all(isinstance(r.get(k), (int, float)) for k in ("prefill_tok_s", "ttft_s")):
         check(math.isclose(r["prefill_tok_s"], 16 / r["ttft_s"], rel_tol=1e-9), f"{label}: prefill_tok_s != 16 / ttft_s")
+    if all(isinstance(r.get(k), (int, float)) for k in ("t_layer_prefill_s", "t_rest_s", "ttft_s", "layers")):
+        # The projection's parts: layers x per-layer time + one lm_head = the measured prefill.
+        check(math.isclose(r["t_layer_prefill_s"] * r["layers"] + r["t_rest_s"], r["ttft_s"], rel_tol=1e-6)
+              or r["t_layer_prefill_s"] == 0, f"{label}: prefill per layer does not add up")
+        check(math.isclose(r["projected_full_model_prefill_tok_s"],
+                           16 / (60 * r["t_layer_prefill_s"] + r["t_rest_s"]), rel_tol=1e-6),
+              f"{label}: projected prefill")
+    if all(isinstance(r.get(k), (int, float)) for k in ("layer_bytes_per_token", "lm_head_bytes", "bytes_per_token", "layers")):
+        check(r["layer_bytes_per_token"] * r["layers"] + r["lm_head_bytes"] <= r["bytes_per_token"] * (1 + 1e-9),
+              f"{label}: layer and lm_head bytes exceed the token's")
     return r
 
 
@@ -125,6 +152,13 @@ with tempfile.TemporaryDirectory() as cache:
     r5 = check_report(p, "--numa split run")
     check("split" in str(r5.get("numa", "")), f"--numa split run: numa field {r5.get('numa')!r}")
 
+    # Other pack types: their own cached models, the type in the report.
+    for t in ("q4", "q8"):
+        p = run(args + ["--type", t])
+        rt = check_report(p, f"--type {t} run")
+        check(rt.get("pack_type") == t and f"-{t}-" in rt.get("model_dir", ""), f"--type {t}: {rt.get('pack_type')}, {rt.get('model_dir')}")
+    check(r1.get("pack_type") == "q4-mixed", f"default pack type {r1.get('pack_type')}")
+
     # -m on the generated folder benchmarks it as a given model.
     if model_dir:
         p = run(["-m", model_dir, "--json", "-p", "16", "-n", "4"])
@@ -138,6 +172,8 @@ with tempfile.TemporaryDirectory() as cache:
            (["--layers", "0", "--cache-dir", cache], "--layers"),
            (["--tiny", "-p", "5000", "-n", "4", "--cache-dir", cache], "context"),
            (["-m", cache, "--tiny"], "-m"),
+           (["-m", cache, "--type", "q4"], "--type"),
+           (["--tiny", "--type", "q3", "--cache-dir", cache], "--type"),
            (["--kernels", "-p", "16"], "end-to-end"),
            (["--tiny", "--batch", "0", "--cache-dir", cache], "--batch"),
            (["--tiny", "--lookup", "-1", "--cache-dir", cache], "--lookup"),
