@@ -1,6 +1,7 @@
-// The MoE block: its work split (ForEachShare) and MoeForward against the block written out
+// The MoE block: its work split (ForEachShare, ForEachDynamicShare) and MoeForward against the block written out
 // token by token with RouteToken and MlpForward, for raw and packed weights, on 1-3 threads.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -59,6 +60,48 @@ TEST_CASE("ForEachShare gives every unit to exactly one thread, in shares of equ
     ForEachShare(units, cost, t, 4, [&](size_t, size_t b, size_t e) { got += e - b; });
     CHECK(got == 48);
   }
+}
+
+TEST_CASE("ForEachDynamicShare gives every unit to exactly one piece", "[moe]") {
+  std::mt19937 rng(6);
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t jobs = 1 + rng() % 9;
+    std::vector<size_t> units(jobs);
+    std::vector<uint64_t> cost(jobs);
+    for (size_t j = 0; j < jobs; ++j) {
+      units[j] = rng() % 50;
+      cost[j] = trial % 3 == 0 && j == 0 ? 1000 : rng() % 20;  // zero-cost jobs too
+    }
+    const int threads = 1 + static_cast<int>(rng() % 8);
+    std::vector<std::vector<int>> owner(jobs);
+    for (size_t j = 0; j < jobs; ++j) owner[j].assign(units[j], 0);
+    // One caller drains the cursor piece by piece (pieces sized for `threads`): every unit of a
+    // job with a cost is in exactly one piece, whichever thread would have taken it.
+    std::atomic<uint64_t> cursor{0};
+    ForEachDynamicShare(units, cost, threads, cursor, [&](size_t j, size_t b, size_t e) {
+      REQUIRE(b < e);
+      REQUIRE(e <= units[j]);
+      for (size_t u = b; u < e; ++u) ++owner[j][u];
+    });
+    ForEachDynamicShare(units, cost, threads, cursor, [&](size_t, size_t, size_t) { FAIL("a drained cursor gave work"); });
+    for (size_t j = 0; j < jobs; ++j)
+      for (size_t u = 0; u < units[j]; ++u) CHECK(owner[j][u] == (cost[j] > 0 ? 1 : 0));
+  }
+}
+
+TEST_CASE("ForEachDynamicShare split over real threads computes each unit once", "[moe]") {
+  const std::vector<size_t> units{192, 384, 5, 0, 192};
+  const std::vector<uint64_t> cost{16, 16, 3, 7, 1};
+  std::vector<std::vector<std::atomic<int>>> owner;
+  for (size_t n : units) owner.emplace_back(n);
+  std::atomic<uint64_t> cursor{0};
+  ParallelRegion(ThreadConfig{3}, [&](int, int nt, auto) {
+    ForEachDynamicShare(units, cost, nt, cursor, [&](size_t j, size_t b, size_t e) {
+      for (size_t u = b; u < e; ++u) owner[j][u].fetch_add(1);
+    });
+  });
+  for (const auto& job : owner)
+    for (const auto& c : job) CHECK(c.load() == 1);
 }
 
 // An MoE layer's weights with storage that outlives the test's use of them.

@@ -1,6 +1,7 @@
 #include "ops/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -122,12 +123,13 @@ void MatMulSameInput(const ThreadConfig& tc, std::span<const MatMulTarget> targe
   sc.tiles.resize(targets.size());
   for (size_t i = 0; i < targets.size(); ++i) sc.tiles[i] = MatMulRowTiles(*targets[i].w);
   sc.ones.assign(targets.size(), 1);  // unit costs (ForEachShare reads as many as it has units)
+  std::atomic<uint64_t> cursor{0};
   ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
     ForEachShare(sc.prepare_rows, sc.ones, tid, nt,
                  [&](size_t j, size_t t0, size_t t1) { inputs[j].PrepareRows(t0, t1); });
     barrier();
-    // Few tokens: row tiles split finely so every thread gets work; many tokens: any split balances.
-    ForEachShare(sc.tiles, sc.ones, tid, nt, [&](size_t i, size_t tile_begin, size_t tile_end) {
+    // Row tiles handed out while the threads run: a thread slowed by its memory takes fewer.
+    ForEachDynamicShare(sc.tiles, sc.ones, nt, cursor, [&](size_t i, size_t tile_begin, size_t tile_end) {
       inputs[sc.input_of[i]].Multiply(*targets[i].w, tile_begin, tile_end, targets[i].y, targets[i].ldy);
     });
   });

@@ -1,6 +1,7 @@
 #include "ops/moe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -192,6 +193,7 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
       node_down[static_cast<size_t>(node)].push_back(MatMulRowTiles(sl.local.down));
     }
 
+  std::atomic<uint64_t> gate_up_cursor{0}, down_cursor{0};
   ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
     // (A) Quantize every token for the shared expert and the routed source; then gather each
     // routed expert's rows: int8 rows from the source, or fp32 rows quantized for its weights.
@@ -225,9 +227,9 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
                      const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][s.jobs[i].expert];
                      gate_up(sl.local, sl.gate_up_tile0, s.jobs[i], b, e);
                    });
-    } else {
-      ForEachShare(gate_up_tiles, per_row, tid, nt,
-                   [&](size_t i, size_t b, size_t e) { gate_up(*s.jobs[i].w, 0, s.jobs[i], b, e); });
+    } else {  // tiles handed out while the threads run: a thread slowed by its memory takes fewer
+      ForEachDynamicShare(gate_up_tiles, per_row, nt, gate_up_cursor,
+                          [&](size_t i, size_t b, size_t e) { gate_up(*s.jobs[i].w, 0, s.jobs[i], b, e); });
     }
     barrier();
     // (C) SwiGLU, then quantize for the down weights.
@@ -247,7 +249,7 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
                      J.down_in.Multiply(sl.local.down, b, e, J.y + sl.down_tile0 * kMatMulRowTile, hidden);
                    });
     } else {
-      ForEachShare(down_tiles, per_row, tid, nt, [&](size_t i, size_t b, size_t e) {
+      ForEachDynamicShare(down_tiles, per_row, nt, down_cursor, [&](size_t i, size_t b, size_t e) {
         const ExpertJob& J = s.jobs[i];
         J.down_in.Multiply(J.w->down, b, e, J.y, hidden);
       });

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -65,6 +66,32 @@ void ParallelRegion(const ThreadConfig& tc, Fn&& fn) {
   });
 }
 
+// Calls fn(j, begin, end) for the units of each job whose cost point falls in [c0, c1): job j has
+// units[j] units of unit_cost[j] each, laid end to end, and unit i of job j sits at the cost
+// point (cost before job j) + i * unit_cost[j]. Ranges that tile [0, total) give every unit to
+// exactly one of them.
+template <class Fn>
+void ForEachUnitInCostRange(const std::vector<size_t>& units, const std::vector<uint64_t>& unit_cost, uint64_t c0,
+                            uint64_t c1, Fn&& fn) {
+  auto ceil_div = [](uint64_t a, uint64_t b) { return (a + b - 1) / b; };
+  uint64_t start = 0;  // cost before job j
+  for (size_t j = 0; j < units.size() && start < c1; ++j) {
+    const uint64_t u = unit_cost[j], end = start + units[j] * u;
+    if (u > 0 && end > c0 && start < c1) {
+      const size_t b = c0 > start ? static_cast<size_t>(ceil_div(c0 - start, u)) : 0;
+      const size_t e = c1 >= end ? units[j] : static_cast<size_t>(ceil_div(c1 - start, u));
+      if (b < e) fn(j, b, e);
+    }
+    start = end;
+  }
+}
+
+inline uint64_t TotalCost(const std::vector<size_t>& units, const std::vector<uint64_t>& unit_cost) {
+  uint64_t total = 0;
+  for (size_t j = 0; j < units.size(); ++j) total += units[j] * unit_cost[j];
+  return total;
+}
+
 // Work split by cost: job j has units[j] units of unit_cost[j] each (row tiles times tokens, say).
 // Calls fn(j, begin, end) for the units of each job inside this thread's share: contiguous
 // shares of equal total cost, so one expensive job (an expert that took most tokens) is spread
@@ -73,21 +100,27 @@ void ParallelRegion(const ThreadConfig& tc, Fn&& fn) {
 template <class Fn>
 void ForEachShare(const std::vector<size_t>& units, const std::vector<uint64_t>& unit_cost, int thread, int threads,
                   Fn&& fn) {
-  uint64_t total = 0;
-  for (size_t j = 0; j < units.size(); ++j) total += units[j] * unit_cost[j];
+  const uint64_t total = TotalCost(units, unit_cost);
   const auto t = static_cast<uint64_t>(thread), nt = static_cast<uint64_t>(threads);
-  const uint64_t c0 = total * t / nt, c1 = total * (t + 1) / nt;
-  auto ceil_div = [](uint64_t a, uint64_t b) { return (a + b - 1) / b; };
-  uint64_t start = 0;  // cost before job j
-  for (size_t j = 0; j < units.size(); ++j) {
-    const uint64_t u = unit_cost[j], end = start + units[j] * u;
-    if (u > 0 && end > c0 && start < c1) {
-      // Unit i (cost point start + i * u) belongs to the share that contains that point.
-      const size_t b = c0 > start ? static_cast<size_t>(ceil_div(c0 - start, u)) : 0;
-      const size_t e = c1 >= end ? units[j] : static_cast<size_t>(ceil_div(c1 - start, u));
-      if (b < e) fn(j, b, e);
-    }
-    start = end;
+  ForEachUnitInCostRange(units, unit_cost, total * t / nt, total * (t + 1) / nt, fn);
+}
+
+// The same units handed out while the threads run: each thread takes the next piece of about
+// total / (threads x kPiecesPerThread) cost from `cursor` (0 before the region, shared by its
+// threads) until none is left. For memory-bound work whose threads do not read at the same
+// speed (another tenant, a busier memory channel, an interrupt): a static share leaves the fast
+// ones waiting at the barrier for the slowest, here they take its pieces. Every unit still goes
+// to exactly one thread and is computed whole by it, so the results do not depend on who did what.
+inline constexpr uint64_t kPiecesPerThread = 8;
+template <class Fn>
+void ForEachDynamicShare(const std::vector<size_t>& units, const std::vector<uint64_t>& unit_cost, int threads,
+                         std::atomic<uint64_t>& cursor, Fn&& fn) {
+  const uint64_t total = TotalCost(units, unit_cost);
+  const uint64_t piece = std::max<uint64_t>(1, total / (static_cast<uint64_t>(std::max(threads, 1)) * kPiecesPerThread));
+  for (;;) {
+    const uint64_t c0 = cursor.fetch_add(piece, std::memory_order_relaxed);
+    if (c0 >= total) return;
+    ForEachUnitInCostRange(units, unit_cost, c0, std::min(total, c0 + piece), fn);
   }
 }
 
