@@ -75,7 +75,11 @@ void DecodeRowsImpl(const WeightRef& w, size_t row0, size_t n_rows, float* out) 
         }
         continue;  // tail and scales done
       }
-      default:  // tiled formats: element by element (embedding lookups only; matmuls use the int8 kernels)
+      default:  // tiled formats (embedding lookups only; matmuls use the int8 kernels)
+        if (IsTiled(w.format)) {
+          DecodeTiledRow(w, row0 + r, o);
+          continue;
+        }
         break;
     }
     for (; c < cols; ++c) o[c] = WeightAt(w, row0 + r, c);

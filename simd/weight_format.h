@@ -191,6 +191,46 @@ inline float TiledWeightAt(const WeightRef& w, size_t r, size_t c) {
   return static_cast<float>(code - kQ4Zero) * scale;
 }
 
+// Row r of a tiled matrix into out[0, cols): the values TiledWeightAt gives, with each group's
+// scale found once (a prompt's embedding lookups: ~10x fewer operations than element by element).
+inline void DecodeTiledRow(const WeightRef& w, size_t r, float* out) {
+  const size_t tile = r / kTileRows, tr = r % kTileRows;
+  const uint8_t* t = static_cast<const uint8_t*>(w.data) + tile * w.tile_bytes();
+  if (w.format == WeightFormat::kBF16Tiled) {
+    for (size_t c = 0; c < w.cols; ++c) {
+      uint16_t h;
+      std::memcpy(&h, t + ((c / 2) * kTileRows * 2 + tr * 2 + c % 2) * 2, 2);
+      out[c] = Bf16ToF32(h);
+    }
+    return;
+  }
+  const size_t G = w.group;
+  for (size_t g = 0; g * G < w.cols; ++g) {
+    const size_t n = std::min(G, w.cols - g * G);
+    float* o = out + g * G;
+    if (w.format == WeightFormat::kQ8) {
+      float row_scale;
+      std::memcpy(&row_scale, w.q8_row_scales(tile) + tr * 4, 4);
+      const int shift = std::min<int>(w.q8_shifts(tile)[g * kTileRows + tr], kQ8MaxShift);
+      const float scale = std::ldexp(row_scale, -shift);
+      const uint8_t* codes = t + g * G * kTileRows + tr * 4;
+      for (size_t in = 0; in < n; ++in)
+        o[in] = static_cast<float>(static_cast<int>(codes[(in / 4) * 64 + in % 4]) - kQ8Zero) * scale;
+      continue;
+    }
+    uint16_t scale_bits;
+    std::memcpy(&scale_bits, w.tile_scales(tile) + g * kTileRows + tr, 2);
+    const float scale = F16ToF32(scale_bits);
+    const size_t half = G / 8;
+    const uint8_t* codes = t + g * G * kTileRows / 2 + tr * 4;
+    for (size_t in = 0; in < n; ++in) {
+      const size_t quad = in / 4;
+      const uint8_t byte = codes[(quad % half) * 64 + in % 4];
+      o[in] = static_cast<float>((quad < half ? (byte & 0xF) : (byte >> 4)) - kQ4Zero) * scale;
+    }
+  }
+}
+
 // Exact value of element (r, c).
 inline float WeightAt(const WeightRef& w, size_t r, size_t c) {
   if (IsTiled(w.format)) return TiledWeightAt(w, r, c);

@@ -8,6 +8,7 @@
 
 #include "attention_kernels.h"
 #include "kernels.h"
+#include "weight_pack.h"
 #include "test_util.h"
 
 namespace m3::simd {
@@ -86,6 +87,38 @@ TEST_CASE("DecodeRows matches the scalar decoder for every format", "[kernels]")
           }
         }
       });
+    }
+  }
+}
+
+TEST_CASE("DecodeRows of tiled formats gives every element's TiledWeightAt value", "[kernels]") {
+  std::mt19937 rng(9);
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kBF16Tiled}) {
+    for (size_t cols : {32, 64, 96, 130, 300}) {
+      for (size_t group : {32, 64, 128}) {
+        if (f == WeightFormat::kBF16Tiled && group != 32) continue;
+        const size_t rows = 37;  // three tiles, the last partial
+        WeightRef w = TiledShape(f, rows, cols, f == WeightFormat::kBF16Tiled ? 0 : group);
+        std::vector<uint8_t> codes(TiledCodeBytes(w)), scales(std::max<size_t>(1, TiledScaleBytes(w)));
+        for (auto& b : codes) b = static_cast<uint8_t>(rng());
+        for (auto& b : scales) b = static_cast<uint8_t>(rng() % 60);  // finite fp16/fp32 scales, small shifts
+        w.data = codes.data();
+        w.scales = scales.data();
+        INFO("format " << WeightFormatName(f) << " cols " << cols << " group " << group);
+        std::vector<float> got(3 * cols);
+        ForEachTarget([&] {
+          DecodeRows(w, 16, 3, got.data());  // rows 16-18: the middle tile
+          for (size_t r = 0; r < 3; ++r)
+            for (size_t c = 0; c < cols; ++c) {
+              const float want = TiledWeightAt(w, 16 + r, c);
+              if (std::isnan(want)) CHECK(std::isnan(got[r * cols + c]));
+              else CHECK(got[r * cols + c] == want);
+            }
+          DecodeRows(w, rows - 1, 1, got.data());  // the last row, in the partial tile
+          for (size_t c = 0; c < cols; ++c)
+            if (!std::isnan(TiledWeightAt(w, rows - 1, c))) CHECK(got[c] == TiledWeightAt(w, rows - 1, c));
+        });
+      }
     }
   }
 }
