@@ -159,7 +159,7 @@ HWY_INLINE void KeyScoreSteps(const float* HWY_RESTRICT q, size_t ldq, const flo
   const DF df;
   const size_t N = hn::Lanes(df);
   hn::Vec<DF> acc[kRows][kCols];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int i = 0; i < kRows; ++i)
 #pragma GCC unroll 8
     for (int c = 0; c < kCols; ++c) acc[i][c] = hn::Zero(df);
@@ -167,7 +167,7 @@ HWY_INLINE void KeyScoreSteps(const float* HWY_RESTRICT q, size_t ldq, const flo
     hn::Vec<DF> k[kCols];
 #pragma GCC unroll 8
     for (int c = 0; c < kCols; ++c) k[c] = hn::LoadU(df, kt + d * ldk + u0 + c * N);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < kRows; ++i) {
       const auto qv = hn::Set(df, q[i * ldq + d]);
 #pragma GCC unroll 8
@@ -175,7 +175,7 @@ HWY_INLINE void KeyScoreSteps(const float* HWY_RESTRICT q, size_t ldq, const flo
     }
   }
   HWY_ALIGN float last[HWY_MAX_BYTES / sizeof(float)];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int i = 0; i < kRows; ++i)
 #pragma GCC unroll 8
     for (int c = 0; c < kCols; ++c) {
@@ -189,12 +189,14 @@ HWY_INLINE void KeyScoreSteps(const float* HWY_RESTRICT q, size_t ldq, const flo
     }
 }
 
+// Rows [0, kRows) against keys [u0, n_keys) (kt and out still at key 0); `bound` is the stored
+// keys per row of kt (ldk), the last vector that may be read whole.
 template <int kRows>
 HWY_INLINE void KeyScoreRows(const float* HWY_RESTRICT q, size_t ldq, const float* HWY_RESTRICT kt, size_t ldk,
-                             size_t n_keys, size_t dim, float* HWY_RESTRICT out, size_t ldo) {
+                             size_t u0, size_t n_keys, size_t dim, float* HWY_RESTRICT out, size_t ldo) {
   const DF df;
   const size_t N = hn::Lanes(df);
-  size_t u = 0;
+  size_t u = u0;
   for (; u + 8 * N <= n_keys; u += 8 * N) KeyScoreSteps<kRows, 8>(q, ldq, kt, ldk, dim, u, N, out, ldo);
   for (; u + N <= n_keys; u += N) KeyScoreSteps<kRows, 1>(q, ldq, kt, ldk, dim, u, N, out, ldo);
   if (u < n_keys && u + N <= ldk) {  // a partial vector whose lanes are inside the stored rows
@@ -209,11 +211,30 @@ HWY_INLINE void KeyScoreRows(const float* HWY_RESTRICT q, size_t ldq, const floa
     }
 }
 
+// Many rows (a prefill's queries x heads against one key block): slabs of kSlabCols vectors of
+// keys stay in L1 (128 dims x 64 keys: 32 KiB) while every block of kSlabRows rows passes over
+// them, instead of each row pair streaming the whole block from L2. Every score is the same
+// sum over d in order, so the result is the row-pair path's, bit for bit.
+constexpr int kSlabRows = HWY_MAX_BYTES >= 64 ? 4 : 2;  // accumulators: 16 zmm (AVX-512) or 8
+constexpr int kSlabCols = 4;
+constexpr size_t kSlabMinRows = 8;
+
 void KeyScoresImpl(const float* HWY_RESTRICT q, size_t ldq, size_t n_q, const float* HWY_RESTRICT kt, size_t ldk,
                    size_t n_keys, size_t dim, float* HWY_RESTRICT out, size_t ldo) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  size_t slab_rows = 0, slab_keys = 0;  // the part done in slabs: rows [0, slab_rows) x keys [0, slab_keys)
+  if (n_q >= kSlabMinRows) {
+    slab_rows = n_q / kSlabRows * kSlabRows;
+    slab_keys = n_keys / (kSlabCols * N) * (kSlabCols * N);
+    for (size_t u = 0; u < slab_keys; u += kSlabCols * N)
+      for (size_t i = 0; i < slab_rows; i += kSlabRows)
+        KeyScoreSteps<kSlabRows, kSlabCols>(q + i * ldq, ldq, kt, ldk, dim, u, N, out + i * ldo, ldo);
+  }
   size_t i = 0;
-  for (; i + 2 <= n_q; i += 2) KeyScoreRows<2>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo);
-  if (i < n_q) KeyScoreRows<1>(q + i * ldq, ldq, kt, ldk, n_keys, dim, out + i * ldo, ldo);
+  for (; i + 2 <= n_q; i += 2)
+    KeyScoreRows<2>(q + i * ldq, ldq, kt, ldk, i < slab_rows ? slab_keys : 0, n_keys, dim, out + i * ldo, ldo);
+  if (i < n_q) KeyScoreRows<1>(q + i * ldq, ldq, kt, ldk, i < slab_rows ? slab_keys : 0, n_keys, dim, out + i * ldo, ldo);
 }
 
 void DecodeBf16Impl(const uint16_t* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT out) {

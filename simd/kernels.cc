@@ -171,7 +171,7 @@ HWY_INLINE void PvSteps(const float* HWY_RESTRICT p, size_t ldp, const float* HW
   const DF df;
   const size_t N = hn::Lanes(df);
   hn::Vec<DF> acc[kRows][kCols];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int h = 0; h < kRows; ++h)
 #pragma GCC unroll 8
     for (int j = 0; j < kCols; ++j) acc[h][j] = hn::LoadU(df, out + h * ldo + c + j * N);
@@ -179,14 +179,14 @@ HWY_INLINE void PvSteps(const float* HWY_RESTRICT p, size_t ldp, const float* HW
     hn::Vec<DF> vv[kCols];
 #pragma GCC unroll 8
     for (int j = 0; j < kCols; ++j) vv[j] = hn::LoadU(df, v + u * ldv + c + j * N);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int h = 0; h < kRows; ++h) {
       const auto w = hn::Set(df, p[h * ldp + u]);
 #pragma GCC unroll 8
       for (int j = 0; j < kCols; ++j) acc[h][j] = hn::MulAdd(w, vv[j], acc[h][j]);
     }
   }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (int h = 0; h < kRows; ++h)
 #pragma GCC unroll 8
     for (int j = 0; j < kCols; ++j) hn::StoreU(acc[h][j], df, out + h * ldo + c + j * N);
@@ -211,9 +211,28 @@ HWY_INLINE void PvRows(const float* HWY_RESTRICT p, size_t ldp, const float* HWY
 // Two rows of P share each loaded V vector; 8 vectors of columns per step read whole 512-byte V
 // rows (head_dim 128) front to back: the first row pair streams a V block from memory and the
 // next ones find it in L2 (narrower column steps strided through it and waited on memory).
+// Many rows (a prefill's queries x heads against one value block): slabs of kPvSlabCols vectors of
+// columns (128 keys x 64 values: 32 KiB) stay in L1 while every block of kPvSlabRows rows passes
+// over them; each output still sums over u in order, so the bits are the row-pair path's.
+constexpr int kPvSlabRows = HWY_MAX_BYTES >= 64 ? 4 : 2;
+constexpr int kPvSlabCols = 4;
+constexpr size_t kPvSlabMinRows = 8;
+
 void MatMulAccumulateImpl(const float* HWY_RESTRICT p, size_t ldp, size_t n_rows, const float* HWY_RESTRICT v,
                           size_t ldv, size_t n_keys, size_t d, float* HWY_RESTRICT out, size_t ldo) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
   size_t h = 0;
+  if (n_rows >= kPvSlabMinRows && d >= kPvSlabCols * N) {
+    const size_t slab_rows = n_rows / kPvSlabRows * kPvSlabRows, slab_cols = d / (kPvSlabCols * N) * (kPvSlabCols * N);
+    for (size_t c = 0; c < slab_cols; c += kPvSlabCols * N)
+      for (size_t r = 0; r < slab_rows; r += kPvSlabRows)
+        PvSteps<kPvSlabRows, kPvSlabCols>(p + r * ldp, ldp, v, ldv, n_keys, c, out + r * ldo, ldo);
+    if (slab_cols < d)  // the columns past the slabs, for the same rows
+      for (; h + 2 <= slab_rows; h += 2)
+        PvRows<2>(p + h * ldp, ldp, v + slab_cols, ldv, n_keys, d - slab_cols, out + h * ldo + slab_cols, ldo);
+    h = slab_rows;
+  }
   for (; h + 2 <= n_rows; h += 2) PvRows<2>(p + h * ldp, ldp, v, ldv, n_keys, d, out + h * ldo, ldo);
   if (h < n_rows) PvRows<1>(p + h * ldp, ldp, v, ldv, n_keys, d, out + h * ldo, ldo);
 }

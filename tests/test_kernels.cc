@@ -147,7 +147,7 @@ TEST_CASE("MatMulF32 matches the reference and splits identically", "[kernels]")
 
 TEST_CASE("MatMulAccumulate matches the reference and key ranges compose", "[kernels]") {
   for (size_t d : {1, 5, 16, 32, 33, 128, 130}) {
-    for (size_t rows : {1, 3, 4, 6, 16}) {
+    for (size_t rows : {1, 3, 4, 6, 9, 16, 34}) {
       const size_t keys = 29, ldp = keys + 2, ldv = d + 5, ldo = d + 1;
       INFO("d " << d << " rows " << rows);
       auto p = RandomVec(rows * ldp, 8), v = RandomVec(keys * ldv, 9), o0 = RandomVec(rows * ldo, 10);
@@ -329,7 +329,7 @@ TEST_CASE("KeyScores matches the reference for every key and query count, one qu
       auto kt = RandomVec(dim * ldk, static_cast<uint32_t>(rng()));
       for (size_t n_keys : {0, 1, 3, 5, 16, 17, 63, 64, 128, 133}) {
         if (n_keys > ldk) continue;
-        for (size_t n_q : {1, 2, 3, 4, 7, 16}) {
+        for (size_t n_q : {1, 2, 3, 4, 7, 9, 16, 34}) {
           INFO("dim " << dim << " ldk " << ldk << " keys " << n_keys << " queries " << n_q);
           const size_t ldq = dim + 1, ldo = n_keys + 2;
           auto q = RandomVec(n_q * ldq, static_cast<uint32_t>(rng()));

@@ -143,11 +143,12 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
   for (size_t t = 0; t < n; ++t) cost[t / kQueryTile] += 64 + keys_read(t);
 
   ParallelRegion(tc, [&](int tid, int nt, auto) {
-    AlignedBuffer<float> scores(max_heads * B), k_tile(B * D), v_tile(B * D);
-    AlignedBuffer<float> acc(kQueryTile * max_heads * D);
+    AlignedBuffer<float> scores(kQueryTile * max_heads * B), k_tile(B * D), v_tile(B * D);
+    AlignedBuffer<float> acc(kQueryTile * max_heads * D), q_rows(kQueryTile * max_heads * D);
     std::vector<float> run_max(kQueryTile * max_heads), run_sum(kQueryTile * max_heads);
     std::vector<int32_t> visit;
     std::vector<int> cursor(kQueryTile);
+    std::vector<char> reads(kQueryTile);
 
     auto attend_tile = [&](size_t tile, const HeadGroup& grp) {
       const size_t t0 = tile * kQueryTile, tn = std::min(kQueryTile, n - t0), nh = grp.j1 - grp.j0;
@@ -162,39 +163,64 @@ void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q,
         std::sort(visit.begin(), visit.end());
         visit.erase(std::unique(visit.begin(), visit.end()), visit.end());
       }
+      // The tile's query rows of this head group, [query][head][D]: the queries that read a block
+      // score it in one KeyScores call (its keys stay in L1 while all their heads pass over them).
+      for (size_t i = 0; i < tn; ++i)
+        std::copy_n(q + (t0 + i) * H * D + grp.j0 * D, nh * D, q_rows.data() + i * nh * D);
       std::fill_n(acc.data(), tn * nh * D, 0.0f);
       std::fill_n(run_max.begin(), tn * nh, -INFINITY);
       std::fill_n(run_sum.begin(), tn * nh, 0.0f);
       std::fill_n(cursor.begin(), tn, 0);
       for (const int32_t b : visit) {
         const size_t a = static_cast<size_t>(b) * B, e = std::min(a + B, last_pos + 1);
-        const float* kt = nullptr;
-        const float* vt = nullptr;
-        size_t ldk = 0;
+        bool any = false;
         for (size_t i = 0; i < tn; ++i) {
-          const size_t t = t0 + i, pos = P + t;
-          if (sel) {  // the query's own sorted list, walked along with `visit`
+          const size_t t = t0 + i;
+          reads[i] = P + t >= a;
+          if (sel && reads[i]) {  // the query's own sorted list, walked along with `visit`
             const int32_t* mine = sel->Blocks(t, idx);
-            if (cursor[i] >= sel->Count(t, idx) || mine[cursor[i]] != b) continue;
-            ++cursor[i];
+            reads[i] = cursor[i] < sel->Count(t, idx) && mine[cursor[i]] == b;
+            if (reads[i]) ++cursor[i];
           }
-          if (pos < a) continue;
-          if (!kt) kt = k.Read(a, e, grp.kv, k_tile.data(), &ldk), vt = v.Read(a, e, grp.kv, v_tile.data());
-          const size_t nk = std::min(e, pos + 1) - a;
-          const float* qh = q + t * H * D + grp.j0 * D;
-          simd::KeyScores(qh, D, nh, kt, ldk, nk, D, scores.data(), B);
-          float* o = acc.data() + i * nh * D;
-          for (size_t h = 0; h < nh; ++h) {
-            float* s = scores.data() + h * B;
-            simd::Scale(s, scale, nk);
-            float& m = run_max[i * nh + h];
-            const float m_new = std::max(m, simd::MaxValue(s, nk));
-            const float correction = std::exp(m - m_new);  // 0 on the first block (m = -inf)
-            run_sum[i * nh + h] = run_sum[i * nh + h] * correction + simd::ExpShiftSum(s, nk, m_new);
-            if (correction != 1.0f) simd::Scale(o + h * D, correction, D);
-            m = m_new;
+          any = any || reads[i];
+        }
+        if (!any) continue;
+        size_t ldk = 0;
+        const float* kt = k.Read(a, e, grp.kv, k_tile.data(), &ldk);
+        const float* vt = v.Read(a, e, grp.kv, v_tile.data());
+        auto keys_of = [&](size_t i) { return std::min(e, P + t0 + i + 1) - a; };  // the keys query i sees
+        for (size_t r0 = 0; r0 < tn;) {  // runs [r0, r1) of consecutive queries that read block b
+          if (!reads[r0]) {
+            ++r0;
+            continue;
           }
-          simd::MatMulAccumulate(scores.data(), B, nh, vt, D, nk, D, o, D);
+          size_t r1 = r0 + 1;
+          while (r1 < tn && reads[r1]) ++r1;
+          float* s0 = scores.data() + r0 * nh * B;
+          simd::KeyScores(q_rows.data() + r0 * nh * D, D, (r1 - r0) * nh, kt, ldk, keys_of(r1 - 1), D, s0, B);
+          for (size_t i = r0; i < r1; ++i) {
+            const size_t nk = keys_of(i);
+            float* o = acc.data() + i * nh * D;
+            for (size_t h = 0; h < nh; ++h) {
+              float* s = scores.data() + (i * nh + h) * B;
+              simd::Scale(s, scale, nk);
+              float& m = run_max[i * nh + h];
+              const float m_new = std::max(m, simd::MaxValue(s, nk));
+              const float correction = std::exp(m - m_new);  // 0 on the first block (m = -inf)
+              run_sum[i * nh + h] = run_sum[i * nh + h] * correction + simd::ExpShiftSum(s, nk, m_new);
+              if (correction != 1.0f) simd::Scale(o + h * D, correction, D);
+              m = m_new;
+            }
+          }
+          // P.V: the queries that see the whole block in one call, each of the others (the block
+          // holding their own position) with its own key count.
+          size_t full_end = r0;
+          while (full_end < r1 && keys_of(full_end) == e - a) ++full_end;
+          if (full_end > r0)
+            simd::MatMulAccumulate(s0, B, (full_end - r0) * nh, vt, D, e - a, D, acc.data() + r0 * nh * D, D);
+          for (size_t i = full_end; i < r1; ++i)
+            simd::MatMulAccumulate(scores.data() + i * nh * B, B, nh, vt, D, keys_of(i), D, acc.data() + i * nh * D, D);
+          r0 = r1;
         }
       }
       for (size_t i = 0; i < tn; ++i)
