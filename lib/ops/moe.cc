@@ -85,8 +85,12 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
   MatMul(tc, w.router, x, hidden, n, s.logits.data(), n_exp);
   s.ids.resize(n * k);
   s.weights.resize(n * k);
-  for (size_t t = 0; t < n; ++t)
-    RouteToken(s.logits.data() + t * n_exp, w.router_bias, p, &s.ids[t * k], &s.weights[t * k]);
+  // Tokens routed in parallel for a prompt (at 16+ threads a serial loop over 512 tokens of
+  // sigmoids and partial sorts is a visible share of the layer); one token on the caller.
+  ParallelFor(tc, n, 16, [&](size_t b, size_t e, int) {
+    for (size_t t = b; t < e; ++t)
+      RouteToken(s.logits.data() + t * n_exp, w.router_bias, p, &s.ids[t * k], &s.weights[t * k]);
+  });
   if (routed_ids) std::copy(s.ids.begin(), s.ids.end(), routed_ids);
 
   // Rows grouped by expert (token order within each), and where each (token, slot) landed.
@@ -103,10 +107,12 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
       s.slot_row[i] = static_cast<uint32_t>(row);
     }
   }
-  // The chosen experts' bytes are read soon: one readahead request each, issued before any
-  // thread faults on them (a no-op for resident pages).
+  // The chosen experts' bytes are read soon: one readahead request each (AdviseWillNeed: a
+  // residency check, then madvise for a range not all resident), issued by the threads in turn
+  // at the start of the region, before any of them faults on them.
+  std::vector<size_t> advised;
   for (size_t e = 0; e < n_exp && e < w.expert_memory.size(); ++e)
-    if (first[e + 1] > first[e]) AdviseWillNeed(w.expert_memory[e].data, w.expert_memory[e].bytes);
+    if (first[e + 1] > first[e]) advised.push_back(e);
 
   // Jobs: the shared expert first, then the chosen experts in id order.
   const size_t routed_inter = w.experts.empty() ? 0 : w.experts[0].gate.rows;
@@ -195,6 +201,8 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
 
   std::atomic<uint64_t> gate_up_cursor{0}, down_cursor{0};
   ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
+    for (size_t i = static_cast<size_t>(tid); i < advised.size(); i += static_cast<size_t>(nt))
+      AdviseWillNeed(w.expert_memory[advised[i]].data, w.expert_memory[advised[i]].bytes);
     // (A) Quantize every token for the shared expert and the routed source; then gather each
     // routed expert's rows: int8 rows from the source, or fp32 rows quantized for its weights.
     ForEachShare(source_rows, source_cost, tid, nt,
