@@ -524,6 +524,59 @@ TEST_CASE("batched decode is bit-identical to decoding alone on every SIMD targe
   }
 }
 
+TEST_CASE("a prompt's last layer computes only the rows that give logits, with the same bits", "[golden]") {
+  // Without an observer that sees rows, the last layer runs the other rows' keys and values only;
+  // with one (SelectionRecorder), every row in full. Logits, caches and the steps after them are
+  // the same to the bit, in one pass, in chunks (the earlier ones give no logits) and batched.
+  struct SeesRows : ForwardObserver {};
+  for (const auto& name : GoldenCases()) {
+    SECTION(name) {
+      const std::string dir = test::GoldenDir(name);
+      auto cj = test::ReadPythonJson(dir + "/case.json");
+      const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+      auto engine = Engine::Open(dir, EngineOptions{2});
+      REQUIRE(engine.ok());
+      const size_t vocab = (*engine)->model().config().vocab_size;
+      SessionOptions chunks;
+      chunks.prefill_chunk = 7;
+      Session trimmed(**engine), full(**engine), trimmed_chunks(**engine, chunks);
+      SeesRows sees;
+      std::vector<float> a, b, c;
+      REQUIRE(trimmed.Eval(prompt, LogitsMode::kLastRow, &a).ok());
+      REQUIRE(full.Eval(prompt, LogitsMode::kLastRow, &b, &sees).ok());
+      REQUIRE(trimmed_chunks.Eval(prompt, LogitsMode::kLastRow, &c).ok());
+      CHECK(a == b);
+      std::vector<float> full_chunks_logits;
+      Session full_chunks(**engine, chunks);
+      REQUIRE(full_chunks.Eval(prompt, LogitsMode::kLastRow, &full_chunks_logits, &sees).ok());
+      CHECK(c == full_chunks_logits);
+      int32_t next = Argmax(a.data(), vocab), next_c = Argmax(c.data(), vocab);
+      for (int i = 0; i < 3; ++i) {  // the caches behind them are the same too
+        REQUIRE(trimmed.Eval({&next, 1}, LogitsMode::kLastRow, &a).ok());
+        REQUIRE(full.Eval({&next, 1}, LogitsMode::kLastRow, &b, &sees).ok());
+        REQUIRE(trimmed_chunks.Eval({&next_c, 1}, LogitsMode::kLastRow, &c).ok());
+        REQUIRE(full_chunks.Eval({&next_c, 1}, LogitsMode::kLastRow, &full_chunks_logits, &sees).ok());
+        CHECK(a == b);
+        CHECK(c == full_chunks_logits);
+        next = Argmax(a.data(), vocab);
+        next_c = Argmax(c.data(), vocab);
+      }
+      // Batched: two sequences, the last two rows of each.
+      const Model& model = (*engine)->model();
+      const auto others = CompanionPrompts(prompt);
+      std::vector<float> batch_trimmed(4 * vocab), batch_full(4 * vocab);
+      for (ForwardObserver* observer : {static_cast<ForwardObserver*>(nullptr), static_cast<ForwardObserver*>(&sees)}) {
+        KvCache one(model.config()), two(model.config());
+        Model::Segment segments[] = {{prompt.data(), prompt.size(), &one, 2}, {others[0].data(), others[0].size(), &two, 2}};
+        REQUIRE(model.ForwardBatch((*engine)->threads(), segments, LogitsMode::kLastRow,
+                                   (observer ? batch_full : batch_trimmed).data(), observer)
+                    .ok());
+      }
+      CHECK(batch_trimmed == batch_full);
+    }
+  }
+}
+
 TEST_CASE("a forward pass over several prompts gives each prompt's own logits", "[golden][batch]") {
   for (const char* name : {"s1_fp32_basic", "s3_mxfp8_mixed_layers_local2", "s5_realprop_mxfp8_vl"}) {
     SECTION(name) {

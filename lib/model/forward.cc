@@ -4,6 +4,7 @@
 //   for each layer: h += Attn(RMSNorm(h)); h += (MoE or MLP)(RMSNorm(h))
 //   logits = RMSNorm(h) . lm_head^T
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -89,7 +90,7 @@ void AddRows(const ThreadConfig& tc, const float* delta, size_t n, size_t dim, f
 // Every buffer is written in full before it is read.
 struct ForwardScratch {
   AlignedBuffer<float> h, x, delta;            // Forward: residual stream, normed input, block output
-  AlignedBuffer<float> q, k, v, iq, ik, core;  // AttentionBlock
+  AlignedBuffer<float> q, k, v, iq, ik, core, xq;  // AttentionBlock (xq: the query rows' inputs)
 };
 
 ForwardScratch& ThreadScratch() {
@@ -102,17 +103,32 @@ float* Sized(AlignedBuffer<float>& b, size_t n) {
   return b.data();
 }
 
+// Cache rows of a prompt, split over the threads (each row is its own place in a page reserved
+// before the pass).
 template <class Pages>
-void StoreRows(Pages& dst, size_t row0, const float* src, size_t n, size_t width) {
-  for (size_t t = 0; t < n; ++t) dst.Write(row0 + t, src + t * width);
+void StoreRows(const ThreadConfig& tc, Pages& dst, size_t row0, const float* src, size_t n, size_t width) {
+  ForTokenRows(tc, n, [&](size_t t0, size_t t1) {
+    for (size_t t = t0; t < t1; ++t) dst.Write(row0 + t, src + t * width);
+  });
 }
 
 // Ok when x [n, width] (row t at positions[t]) is all finite; else the error for `what` (of
 // `layer` when >= 0). NaN or inf anywhere in a token's values is reported where it first shows instead
 // of flowing on into garbage logits. The kernels keep such values non-finite (quantizers give NaN
 // scales, the router NaN weights), so one look at each block's output catches every source in it.
-Status CheckFinite(const float* x, size_t n, size_t width, const int64_t* positions, const char* what, int layer) {
-  const size_t at = simd::FindNonFinite(x, n * width);
+Status CheckFinite(const ThreadConfig& tc, const float* x, size_t n, size_t width, const int64_t* positions,
+                   const char* what, int layer) {
+  // Split over the threads in pieces of at least 32K values (a prompt's hidden states or a row of
+  // logits are a pass over megabytes); the first non-finite value is the smallest index found.
+  std::atomic<size_t> first{n * width};
+  ParallelFor(tc, n * width, size_t{1} << 15, [&](size_t b, size_t e, int) {
+    const size_t rel = simd::FindNonFinite(x + b, e - b);
+    if (rel == e - b) return;
+    size_t seen = first.load();
+    while (b + rel < seen && !first.compare_exchange_weak(seen, b + rel)) {
+    }
+  });
+  const size_t at = first.load();
   if (at == n * width) return Status::Ok();
   const std::string where = layer < 0 ? std::string(what) : Str("layer ", layer, "'s ", what);
   const char* value = std::isnan(x[at]) ? "NaN" : x[at] > 0 ? "+inf" : "-inf";
@@ -123,61 +139,96 @@ Status CheckFinite(const float* x, size_t n, size_t width, const int64_t* positi
 }  // namespace
 
 Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, std::span<const Segment> segments,
-                             const int64_t* positions, float* out, ForwardObserver* observer) const {
+                             const int64_t* positions, float* out, ForwardObserver* observer,
+                             std::span<const size_t> queries) const {
   const ModelConfig& c = config_;
   const AttentionWeights& w = weights_.layers[layer].attn;
   const size_t H = c.hidden_size, Hq = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim;
   size_t n = 0;
   for (const Segment& s : segments) n += s.n;
+  // The query rows: every row, or each segment's last queries[i] rows (their global row, and
+  // their positions in the same order).
+  const bool every_row = queries.empty();
+  std::vector<size_t> query_row;
+  std::vector<int64_t> query_pos;
+  if (!every_row) {
+    size_t row = 0;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      for (size_t t = segments[i].n - queries[i]; t < segments[i].n; ++t) {
+        query_row.push_back(row + t);
+        query_pos.push_back(positions[row + t]);
+      }
+      row += segments[i].n;
+    }
+  }
+  const size_t nq = every_row ? n : query_row.size();
+  const int64_t* qpos = every_row ? positions : query_pos.data();
 
   // Projections, per-head norm (before RoPE), RoPE; K and V go to the cache.
   // The lightning indexer's projections (sparse layers) read the same x: one quantization and
-  // one parallel region for all five.
+  // one parallel region for all five (the queries' two on the query rows alone when those are fewer).
   const SparseAttentionConfig& sc = c.sparse;
   const size_t Hi = w.sparse ? sc.num_index_heads : 0, Di = w.sparse ? sc.index_dim : 0;
   ForwardScratch& scratch = ThreadScratch();
-  float* q = Sized(scratch.q, n * Hq * D);
+  float* q = Sized(scratch.q, nq * Hq * D);
   float* k = Sized(scratch.k, n * Hkv * D);
   float* v = Sized(scratch.v, n * Hkv * D);
-  float* iq = Sized(scratch.iq, n * Hi * Di);
+  float* iq = Sized(scratch.iq, nq * Hi * Di);
   float* ik = Sized(scratch.ik, n * Di);
-  const MatMulTarget projections[] = {
-      {&w.q, q, Hq * D}, {&w.k, k, Hkv * D}, {&w.v, v, Hkv * D}, {&w.index_q, iq, Hi * Di}, {&w.index_k, ik, Di}};
-  MatMulSameInput(tc, std::span<const MatMulTarget>(projections, w.sparse ? 5 : 3), x, H, n);
-  NormRope(tc, *rope_, q, n, Hq, D, w.q_norm, c.rms_norm_eps, positions);
+  if (every_row) {
+    const MatMulTarget projections[] = {
+        {&w.q, q, Hq * D}, {&w.k, k, Hkv * D}, {&w.v, v, Hkv * D}, {&w.index_q, iq, Hi * Di}, {&w.index_k, ik, Di}};
+    MatMulSameInput(tc, std::span<const MatMulTarget>(projections, w.sparse ? 5 : 3), x, H, n);
+  } else {
+    const MatMulTarget keys[] = {{&w.k, k, Hkv * D}, {&w.v, v, Hkv * D}, {&w.index_k, ik, Di}};
+    MatMulSameInput(tc, std::span<const MatMulTarget>(keys, w.sparse ? 3 : 2), x, H, n);
+    if (nq > 0) {
+      float* xq = Sized(scratch.xq, nq * H);
+      for (size_t i = 0; i < nq; ++i) std::memcpy(xq + i * H, x + query_row[i] * H, H * sizeof(float));
+      const MatMulTarget query[] = {{&w.q, q, Hq * D}, {&w.index_q, iq, Hi * Di}};
+      MatMulSameInput(tc, std::span<const MatMulTarget>(query, w.sparse ? 2 : 1), xq, H, nq);
+    }
+  }
+  NormRope(tc, *rope_, q, nq, Hq, D, w.q_norm, c.rms_norm_eps, qpos);
   NormRope(tc, *rope_, k, n, Hkv, D, w.k_norm, c.rms_norm_eps, positions);
   if (w.sparse) {
-    NormRope(tc, *rope_, iq, n, Hi, Di, w.index_q_norm, c.rms_norm_eps, positions);
+    NormRope(tc, *rope_, iq, nq, Hi, Di, w.index_q_norm, c.rms_norm_eps, qpos);
     NormRope(tc, *rope_, ik, n, 1, Di, w.index_k_norm, c.rms_norm_eps, positions);
     // The indexer only chooses blocks: a NaN here would change the choice, not the values.
-    M3_RETURN_IF_ERROR(CheckFinite(iq, n, Hi * Di, positions, "indexer queries", layer));
-    M3_RETURN_IF_ERROR(CheckFinite(ik, n, Di, positions, "indexer keys", layer));
+    M3_RETURN_IF_ERROR(CheckFinite(tc, iq, nq, Hi * Di, qpos, "indexer queries", layer));
+    M3_RETURN_IF_ERROR(CheckFinite(tc, ik, n, Di, positions, "indexer keys", layer));
   }
 
-  // Per sequence: its cache rows, block selection and attention.
-  float* core = Sized(scratch.core, n * Hq * D);
-  size_t row = 0;
-  for (const Segment& s : segments) {
+  // Per sequence: its cache rows, then its query rows' block selection and attention.
+  float* core = Sized(scratch.core, nq * Hq * D);
+  size_t row = 0, qi = 0;  // the segment's first row, and its first query row
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& s = segments[i];
     KvCache* cache = s.cache;
     const int64_t pos0 = positions[row];
-    StoreRows(cache->k(layer), static_cast<size_t>(pos0), k + row * Hkv * D, s.n, Hkv * D);
-    StoreRows(cache->v(layer), static_cast<size_t>(pos0), v + row * Hkv * D, s.n, Hkv * D);
-    AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim, 1, 1};
-    BlockSelection selection;
-    const BlockSelection* sel = nullptr;
-    if (w.sparse) {
-      // Lightning indexer: index q per index head, ONE shared index key head; selection only.
-      StoreRows(cache->index_k(layer), static_cast<size_t>(pos0), ik + row * Di, s.n, Di);
-      SelectBlocks(tc, sc, iq + row * Hi * Di, cache->index_k(layer), pos0, s.n, &selection);
-      if (observer) observer->OnBlockSelection(layer, pos0, selection);
-      sel = &selection;
-      ap.num_index_heads = sc.num_index_heads;
-      ap.block_size = sc.block_size;
+    StoreRows(tc, cache->k(layer), static_cast<size_t>(pos0), k + row * Hkv * D, s.n, Hkv * D);
+    StoreRows(tc, cache->v(layer), static_cast<size_t>(pos0), v + row * Hkv * D, s.n, Hkv * D);
+    if (w.sparse) StoreRows(tc, cache->index_k(layer), static_cast<size_t>(pos0), ik + row * Di, s.n, Di);
+    const size_t seg_q = every_row ? s.n : queries[i];
+    if (seg_q > 0) {
+      const int64_t q_pos0 = positions[row + s.n - seg_q];
+      AttentionParams ap{c.num_heads, c.num_kv_heads, c.head_dim, 1, 1};
+      BlockSelection selection;
+      const BlockSelection* sel = nullptr;
+      if (w.sparse) {
+        // Lightning indexer: index q per index head, ONE shared index key head; selection only.
+        SelectBlocks(tc, sc, iq + qi * Hi * Di, cache->index_k(layer), q_pos0, seg_q, &selection);
+        if (observer) observer->OnBlockSelection(layer, q_pos0, selection);
+        sel = &selection;
+        ap.num_index_heads = sc.num_index_heads;
+        ap.block_size = sc.block_size;
+      }
+      Attention(tc, ap, q + qi * Hq * D, cache->k(layer), cache->v(layer), q_pos0, seg_q, sel, core + qi * Hq * D);
     }
-    Attention(tc, ap, q + row * Hq * D, cache->k(layer), cache->v(layer), pos0, s.n, sel, core + row * Hq * D);
     row += s.n;
+    qi += seg_q;
   }
-  MatMul(tc, w.o, core, Hq * D, n, out, H);
+  if (nq > 0) MatMul(tc, w.o, core, Hq * D, nq, out, H);
   return Status::Ok();
 }
 
@@ -219,34 +270,59 @@ Status Model::ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segm
   float* delta = Sized(scratch.delta, n * H);
   // No embedding scale (spec G25).
   ForTokenRows(tc, n, [&](size_t t0, size_t t1) { GatherRows(weights_.embed, ids.data() + t0, t1 - t0, h + t0 * H); });
-  M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos, "the token embedding", -1));
+  M3_RETURN_IF_ERROR(CheckFinite(tc, h, n, H, pos, "the token embedding", -1));
   const MoeParams moe_params{c.experts_per_token, c.routed_scaling_factor, c.use_routing_bias,
                              {c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta}};
   std::vector<int32_t> routed;
+  // The last layer of a pass whose logits come from some rows only (kLastRow: each segment's
+  // last rows; kNone, a prompt's earlier chunks: none) computes the other rows' keys and values
+  // for the cache and nothing else: their queries, attention, MoE and residual would never be
+  // read. That is one layer in 60 of a prompt's work. The rows that go on are moved to the front
+  // of h first (each from a row at or after its own), in logit order. Observers see every row of
+  // every layer, so a pass with one runs in full.
+  const bool trim_last = mode != LogitsMode::kAllRows && (!observer || !observer->SeesEveryRow()) &&
+                         (mode == LogitsMode::kNone || logit_rows.size() < n);
+  size_t rows = n;  // rows of h that go on
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
-    NormRows(tc, h, n, H, L.input_norm, c.rms_norm_eps, x);
-    M3_RETURN_IF_ERROR(AttentionBlock(tc, l, x, segments, pos, delta, observer));
-    AddRows(tc, delta, n, H, h);
-    M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos, "attention", l));
-
-    NormRows(tc, h, n, H, L.post_norm, c.rms_norm_eps, x);
-    if (L.is_moe) {
-      routed.resize(n * c.experts_per_token);
-      MoeForward(tc, L.moe, moe_params, x, n, delta, routed.data());
-      if (observer) observer->OnRouting(l, pos[0], n, c.experts_per_token, routed.data());
+    NormRows(tc, h, rows, H, L.input_norm, c.rms_norm_eps, x);
+    if (trim_last && l == c.num_layers - 1) {
+      std::vector<size_t> queries(segments.size(), 0);
+      if (mode == LogitsMode::kLastRow)
+        for (size_t i = 0; i < segments.size(); ++i) queries[i] = segments[i].logit_rows;
+      M3_RETURN_IF_ERROR(AttentionBlock(tc, l, x, segments, pos, delta, nullptr, queries));
+      rows = mode == LogitsMode::kLastRow ? logit_rows.size() : 0;
+      for (size_t i = 0; i < rows; ++i) {
+        if (logit_rows[i] != i) std::memcpy(h + i * H, h + logit_rows[i] * H, H * sizeof(float));
+        positions[i] = positions[logit_rows[i]];
+      }
+      if (rows == 0) {
+        if (observer) observer->OnLayerEnd(l, 0);
+        break;
+      }
     } else {
-      MlpForward(tc, L.mlp, moe_params.act, x, n, delta);
+      M3_RETURN_IF_ERROR(AttentionBlock(tc, l, x, segments, pos, delta, observer));
     }
-    AddRows(tc, delta, n, H, h);
-    M3_RETURN_IF_ERROR(CheckFinite(h, n, H, pos, L.is_moe ? "MoE block" : "MLP", l));
+    AddRows(tc, delta, rows, H, h);
+    M3_RETURN_IF_ERROR(CheckFinite(tc, h, rows, H, pos, "attention", l));
+
+    NormRows(tc, h, rows, H, L.post_norm, c.rms_norm_eps, x);
+    if (L.is_moe) {
+      routed.resize(rows * c.experts_per_token);
+      MoeForward(tc, L.moe, moe_params, x, rows, delta, routed.data());
+      if (observer) observer->OnRouting(l, pos[0], rows, c.experts_per_token, routed.data());
+    } else {
+      MlpForward(tc, L.mlp, moe_params.act, x, rows, delta);
+    }
+    AddRows(tc, delta, rows, H, h);
+    M3_RETURN_IF_ERROR(CheckFinite(tc, h, rows, H, pos, L.is_moe ? "MoE block" : "MLP", l));
+    if (observer) observer->OnLayerEnd(l, rows);
   }
 
   if (mode != LogitsMode::kNone) {
     // The rows that give logits, gathered in order (each from a row at or after its own, so
-    // in place), then one lm_head matmul.
-    size_t rows = n;
-    if (mode == LogitsMode::kLastRow) {
+    // in place; the trimmed last layer has done it), then one lm_head matmul.
+    if (mode == LogitsMode::kLastRow && rows == n) {
       rows = logit_rows.size();
       for (size_t i = 0; i < rows; ++i)
         if (logit_rows[i] != i) std::memcpy(h + i * H, h + logit_rows[i] * H, H * sizeof(float));
@@ -254,7 +330,7 @@ Status Model::ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segm
     }
     NormRows(tc, h, rows, H, weights_.final_norm, c.rms_norm_eps, x);
     MatMul(tc, weights_.lm_head, x, H, rows, logits, c.vocab_size);
-    M3_RETURN_IF_ERROR(CheckFinite(logits, rows, c.vocab_size, pos, "the final norm and lm_head", -1));
+    M3_RETURN_IF_ERROR(CheckFinite(tc, logits, rows, c.vocab_size, pos, "the final norm and lm_head", -1));
   }
   for (const Segment& s : segments) s.cache->SetLength(s.cache->length() + s.n);
   return Status::Ok();

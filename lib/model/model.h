@@ -23,9 +23,15 @@ namespace m3 {
 enum class LogitsMode { kNone, kLastRow, kAllRows };
 
 // Optional hooks into a forward pass (inspection and tests).
+// What a forward pass does, as it goes. An observer that sees rows (the default: selections and
+// routing of every row) makes the pass compute the last layer's rows that give no logits too,
+// which without one need only their keys and values; one that only times the layers says so.
 class ForwardObserver {
  public:
   virtual ~ForwardObserver() = default;
+  virtual bool SeesEveryRow() const { return true; }
+  // Layer `layer` is done (its rows' residual stream complete), `rows` of them.
+  virtual void OnLayerEnd(int layer, size_t rows) {}
   // Blocks chosen for queries at positions pos0..pos0+n-1 of a sparse layer.
   virtual void OnBlockSelection(int layer, int64_t pos0, const BlockSelection& selection) {}
   // Experts chosen: ids [n, top_k].
@@ -102,9 +108,12 @@ class Model {
  private:
   Model() = default;
   Status SplitExperts(const Topology& topology, int nodes);  // the expert part of PlaceOnNodes
-  // Rows of `segments` in order; positions[i] is row i's position in its sequence.
+  // Rows of `segments` in order; positions[i] is row i's position in its sequence. Every row's
+  // keys and values go to the cache; `out` gets the attention output of the query rows: every
+  // row (queries empty), or each segment i's last queries[i] rows, in order.
   Status AttentionBlock(const ThreadConfig& tc, int layer, const float* x, std::span<const Segment> segments,
-                        const int64_t* positions, float* out, ForwardObserver* observer) const;
+                        const int64_t* positions, float* out, ForwardObserver* observer,
+                        std::span<const size_t> queries = {}) const;
 
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<PackFile> pack_;
