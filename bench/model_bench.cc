@@ -71,6 +71,7 @@ struct Footprint {
   int64_t layer_params = 0;        // per token in all layers, top-k routed experts included
   int64_t lm_head_params = 0;
   int64_t embed_row_params = 0;
+  int64_t last_layer_kv_params = 0;  // the last layer's k, v and index-key projections
   std::vector<std::vector<uint64_t>> expert_bytes;  // [layer][expert]
   std::vector<std::pair<const uint8_t*, size_t>> ranges;  // every matrix's bytes (to read them in)
   uint64_t range_bytes = 0;
@@ -108,6 +109,8 @@ Footprint MeasureFootprint(const Model& model) {
     for (const auto* v : {&L.input_norm, &L.post_norm, &a.q_norm, &a.k_norm, &a.index_q_norm, &a.index_k_norm})
       per_token_vector(*v);
     for (const WeightRef* m : {&a.q, &a.k, &a.v, &a.o}) per_token(*m);
+    if (l + 1 == w.layers.size())
+      f.last_layer_kv_params = Params(a.k) + Params(a.v) + (a.sparse ? Params(a.index_k) : 0);
     if (a.sparse) {
       per_token(a.index_q);
       per_token(a.index_k);
@@ -225,28 +228,43 @@ double Rms(const std::vector<float>& v) {
   return v.empty() ? 0 : std::sqrt(s / static_cast<double>(v.size()));
 }
 
-// Times the lm_head matmul on one token (the per-token work outside the layers), one call right
-// after each decode step so that it meets the same bandwidth as the step.
-class LmHeadTimer {
+// Times each layer of a pass as it ends, inside the pass: the clock between two OnLayerEnd calls
+// is that layer's (the first one's includes the embedding lookup; a prompt in several chunks adds
+// up per layer), and Stop() gives what followed the last layer (final norm, lm_head and the
+// caller's argmax). It reads no rows, so the pass keeps its trimmed last layer as without it.
+// Also counts the routed experts' bytes of each step (as RoutedExpertBytes).
+class LayerClock : public ForwardObserver {
  public:
-  LmHeadTimer(const ThreadConfig& tc, const WeightRef& w) : tc_(tc), w_(w), x_(w.cols), y_(w.rows) {
-    uint64_t s = 12345;
-    for (float& v : x_) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      v = static_cast<float>(static_cast<int64_t>(s >> 33) % 2001 - 1000) / 1000.0f;
-    }
+  LayerClock(int layers, const std::vector<std::vector<uint64_t>>& expert_bytes)
+      : layer_s_(static_cast<size_t>(layers)), routed_(expert_bytes) {}
+  bool SeesEveryRow() const override { return false; }
+  void Start() {
+    std::fill(layer_s_.begin(), layer_s_.end(), 0.0);
+    last_ = Clock::now();
   }
-  double Time() {
-    const auto t0 = Clock::now();
-    MatMul(tc_, w_, x_.data(), w_.cols, 1, y_.data(), w_.rows);
-    return Seconds(t0, Clock::now());
+  void OnLayerEnd(int layer, size_t) override {
+    const auto now = Clock::now();
+    if (layer >= 0 && static_cast<size_t>(layer) < layer_s_.size()) layer_s_[static_cast<size_t>(layer)] += Seconds(last_, now);
+    last_ = now;
   }
+  double Stop() const { return Seconds(last_, Clock::now()); }
+  const std::vector<double>& layer_s() const { return layer_s_; }
+  void OnRouting(int layer, int64_t pos0, size_t n, int top_k, const int32_t* ids) override {
+    routed_.OnRouting(layer, pos0, n, top_k, ids);
+  }
+  uint64_t TakeRouted() { return routed_.Take(); }
 
  private:
-  ThreadConfig tc_;
-  WeightRef w_;
-  std::vector<float> x_, y_;
+  std::vector<double> layer_s_;
+  Clock::time_point last_;
+  RoutedExpertBytes routed_;
 };
+
+double Mean(const std::vector<double>& v, size_t begin, size_t end) {
+  double s = 0;
+  for (size_t i = begin; i < end; ++i) s += v[i];
+  return end > begin ? s / static_cast<double>(end - begin) : 0;
+}
 
 // Forgets the peak RSS so far ("5" to /proc/self/clear_refs resets the high-water mark that
 // getrusage reports), so that a probe buffer freed before the model runs does not count.
@@ -319,7 +337,8 @@ struct Result {
   uint64_t weight_bytes = 0;
   int layers = 0, threads = 0, prompt_tokens = 0, decode_tokens = 0;
   std::string numa;
-  double ttft_s = 0, prefill_tok_s = 0, prefill_ops = 0, prefill_gops = 0;
+  double ttft_s = 0, prefill_tok_s = 0, prefill_ops = 0, prefill_gops = 0;  // ttft_s: median of prefill_s
+  std::vector<double> prefill_s;
   std::vector<double> step_s;
   double decode_tok_s = 0, decode_tok_s_mean = 0;
   double bytes_per_token = 0, routed_bytes_per_token = 0, decode_gbps = 0;
@@ -334,10 +353,11 @@ struct Result {
   // The limit decode is judged by: the paired reads where there are some, else the best sample.
   double read_limit_gbps() const { return steps_paired.read_gbps > 0 ? steps_paired.read_gbps : read_bw.best; }
   // Per layer and lm_head apart (all layers of the generated model are MoE + sparse attention, as
-  // 57 of the real 60): decode from the split of each step (the step minus an lm_head matmul
-  // timed right after it), prefill as the prefill minus one lm_head matmul, over the layers.
+  // 57 of the real 60), timed inside each pass (LayerClock).
   double t_rest_s = 0, t_layer_s = 0, projected_tok_s = 0, projected_bytes_per_token = 0;
-  double t_layer_prefill_s = 0, projected_prefill_tok_s = 0;
+  // Prefill: a full layer (the median run's mean over all but the last; 0 with one layer), the
+  // last layer (keys and values of every row, the rest for the last row) and what follows it.
+  double t_layer_prefill_s = 0, t_last_layer_prefill_s = 0, t_rest_prefill_s = 0, projected_prefill_tok_s = 0;
   double layer_bytes_per_token = 0, lm_head_bytes = 0;  // what one decode token reads of each
   double layer_share = 0, layer_share_full = 0;  // the layers' share of a decode token's bytes, here and with 60 layers
   double layer_gbps() const { return t_layer_s > 0 ? layer_bytes_per_token / t_layer_s / 1e9 : 0; }
@@ -370,6 +390,9 @@ struct Result {
   double logits_rms = 0;  // of the last decode step: a sanity check of the synthetic weights
   double loadavg_start = 0, loadavg_end = 0;
 };
+
+constexpr size_t kPrefillRuns = 3;
+constexpr double kPrefillRepeatS = 10;
 
 StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
   if (o.prompt_tokens < 1) return InvalidArgument("-p must be >= 1 prompt token, got ", o.prompt_tokens);
@@ -461,20 +484,54 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
     return ids;
   };
   const std::vector<int32_t> prompt = random_ids(static_cast<size_t>(o.prompt_tokens));
-  if (log) std::fprintf(log, "m3 bench: prefill of %d tokens (a warm-up, then timed), %d threads\n", o.prompt_tokens,
-                        r.threads);
+  if (log)
+    std::fprintf(log, "m3 bench: prefill of %d tokens (a warm-up, then up to %zu timed), %d threads\n", o.prompt_tokens,
+                 kPrefillRuns, r.threads);
   std::vector<float> logits;
   {  // untimed: first-call allocations and page faults of the activation buffers
     Session warm_up(*engine);
     M3_RETURN_IF_ERROR(warm_up.Eval(prompt, LogitsMode::kLastRow, &logits));
   }
-  t0 = Clock::now();
-  M3_RETURN_IF_ERROR(session.Eval(prompt, LogitsMode::kLastRow, &logits));
-  r.ttft_s = Seconds(t0, Clock::now());
+  // Timed: the decode session's prefill, then up to kPrefillRuns - 1 more on fresh sessions while
+  // they take under kPrefillRepeatS each; the median is the figure (one prefill moves by +-10%
+  // from run to run on a shared VM).
+  // Each run is timed layer by layer as well (LayerClock): the layers but the last run every row
+  // through attention and MoE; the last layer only the row that gives logits (the others need
+  // only their keys and values), as in any prompt.
+  LayerClock clock(r.layers, fp.expert_bytes);
+  std::vector<double> full_layer_s, last_layer_s, prefill_rest_s;  // per run
+  auto prefill_run = [&](Session& target, std::vector<float>* out) {
+    clock.Start();
+    t0 = Clock::now();
+    M3_RETURN_IF_ERROR(target.Eval(prompt, LogitsMode::kLastRow, out, &clock));
+    const double rest = clock.Stop();
+    r.prefill_s.push_back(Seconds(t0, Clock::now()));
+    const std::vector<double>& ls = clock.layer_s();
+    if (ls.size() > 1) full_layer_s.push_back(Mean(ls, 0, ls.size() - 1));
+    last_layer_s.push_back(ls.back());
+    prefill_rest_s.push_back(rest);
+    clock.TakeRouted();
+    return Status::Ok();
+  };
+  M3_RETURN_IF_ERROR(prefill_run(session, &logits));
   r.logits_finite = AllFinite(logits);
+  while (r.prefill_s.size() < kPrefillRuns && r.prefill_s.back() < kPrefillRepeatS) {
+    Session again(*engine);
+    std::vector<float> again_logits;
+    M3_RETURN_IF_ERROR(prefill_run(again, &again_logits));
+  }
+  r.ttft_s = Median(r.prefill_s);
+  r.t_layer_prefill_s = Median(full_layer_s);  // 0 with one layer: no full layer was run
+  r.t_last_layer_prefill_s = Median(last_layer_s);
+  r.t_rest_prefill_s = Median(prefill_rest_s);
   r.prefill_tok_s = o.prompt_tokens / r.ttft_s;
-  // The work done: every layer's active parameters for each prompt token, lm_head once (last row).
-  r.prefill_ops = 2.0 * (static_cast<double>(fp.layer_params) * o.prompt_tokens + static_cast<double>(fp.lm_head_params));
+  // The work done: every layer's active parameters for each prompt token but the last layer's,
+  // which runs its keys' and values' projections for every token and all of it for the last;
+  // lm_head once (last row).
+  const double per_layer_params = static_cast<double>(fp.layer_params) / std::max(1, r.layers);
+  r.prefill_ops = 2.0 * (per_layer_params * o.prompt_tokens * (r.layers - 1) +
+                         static_cast<double>(fp.last_layer_kv_params) * (o.prompt_tokens - 1) + per_layer_params +
+                         static_cast<double>(fp.lm_head_params));
   r.prefill_gops = r.prefill_ops / r.ttft_s / 1e9;
 
   // 5. Decode: greedy, one token per Eval; a step is the Eval and the argmax. Each step is
@@ -483,23 +540,22 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
   const bool paired = r.read_in && fp.range_bytes >= ReadProbeBytes(L3Bytes());
   PairedWeightReads pair_reads(fp.ranges, r.threads);
   PairedSamples steps_paired;
-  RoutedExpertBytes routed(fp.expert_bytes);
-  LmHeadTimer lm_head(tc, model.weights().lm_head);
-  std::vector<double> lm_head_s, layers_s;  // per step: lm_head alone, the step minus it
+  std::vector<double> rest_s, layer_mean_s;  // per step: after the last layer, a layer's mean
   uint64_t routed_total = 0;
   double read_s = 0;
   const int64_t io_before = StorageReadBytes();
   int32_t token = Argmax(logits);
   for (int i = 0; i < o.decode_tokens; ++i) {
+    clock.Start();
     t0 = Clock::now();
-    M3_RETURN_IF_ERROR(session.Eval(std::span<const int32_t>(&token, 1), LogitsMode::kLastRow, &logits, &routed));
+    M3_RETURN_IF_ERROR(session.Eval(std::span<const int32_t>(&token, 1), LogitsMode::kLastRow, &logits, &clock));
     token = Argmax(logits);
+    rest_s.push_back(clock.Stop());
     r.step_s.push_back(Seconds(t0, Clock::now()));
+    layer_mean_s.push_back(Mean(clock.layer_s(), 0, clock.layer_s().size()));
     r.logits_finite = r.logits_finite && AllFinite(logits);
-    const uint64_t step_routed = routed.Take();
+    const uint64_t step_routed = clock.TakeRouted();
     routed_total += step_routed;
-    lm_head_s.push_back(lm_head.Time());
-    layers_s.push_back(std::max(0.0, r.step_s.back() - lm_head_s.back()));
     if (paired) {
       const uint64_t step_bytes = fp.fixed_bytes + step_routed;
       t0 = Clock::now();
@@ -522,22 +578,22 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
   r.steps_paired = steps_paired.Summarize();
   r.peak_rss = PeakRssBytes();  // before the second probe's buffer
 
-  // 6. The projection: this run's time per layer x 60 + the rest (lm_head, sampling), both
-  // medians over the steps of the split of each step.
-  r.t_rest_s = Median(lm_head_s);
-  r.t_layer_s = Median(layers_s) / std::max(1, r.layers);
+  // 6. The projection: this run's time per layer x 60 + the rest (final norm, lm_head, argmax),
+  // medians over the steps of each step's split (decode), over the runs (prefill: 59 full layers,
+  // the last one as measured).
+  r.t_rest_s = Median(rest_s);
+  r.t_layer_s = Median(layer_mean_s);
   r.projected_tok_s = 1.0 / (r.t_layer_s * static_cast<double>(shapes::kLayers) + r.t_rest_s);
   const double outside_layers = static_cast<double>(fp.fixed_bytes - fp.layers_fixed_bytes);
   r.lm_head_bytes = static_cast<double>(fp.lm_head_bytes);
   r.layer_bytes_per_token = (r.bytes_per_token - outside_layers) / std::max(1, r.layers);
   r.layer_share = r.bytes_per_token > 0 ? (r.bytes_per_token - outside_layers) / r.bytes_per_token : 0;
-  // A prefill is its layers and one lm_head row (the last token's logits), as a decode step is.
-  r.t_layer_prefill_s = std::max(0.0, r.ttft_s - r.t_rest_s) / std::max(1, r.layers);
-  r.projected_prefill_tok_s =
-      o.prompt_tokens / (r.t_layer_prefill_s * static_cast<double>(shapes::kLayers) + r.t_rest_s);
-  r.layer_prefill_gops = r.t_layer_prefill_s > 0 ? 2.0 * static_cast<double>(fp.layer_params) * o.prompt_tokens /
-                                                       std::max(1, r.layers) / r.t_layer_prefill_s / 1e9
-                                                 : 0;
+  if (r.t_layer_prefill_s > 0) {
+    r.projected_prefill_tok_s =
+        o.prompt_tokens / (r.t_layer_prefill_s * static_cast<double>(shapes::kLayers - 1) + r.t_last_layer_prefill_s +
+                           r.t_rest_prefill_s);
+    r.layer_prefill_gops = 2.0 * per_layer_params * o.prompt_tokens / r.t_layer_prefill_s / 1e9;
+  }
   r.projected_bytes_per_token =
       (r.bytes_per_token - outside_layers) / std::max(1, r.layers) * static_cast<double>(shapes::kLayers) + outside_layers;
   r.layer_share_full =
@@ -719,6 +775,8 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
       {"commit", M3_COMMIT},
       {"prefill_tok_s", r.prefill_tok_s},
       {"ttft_s", r.ttft_s},
+      {"prefill_runs", r.prefill_s.size()},
+      {"ttft_s_min", r.prefill_s.empty() ? 0 : *std::min_element(r.prefill_s.begin(), r.prefill_s.end())},
       {"prefill_ops", r.prefill_ops},
       {"prefill_gops", r.prefill_gops},
       {"int8_peak_gops", r.int8_peak.best},
@@ -761,17 +819,21 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
       {"lm_head_gbps", r.lm_head_gbps()},
       {"lm_head_bw_ratio", RatioJson(lr.lm_head)},
       {"t_layer_prefill_s", r.t_layer_prefill_s},
+      {"t_last_layer_prefill_s", r.t_last_layer_prefill_s},
+      {"t_rest_prefill_s", r.t_rest_prefill_s},
       {"layer_prefill_gops", r.layer_prefill_gops},
       {"layer_prefill_peak_ratio", RatioJson(lr.layer_prefill)},
       {"projected_full_model_tok_s", r.projected_tok_s},
-      {"projected_full_model_prefill_tok_s", r.projected_prefill_tok_s},
+      {"projected_full_model_prefill_tok_s",
+       r.projected_prefill_tok_s > 0 ? nlohmann::json(r.projected_prefill_tok_s) : nlohmann::json(nullptr)},
       {"projected_full_model_bytes_per_token", r.projected_bytes_per_token},
       {"projection_note",
        Str("all ", shapes::kLayers, " layers taken as this model's layers (the real model has ", shapes::kDenseLayers,
            " dense-attention + dense-MLP layers and ", shapes::kLayers - shapes::kDenseLayers,
-           " MoE sparse ones); decode: per-layer time = median over the steps of (decode step - an lm_head matmul "
-           "timed right after it) / layers; prefill: (time to first token - that lm_head time) / layers; assumes "
-           "the weights stay in memory")},
+           " MoE sparse ones); layers timed inside each pass; decode: 60 x the median step's mean layer + what "
+           "follows the last layer (final norm, lm_head, argmax); prefill: 59 x a full layer (the mean of all but "
+           "the last, median over the runs) + the last layer (every row's keys and values, the rest for the last "
+           "row) + what follows it; needs 2+ layers; assumes the weights stay in memory")},
       {"batch", r.batch},
       {"batch_steps", r.batch_steps},
       {"batch_context", r.batch_context},
@@ -832,10 +894,16 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
   const PairedSamples::Summary& sp = r.steps_paired;
   const char* read_kind = sp.read_gbps > 0 ? "paired" : "read_bw";
   row("prefill", r.prefill_tok_s, "tok/s", 0, "", "");
-  row("time to first token", r.ttft_s, "s", 0, "", "");
+  row("time to first token", r.ttft_s, "s", 0, "",
+      Str("median of ", r.prefill_s.size(), " prefills (fastest ",
+          Num(r.prefill_s.empty() ? 0 : *std::min_element(r.prefill_s.begin(), r.prefill_s.end())), " s)"));
   row("prefill compute", r.prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "", &lr.prefill);
-  row("  one layer", r.t_layer_prefill_s * 1e3, "ms", 0, "", Str(Num(r.layer_prefill_gops), " GOP/s"));
-  row("  one layer compute", r.layer_prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "", &lr.layer_prefill);
+  if (r.t_layer_prefill_s > 0) {
+    row("  one layer", r.t_layer_prefill_s * 1e3, "ms", 0, "", Str(Num(r.layer_prefill_gops), " GOP/s"));
+    row("  one layer compute", r.layer_prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "", &lr.layer_prefill);
+  }
+  row("  last layer", r.t_last_layer_prefill_s * 1e3, "ms", 0, "", "keys and values of every row, the rest of one");
+  row("  lm_head and after", r.t_rest_prefill_s * 1e3, "ms", 0, "", "");
   row("decode (median step)", r.decode_tok_s, "tok/s", 0, "", Str("mean ", Num(r.decode_tok_s_mean), " tok/s"));
   row("weights read per token", r.bytes_per_token / 1e6, "MB", 0, "",
       Str("routed experts ", Num(r.routed_bytes_per_token / 1e6), " MB"));
@@ -871,9 +939,13 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
   row("disk reads during decode", r.disk_read_mbps, "MB/s", 0, "", "");
   row("peak RSS", static_cast<double>(r.peak_rss) / 1e9, "GB", 0, "",
       r.peak_rss_reset ? "" : "includes the 1st probe's buffer");
-  row("projected 60-layer prefill", r.projected_prefill_tok_s, "tok/s", 0, "",
-      Str(Num(r.t_layer_prefill_s * 1e3), " ms/layer x ", shapes::kLayers, " + ", Num(r.t_rest_s * 1e3),
-          " ms lm_head"));
+  if (r.projected_prefill_tok_s > 0)
+    row("projected 60-layer prefill", r.projected_prefill_tok_s, "tok/s", 0, "",
+        Str(Num(r.t_layer_prefill_s * 1e3), " ms/layer x ", shapes::kLayers - 1, " + ",
+            Num(r.t_last_layer_prefill_s * 1e3), " ms last layer + ", Num(r.t_rest_prefill_s * 1e3), " ms lm_head"));
+  else
+    std::fprintf(out, "%-27s %10s %-6s %s\n", "projected 60-layer prefill", "-", "tok/s",
+                 "needs 2+ layers (the last layer of a prompt runs one row past its keys and values)");
   row("projected 60-layer decode", r.projected_tok_s, "tok/s", 0, "",
       Str(Num(r.t_layer_s * 1e3), " ms/layer x ", shapes::kLayers, " + ", Num(r.t_rest_s * 1e3), " ms lm_head, ",
           Bytes(r.projected_bytes_per_token), "/token"));
@@ -895,9 +967,11 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
                  r.read_in ? "too few to be read cold from memory" : "not resident");
   for (const std::string& note : lr.notes) std::fprintf(out, "above its limit: %s\n", note.c_str());
   std::fprintf(out,
-               "prefill compute: 2 x every layer's active parameters per prompt token + lm_head once (last row).\n"
-               "one layer: decode, the median step minus an lm_head matmul timed right after it, over the layers; "
-               "prefill, the time to first token minus that lm_head time, over the layers.\n"
+               "prefill compute: 2 x the active parameters of every layer but the last per prompt token, the last "
+               "layer's key and value projections per token and all of it once, lm_head once (last row).\n"
+               "one layer: timed inside each pass as the layers end; decode, the median step's mean layer, and "
+               "lm_head = what follows the last layer (final norm, lm_head, argmax); prefill, the mean of the layers "
+               "but the last (which runs one row past its keys and values), median of the runs.\n"
                "projection: all %zu layers taken as MoE + sparse-attention layers (the real model has %zu dense "
                "ones), weights in memory.\n",
                shapes::kLayers, shapes::kDenseLayers);
