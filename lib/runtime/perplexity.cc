@@ -41,7 +41,8 @@ Status ScoreContinuation(Session& session, std::span<const int32_t> ids,
   // The last id is only a target, which the model's own checks never see.
   M3_RETURN_IF_ERROR(CheckInVocabulary(ids, vocab));
   if (ids.size() < 2) return Status::Ok();
-  const size_t start = session.position(), chunk = std::max<size_t>(session.prefill_chunk(), 1), rows = ids.size() - 1;
+  const size_t start = session.position(), rows = ids.size() - 1;
+  const size_t chunk = std::max<size_t>(std::min(session.prefill_chunk(), kScoreChunk), 1);
   std::vector<float> logits;
   for (size_t r0 = 0; r0 < rows; r0 += chunk) {
     const size_t n = std::min(chunk, rows - r0);

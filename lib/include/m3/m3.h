@@ -68,7 +68,7 @@ const char* m3_simd_target(void);
 m3_status m3_session_new(m3_engine* engine, m3_session** out_session);
 void m3_session_free(m3_session* session);
 /* Appends n tokens and, if logits != NULL, writes the last token's logits [vocab_size]. A long
- * prompt runs in forward passes of at most 512 tokens. M3_ERR_OUT_OF_MEMORY, with a message saying
+ * prompt runs in forward passes of at most 2048 tokens. M3_ERR_OUT_OF_MEMORY, with a message saying
  * what the caches need and what is available, when the context would not fit in memory;
  * M3_ERR_CORRUPT, naming the layer, block and position, when a NaN or inf shows in the hidden
  * state or the logits (damaged weights); on any error the session is as it was. */
