@@ -357,9 +357,14 @@ int Bench(const std::string& model_path, const std::string& libs, int threads, i
     }
     return ids;
   };
+  auto argmax = [&] {
+    const float* logits = llama_get_logits_ith(ctx, -1);
+    return static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
+  };
+  // The last logits' sanity (as m3 bench reports it), untimed.
   bool logits_finite = true;
   double logits_rms = 0;
-  auto argmax = [&] {
+  auto check_logits = [&] {
     const float* logits = llama_get_logits_ith(ctx, -1);
     double ss = 0;
     for (int i = 0; i < n_vocab; ++i) {
@@ -367,7 +372,6 @@ int Bench(const std::string& model_path, const std::string& libs, int threads, i
       ss += static_cast<double>(logits[i]) * logits[i];
     }
     logits_rms = std::sqrt(ss / n_vocab);
-    return static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
   };
   std::vector<llama_token> ids = random_ids(static_cast<size_t>(prompt));
   auto eval = [&](llama_token* p, int n) {
@@ -392,6 +396,7 @@ int Bench(const std::string& model_path, const std::string& libs, int threads, i
     const auto t1 = Clock::now();
     ends.on = false;
     prefills.push_back(Seconds(t0, t1));
+    check_logits();
     const std::vector<double> ls = ends.LayerSeconds();
     if (layers > 1) full_layer.push_back(Mean(ls, 0, ls.size() - 1));
     last_layer.push_back(ls.back());
@@ -409,6 +414,7 @@ int Bench(const std::string& model_path, const std::string& libs, int threads, i
     eval(&tok, 1);
     tok = argmax();
     const auto t1 = Clock::now();
+    check_logits();
     if (!ends.on) {
       steps.push_back(Seconds(t0, t1));
     } else {
