@@ -22,22 +22,36 @@ namespace {
 
 using test::RandomVec;
 
+// 1-9 jobs of 0-49 units each, a skewed first job every third trial; unit costs from
+// min_cost to min_cost + 19. owner[j][u] counts who took unit u of job j.
+struct RandomJobs {
+  std::vector<size_t> units;
+  std::vector<uint64_t> cost;
+  std::vector<std::vector<int>> owner;
+  RandomJobs(std::mt19937& rng, int trial, uint64_t min_cost) {
+    const size_t jobs = 1 + rng() % 9;
+    for (size_t j = 0; j < jobs; ++j) {
+      units.push_back(rng() % 50);
+      cost.push_back(trial % 3 == 0 && j == 0 ? 1000 : min_cost + rng() % 20);
+      owner.emplace_back(units.back(), 0);
+    }
+  }
+};
+
 TEST_CASE("ForEachShare gives every unit to exactly one thread, in shares of equal cost", "[moe]") {
   std::mt19937 rng(5);
   for (int trial = 0; trial < 300; ++trial) {
-    const size_t jobs = 1 + rng() % 9;
-    std::vector<size_t> units(jobs);
-    std::vector<uint64_t> cost(jobs);
+    RandomJobs jobs_of(rng, trial, 1);
+    const auto& units = jobs_of.units;
+    const auto& cost = jobs_of.cost;
+    auto& owner = jobs_of.owner;
+    const size_t jobs = units.size();
     uint64_t total = 0, max_unit = 0;
     for (size_t j = 0; j < jobs; ++j) {
-      units[j] = rng() % 50;
-      cost[j] = trial % 3 == 0 && j == 0 ? 1000 : 1 + rng() % 20;  // one skewed job every third trial
       total += units[j] * cost[j];
       max_unit = std::max(max_unit, cost[j]);
     }
     const int threads = 1 + static_cast<int>(rng() % 8);
-    std::vector<std::vector<int>> owner(jobs);
-    for (size_t j = 0; j < jobs; ++j) owner[j].assign(units[j], 0);
     for (int t = 0; t < threads; ++t) {
       uint64_t share = 0;
       ForEachShare(units, cost, t, threads, [&](size_t j, size_t b, size_t e) {
@@ -65,16 +79,12 @@ TEST_CASE("ForEachShare gives every unit to exactly one thread, in shares of equ
 TEST_CASE("ForEachDynamicShare gives every unit to exactly one piece", "[moe]") {
   std::mt19937 rng(6);
   for (int trial = 0; trial < 300; ++trial) {
-    const size_t jobs = 1 + rng() % 9;
-    std::vector<size_t> units(jobs);
-    std::vector<uint64_t> cost(jobs);
-    for (size_t j = 0; j < jobs; ++j) {
-      units[j] = rng() % 50;
-      cost[j] = trial % 3 == 0 && j == 0 ? 1000 : rng() % 20;  // zero-cost jobs too
-    }
+    RandomJobs jobs_of(rng, trial, 0);  // zero-cost jobs too
+    const auto& units = jobs_of.units;
+    const auto& cost = jobs_of.cost;
+    auto& owner = jobs_of.owner;
+    const size_t jobs = units.size();
     const int threads = 1 + static_cast<int>(rng() % 8);
-    std::vector<std::vector<int>> owner(jobs);
-    for (size_t j = 0; j < jobs; ++j) owner[j].assign(units[j], 0);
     // One caller drains the cursor piece by piece (pieces sized for `threads`): every unit of a
     // job with a cost is in exactly one piece, whichever thread would have taken it.
     std::atomic<uint64_t> cursor{0};

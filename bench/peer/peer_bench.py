@@ -73,6 +73,16 @@ def fmt(v, digits=3):
     return f"{v:.{digits}f}"
 
 
+def print_table(headers, rows):
+    """Columns as wide as their widest cell; the first left-aligned, the rest right-aligned."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    print(line(headers))
+    print("-" * len(line(headers)))
+    for r in rows:
+        print(line(r))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-t", "--threads", default=None, help="thread counts, e.g. 1,2 (default: 1 and all cores)")
@@ -172,32 +182,29 @@ def main():
     print("Layers are timed inside each pass. A prompt's last layer runs past attention only for the row "
           "that gives logits (both engines), so prefill per layer is the mean of the others (none with "
           "1 layer), and the 60-layer prefill is 59 of them + the last layer + lm_head.")
-    print()
-    head = (f"{'type':<9} {'thr':>3} {'L':>2} | {'prefill tok/s':>21} {'ratio':>6} | {'decode tok/s':>17} {'ratio':>6} | "
-            f"{'MB/token m3 / llama':>19}")
-    print(head)
-    print("-" * len(head))
+    def pair(m_value, l_value, r_value):  # "m3 / llama.cpp" and the ratio
+        return f"{fmt(m_value)} / {fmt(l_value)}", fmt(r_value)
+
+    rows_totals, rows_layers = [], []
     for s in summary:
         m, l, r = s["m3"], s["llama.cpp"], s["ratio"]
-        print(f"{s['pack_type']:<9} {s['threads']:>3} {s['layers']:>2} | {fmt(m['prefill_tok_s']):>9} / "
-              f"{fmt(l['prefill_tok_s']):>9} {fmt(r['prefill']):>6} | {fmt(m['decode_tok_s']):>7} / "
-              f"{fmt(l['decode_tok_s']):>7} {fmt(r['decode']):>6} | {(m['bytes_per_token'] or 0) / 1e6:>8.0f} / "
-              f"{(l['bytes_per_token'] or 0) / 1e6:>8.0f}")
+        rows_totals.append([s["pack_type"], str(s["threads"]), str(s["layers"]),
+                            *pair(m["prefill_tok_s"], l["prefill_tok_s"], r["prefill"]),
+                            *pair(m["decode_tok_s"], l["decode_tok_s"], r["decode"]),
+                            f"{(m['bytes_per_token'] or 0) / 1e6:.0f} / {(l['bytes_per_token'] or 0) / 1e6:.0f}"])
+        rows_layers.append([s["pack_type"], str(s["threads"]),
+                            *pair(ms(m["t_layer_s"]), ms(l["t_layer_s"]), r["layer_decode"]),
+                            *pair(ms(m["t_rest_s"]), ms(l["t_rest_s"]), r["lm_head"]),
+                            *pair(ms(m["t_layer_prefill_s"]), ms(l["t_layer_prefill_s"]), r["layer_prefill"]),
+                            *pair(m["projected_full_model_tok_s"], l["projected_full_model_tok_s"],
+                                  r["projected_full_model_decode"]),
+                            *pair(m["projected_full_model_prefill_tok_s"], l["projected_full_model_prefill_tok_s"],
+                                  r["projected_full_model_prefill"])])
     print()
-    head = (f"{'type':<9} {'thr':>3} | {'layer decode ms':>17} {'ratio':>6} | {'lm_head ms':>15} {'ratio':>6} | "
-            f"{'layer prefill ms':>17} {'ratio':>6} | {'60-layer decode tok/s':>21} {'ratio':>6} | "
-            f"{'60-layer prefill tok/s':>22} {'ratio':>6}")
-    print(head)
-    print("-" * len(head))
-    for s in summary:
-        m, l, r = s["m3"], s["llama.cpp"], s["ratio"]
-        print(f"{s['pack_type']:<9} {s['threads']:>3} | {fmt(ms(m['t_layer_s'])):>7} / {fmt(ms(l['t_layer_s'])):>7} "
-              f"{fmt(r['layer_decode']):>6} | {fmt(ms(m['t_rest_s'])):>6} / {fmt(ms(l['t_rest_s'])):>6} "
-              f"{fmt(r['lm_head']):>6} | {fmt(ms(m['t_layer_prefill_s'])):>7} / {fmt(ms(l['t_layer_prefill_s'])):>7} "
-              f"{fmt(r['layer_prefill']):>6} | {fmt(m['projected_full_model_tok_s']):>9} / "
-              f"{fmt(l['projected_full_model_tok_s']):>9} {fmt(r['projected_full_model_decode']):>6} | "
-              f"{fmt(m['projected_full_model_prefill_tok_s']):>10} / {fmt(l['projected_full_model_prefill_tok_s']):>9} "
-              f"{fmt(r['projected_full_model_prefill']):>6}")
+    print_table(["type", "thr", "L", "prefill tok/s", "ratio", "decode tok/s", "ratio", "MB/token"], rows_totals)
+    print()
+    print_table(["type", "thr", "layer decode ms", "ratio", "lm_head ms", "ratio", "layer prefill ms", "ratio",
+                 "60-layer decode tok/s", "ratio", "60-layer prefill tok/s", "ratio"], rows_layers)
     result = {"peer": {"engine": "llama.cpp", "tag": peer_tag, "package": PEER_VERSION}, "cpu": cpu,
               "prompt_tokens": a.prompt_tokens, "decode_tokens": a.decode_tokens, "rounds": a.reps,
               "summary": summary, "runs": runs}
