@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Tokenizer encode MB/s: m3 against the HuggingFace tokenizers library in the same run, on a
 # few MB of mixed text built from the tokenizer goldens (prose, code, CJK, emoji, numbers, ...).
-# Usage: bench/tokenizer_bench.sh [BUILD_DIR] [SHARED_DIR]
+# Usage: bench/tokenizer_bench.sh [BUILD_DIR] [DATA_DIR]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
-shared=${2:-$here/../shared}
-tok=$shared/tokenizer/minimax-m3
+data=${2:-$here/tests/data}
+tok=$data/tokenizer/minimax-m3
 work=$build/bench-tokenizer
 mkdir -p "$work"
 # ~3 MB corpus: golden texts joined into ~16 KB documents, repeated.

@@ -1,5 +1,15 @@
 option(M3_BUILD_TESTS "Build the Catch2 test suite" ON)
 option(M3_BUILD_BENCH "Build the benchmarks" ON)
 option(M3_SANITIZE "Build with address and undefined-behaviour sanitizers" OFF)
+# The tests' data lives in the repository (tests/data: golden cases, the oracle, tokenizer files,
+# copied from the project's shared data). ../shared beside the clone, when there, is walked too:
+# its golden and tokenizer cases may be more than the copy's.
+set(M3_TEST_DATA_DIR "${CMAKE_SOURCE_DIR}/tests/data")
 set(M3_SHARED_DIR "${CMAKE_SOURCE_DIR}/../shared" CACHE PATH
-    "Folder with the golden data, oracle and tokenizer (shared/ beside the clone)")
+    "The project's shared data beside the clone (optional: an extra cross-check of the tests)")
+get_filename_component(M3_SHARED_DIR "${M3_SHARED_DIR}" ABSOLUTE)
+if(EXISTS "${M3_SHARED_DIR}/golden")
+  set(M3_HAVE_SHARED ON)
+else()
+  set(M3_HAVE_SHARED OFF)
+endif()

@@ -3,11 +3,11 @@
 # second pack without --force is refused, that `m3 logits` runs on the packed folder with finite
 # logits, and that a damaged pack is refused.
 # (How close packed logits are to the fp32 engine is judged elsewhere.)
-# Usage: scripts/check-pack.sh [BUILD_DIR] [SHARED_DIR] [THREADS]
+# Usage: scripts/check-pack.sh [BUILD_DIR] [DATA_DIR] [THREADS]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
-shared=${2:-$here/../shared}
+data=${2:-$here/tests/data}
 threads=${3:-0}
 m3="$build/bin/m3"
 py=/usr/bin/python3
@@ -16,7 +16,7 @@ trap 'rm -rf "$out"' EXIT
 fail=0
 
 check() {  # name type
-  local name=$1 type=$2 case_dir="$shared/golden/$1" dst="$out/$1-$2"
+  local name=$1 type=$2 case_dir="$data/golden/$1" dst="$out/$1-$2"
   "$m3" pack -m "$case_dir" -o "$dst" --type "$type" -t "$threads" >"$out/pack.log" 2>"$out/pack.err" ||
     { cat "$out/pack.log" "$out/pack.err"; echo "FAIL $name $type: pack"; return 1; }
   grep -q "bits per weight" "$out/pack.log" || { echo "FAIL $name $type: no summary"; return 1; }

@@ -5,22 +5,22 @@
 # prefill chunks...) with the oracle's own generator, then judges `m3 logits` on each with
 # check-golden.sh (the oracle's check_case.py), and checks that every one packs as q4-mixed and
 # runs with finite logits.
-# Usage: scripts/check-variants.sh [BUILD_DIR] [SHARED_DIR] [THREADS]
+# Usage: scripts/check-variants.sh [BUILD_DIR] [DATA_DIR] [THREADS]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
-shared=$(cd "${2:-$here/../shared}" && pwd)
+data=$(cd "${2:-$here/tests/data}" && pwd)
 threads=${3:-0}
 py=/usr/bin/python3
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-mkdir -p "$out/shared"
-ln -s "$shared/oracle" "$out/shared/oracle"
-$py "$shared/oracle/make_golden.py" --cases "$here/tests/golden_variants.json" --out "$out/shared/golden" >"$out/make.log" 2>&1 ||
+mkdir -p "$out/data"
+ln -s "$data/oracle" "$out/data/oracle"
+$py "$data/oracle/make_golden.py" --cases "$here/tests/golden_variants.json" --out "$out/data/golden" >"$out/make.log" 2>&1 ||
   { cat "$out/make.log"; echo "FAIL: the oracle could not build the variant cases"; exit 1; }
 fail=0
-"$here/scripts/check-golden.sh" "$build" "$out/shared" "$threads" || fail=1
-for case_dir in "$out"/shared/golden/*/; do
+"$here/scripts/check-golden.sh" "$build" "$out/data" "$threads" || fail=1
+for case_dir in "$out"/data/golden/*/; do
   case_dir=${case_dir%/}
   name=$(basename "$case_dir")
   ids=$($py -c "import json,sys; print(','.join(map(str,json.load(open(sys.argv[1]))['prompt_ids'])))" "$case_dir/case.json")

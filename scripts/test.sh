@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs the whole test suite (needs ../shared beside the clone).
+# Installs what is missing, builds, and runs the whole test suite (its data is in tests/data; ../shared
+# beside the clone, when there, is walked as well).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 "$here/scripts/build.sh"

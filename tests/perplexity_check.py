@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`m3 perplexity` end to end:
 - golden s1 in windows of 16 tokens (stride 8, and stride 16 which skips each window's first
-  token): every token's NLL against the oracle (shared/oracle/m3ref.py) run on that window's
+  token): every token's NLL against the oracle (tests/data/oracle/m3ref.py) run on that window's
   tokens alone, and the summary (perplexity = exp(mean NLL), counts) against the per-token lines;
 - --save-base / --kl-base: the same model gives KL 0, same top-1 1 and ratio 1; a q8 pack gives
   the KL that NumPy computes from the base file and the pack's `m3 logits` rows;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Token log-probabilities through `m3 serve` and `m3 batch` on the tiny real-vocabulary model:
 - a prompt scored with echo and max_tokens 0 (the lm-eval-harness loglikelihood request: token ids
-  in, every prompt token's log-probability out) against the oracle (shared/oracle/m3ref.py) on the
+  in, every prompt token's log-probability out) against the oracle (tests/data/oracle/m3ref.py) on the
   same ids, the most likely tokens among top_logprobs included;
 - greedy completions: each token's log-probability is the largest of its alternatives, the tokens
   spell the text, text offsets count its characters; with echo the prompt comes first and the

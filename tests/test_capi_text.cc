@@ -25,7 +25,7 @@ namespace {
 using ojson = nlohmann::ordered_json;
 using Catch::Matchers::Contains;
 
-std::string TokenizerDir() { return m3::test::SharedDir() + "/tokenizer/minimax-m3"; }
+using m3::test::TokenizerDir;
 
 // The fixture model of ctest (tests/make_real_vocab_model.sh).
 std::string RealVocabModel() {

@@ -21,7 +21,7 @@ using m3::jinja::Value;
 using ojson = nlohmann::ordered_json;
 using Catch::Matchers::Contains;
 
-std::string TokenizerDir() { return m3::test::SharedDir() + "/tokenizer/minimax-m3"; }
+using m3::test::TokenizerDir;
 
 // Renders `source` with `vars` (a JSON object); returns the output or "ERROR: <message>".
 std::string Run(const std::string& source, const ojson& vars = ojson::object()) {
@@ -37,7 +37,10 @@ TEST_CASE("every chat golden renders byte-identical", "[chat_template]") {
   auto ct = ChatTemplate::Load(TokenizerDir());
   INFO(ct.status().ToString());
   REQUIRE(ct.ok());
-  std::ifstream in(TokenizerDir() + "/chat_golden.jsonl");
+  // The repository's copy and ../shared's when it is there (which may hold more cases).
+  for (const std::string& file : m3::test::TokenizerGoldenFiles("chat_golden.jsonl")) {
+  INFO(file);
+  std::ifstream in(file);
   REQUIRE(in.good());
   std::string line;
   int cases = 0, errors = 0;
@@ -58,8 +61,9 @@ TEST_CASE("every chat golden renders byte-identical", "[chat_template]") {
       CHECK(r.value() == c["rendered"].get<std::string>());
     }
   }
-  CHECK(cases == 31);
-  CHECK(errors == 1);
+  CHECK(cases >= 31);
+  CHECK(errors >= 1);
+  }
 }
 
 TEST_CASE("chat template loading", "[chat_template]") {

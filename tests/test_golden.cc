@@ -1,6 +1,6 @@
-// Golden parity: every case of ../shared/golden within its tolerance (prefill logits, decode
-// logits, greedy ids, selected blocks), run in-process through Session; 1 and 2 threads give
-// bit-identical results; request validation.
+// Golden parity: every golden case (tests/data/golden, and ../shared/golden when it is there)
+// within its tolerance (prefill logits, decode logits, greedy ids, selected blocks), run
+// in-process through Session; 1 and 2 threads give bit-identical results; request validation.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -68,22 +68,13 @@ double WorstRowRatio(const std::vector<float>& got, const NpyArray& want, double
   return worst;
 }
 
-std::vector<std::string> GoldenCases() {
-  std::vector<std::string> names;
-  const auto root = std::filesystem::path(test::SharedDir()) / "golden";
-  if (!std::filesystem::exists(root)) return names;
-  for (const auto& e : std::filesystem::directory_iterator(root))
-    if (std::filesystem::exists(e.path() / "case.json")) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
+using test::GoldenCases;
 
 TEST_CASE("every golden case matches within tolerance", "[golden]") {
   const auto cases = GoldenCases();
-  REQUIRE(cases.size() >= 6);  // ../shared/golden must be present beside the clone
-  for (const auto& name : cases) {
+  REQUIRE(cases.size() >= 6);  // the repository's copy, and ../shared's cases when it is there
+  for (const auto& [name, dir] : cases) {
     SECTION(name) {
-      const std::string dir = test::GoldenDir(name);
       auto cj = test::ReadPythonJson(dir + "/case.json");
       const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
       const int steps = cj["decode_steps"].get<int>();
@@ -120,6 +111,27 @@ TEST_CASE("every golden case matches within tolerance", "[golden]") {
   }
 }
 
+TEST_CASE("the repository's test data equals ../shared's, file for file, when it is there", "[golden]") {
+  if (test::DataRoots().size() < 2) {
+    WARN("no ../shared beside the clone: only the repository's copy is tested");
+    return;
+  }
+  size_t compared = 0;
+  for (const char* part : {"golden", "oracle", "tokenizer"}) {
+    const std::filesystem::path root = std::filesystem::path(test::DataDir()) / part;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+      if (!e.is_regular_file()) continue;
+      const auto rel = std::filesystem::relative(e.path(), test::DataDir());
+      const auto theirs = std::filesystem::path(test::SharedDir()) / rel;
+      INFO(rel.string());
+      if (!std::filesystem::exists(theirs)) continue;  // a file only the copy has
+      CHECK(test::ReadBytes(e.path()) == test::ReadBytes(theirs));
+      ++compared;
+    }
+  }
+  CHECK(compared > 30);
+}
+
 TEST_CASE("1 and 2 threads give bit-identical logits", "[golden][threads]") {
   for (const char* name : {"s2_bf16_sharded_init1", "s3_mxfp8_mixed_layers_local2"}) {
     const std::string dir = test::GoldenDir(name);
@@ -141,9 +153,8 @@ TEST_CASE("simulated NUMA nodes (split, distribute) give logits identical to --n
   } fake;
   const auto cases = GoldenCases();
   REQUIRE(cases.size() >= 6);
-  for (const auto& name : cases) {
+  for (const auto& [name, dir] : cases) {
     INFO(name);
-    const std::string dir = test::GoldenDir(name);
     auto cj = test::ReadPythonJson(dir + "/case.json");
     const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
     const int steps = cj["decode_steps"].get<int>();
@@ -450,9 +461,8 @@ std::vector<std::vector<int32_t>> CompanionPrompts(const std::vector<int32_t>& p
 }
 
 TEST_CASE("batched decode of three sequences matches the golden case and each sequence alone", "[golden][batch]") {
-  for (const auto& name : GoldenCases()) {
+  for (const auto& [name, dir] : GoldenCases()) {
     SECTION(name) {
-      const std::string dir = test::GoldenDir(name);
       auto cj = test::ReadPythonJson(dir + "/case.json");
       const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
       const int steps = std::min(cj["decode_steps"].get<int>(), 6);
@@ -529,9 +539,8 @@ TEST_CASE("a prompt's last layer computes only the rows that give logits, with t
   // with one (SelectionRecorder), every row in full. Logits, caches and the steps after them are
   // the same to the bit, in one pass, in chunks (the earlier ones give no logits) and batched.
   struct SeesRows : ForwardObserver {};
-  for (const auto& name : GoldenCases()) {
+  for (const auto& [name, dir] : GoldenCases()) {
     SECTION(name) {
-      const std::string dir = test::GoldenDir(name);
       auto cj = test::ReadPythonJson(dir + "/case.json");
       const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
       auto engine = Engine::Open(dir, EngineOptions{2});
@@ -689,7 +698,7 @@ TEST_CASE("the scheduler runs queued requests over its slots as each would run a
   const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
   auto engine = Engine::Open(dir, EngineOptions{2});
   REQUIRE(engine.ok());
-  auto tokenizer = Tokenizer::Load(test::SharedDir() + "/tokenizer/minimax-m3");
+  auto tokenizer = Tokenizer::Load(test::TokenizerDir());
   REQUIRE(tokenizer.ok());
   std::vector<std::vector<int32_t>> prompts = {prompt};
   for (auto& p : CompanionPrompts(prompt)) prompts.push_back(std::move(p));
@@ -921,10 +930,9 @@ void StepTogether(std::span<Generation* const> all) {
 
 TEST_CASE("prompt lookup verifies its guesses and generates the tokens of plain decoding", "[golden][lookup]") {
   size_t drafted = 0, accepted = 0;
-  for (const auto& name : GoldenCases()) {
+  for (const auto& [name, dir] : GoldenCases()) {
     INFO(name);
     {
-      const std::string dir = test::GoldenDir(name);
       auto cj = test::ReadPythonJson(dir + "/case.json");
       const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
       const auto golden = cj["greedy_ids"].get<std::vector<int32_t>>();

@@ -329,7 +329,7 @@ TEST_CASE("openai: completions prompts as text or token ids, one or several, ech
 }
 
 TEST_CASE("openai: token log-probabilities in the chat and completions forms", "[openai]") {
-  auto tokenizer = m3::Tokenizer::Load(m3::test::SharedDir() + "/tokenizer/minimax-m3");
+  auto tokenizer = m3::Tokenizer::Load(m3::test::TokenizerDir());
   REQUIRE(tokenizer.ok());
   const m3::Tokenizer& tok = **tokenizer;
   const std::vector<int32_t> hello = tok.Encode("Hello wörld");  // "ö": two bytes, maybe split

@@ -387,7 +387,7 @@ TEST_CASE("tool calls: malformed or unterminated markup falls back to content", 
 
 // Every assistant turn the template renders in chat_golden.jsonl parses back to its message.
 TEST_CASE("golden: parser inverts the template assistant turns", "[output_parser]") {
-  std::ifstream in(m3::test::SharedDir() + "/tokenizer/minimax-m3/chat_golden.jsonl");
+  std::ifstream in(m3::test::TokenizerDir() + "/chat_golden.jsonl");
   REQUIRE(in.good());
   auto drop_nulls = [](auto&& self, const json& v) -> json {
     if (v.is_object()) {

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <vector>
 #include <regex>
@@ -15,7 +16,7 @@
 
 namespace m3::test {
 
-// Every golden case in ../shared/golden.
+// The golden cases of the repository's copy (tests/data/golden).
 inline constexpr const char* kGoldenCases[] = {"s1_fp32_basic",
                                                "s2_bf16_sharded_init1",
                                                "s3_mxfp8_mixed_layers_local2",
@@ -38,9 +39,44 @@ inline void WriteBytes(const std::filesystem::path& p, const std::string& bytes)
   REQUIRE(out);
 }
 
-// ../shared beside the clone (golden data, oracle, tokenizer); set at configure time.
+// Test data: the repository's copy (tests/data: golden cases, the oracle, the tokenizer files),
+// and ../shared beside the clone when it is there, whose cases may be more than the copy's: the
+// tests that walk every case walk both (DataRoots). Set at configure time.
+inline std::string DataDir() { return M3_TEST_DATA_DIR; }
 inline std::string SharedDir() { return M3_SHARED_DIR; }
-inline std::string GoldenDir(const std::string& name) { return SharedDir() + "/golden/" + name; }
+inline std::vector<std::string> DataRoots() {
+  std::vector<std::string> roots{DataDir()};
+  std::error_code ec;
+  if (std::filesystem::is_directory(SharedDir() + "/golden", ec) &&
+      !std::filesystem::equivalent(SharedDir(), DataDir(), ec))
+    roots.push_back(SharedDir());
+  return roots;
+}
+inline std::string GoldenDir(const std::string& name) { return DataDir() + "/golden/" + name; }
+inline std::string TokenizerDir() { return DataDir() + "/tokenizer/minimax-m3"; }
+
+// Every golden case folder of every root (a case in both: ../shared's), sorted by name.
+inline std::vector<std::pair<std::string, std::string>> GoldenCases() {
+  std::map<std::string, std::string> cases;
+  for (const std::string& root : DataRoots()) {
+    const auto dir = std::filesystem::path(root) / "golden";
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) continue;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (std::filesystem::exists(e.path() / "case.json")) cases[e.path().filename().string()] = e.path().string();
+  }
+  return {cases.begin(), cases.end()};
+}
+
+// `file` (golden.jsonl, chat_golden.jsonl) of the tokenizer folder of every root that has it.
+inline std::vector<std::string> TokenizerGoldenFiles(const std::string& file) {
+  std::vector<std::string> files;
+  for (const std::string& root : DataRoots()) {
+    const std::string path = root + "/tokenizer/minimax-m3/" + file;
+    if (std::filesystem::exists(path)) files.push_back(path);
+  }
+  return files;
+}
 
 // n normally distributed floats, reproducible from `seed`.
 inline std::vector<float> RandomVec(size_t n, uint32_t seed, float scale = 1.0f) {
