@@ -24,7 +24,7 @@ struct LogitAgreement {
 // Compares row r of `other` [rows, vocab] with row r of `reference` (same size).
 LogitAgreement CompareLogits(const std::vector<float>& reference, const std::vector<float>& other, size_t vocab);
 
-// The inputs of a golden case folder (shared/golden/<name>/case.json).
+// The inputs of a golden case folder (tests/data/golden/<name>/case.json).
 struct GoldenCase {
   std::string dir, name;          // name: the folder's last component
   std::vector<int32_t> prompt;    // prompt_ids

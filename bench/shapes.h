@@ -1,5 +1,5 @@
 // The real MiniMax-M3 text-model shapes (config.json of the released checkpoints; see
-// shared/spec/MINIMAX_M3.md), for benchmarks and tests. Matrices are [rows, cols] with
+// docs/MODEL.md §1), for benchmarks and tests. Matrices are [rows, cols] with
 // y = x . W^T: rows = outputs, cols = inputs.
 #pragma once
 

@@ -108,8 +108,9 @@ int RunAttention(const BenchArgs& args) {
   opts.chunk = args.chunk;
   opts.json = args.json;
   opts.quick = args.quick;
-  // The plot goes next to the table by default; a JSON run writes one only when asked.
-  opts.plot = args.plot ? *args.plot : args.json ? "" : "m3-attention.png";
+  // A plot only where asked (`--plot FILE`): the bench writes no file into the current folder,
+  // which is often the source tree.
+  opts.plot = args.plot ? *args.plot : "";
   if (opts.plot == "none") opts.plot.clear();  // `--plot none`: no plot (not a file named "none")
   return bench::RunAttentionBench(opts, stdout, stderr);
 #else
@@ -261,7 +262,7 @@ void AddBenchCommand(CLI::App& app, int* rc) {
           ->delimiter(','),
       cmd->add_option("--kv-cache", args->kv_cache, "--attention: K/V storage type: f32 (default), bf16 or int8"),
       cmd->add_option("--plot", args->plot,
-                      "--attention: PNG plot of time vs context (gnuplot; default m3-attention.png; none with --json or --plot none)"),
+                      "--attention: PNG plot of time vs context to FILE (gnuplot; default none)"),
   };
   cmd->callback([args, rc, end_to_end, attention] {
     for (CLI::Option* o : end_to_end)

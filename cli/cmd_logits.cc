@@ -2,7 +2,7 @@
 // One prefill of the prompt (one Session::Eval: forward passes of --prefill-chunk tokens), then N
 // greedy steps through the cache (a Generation: with --lookup, guesses verified in the step's
 // pass, so the oracle judges those rows too). Writes the files of
-// ../shared/golden: prefill_logits.npy [T, vocab], decode_logits.npy [N, vocab], greedy_ids.json
+// tests/data/golden: prefill_logits.npy [T, vocab], decode_logits.npy [N, vocab], greedy_ids.json
 // and, with --dump-blocks, selected_blocks.json.
 #include <algorithm>
 #include <chrono>

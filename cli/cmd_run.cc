@@ -24,7 +24,7 @@ struct RunArgs {
   int max_tokens = 512;
   EngineArgs engine_args;
   size_t context = 0;
-  SamplingParams sampling{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f};  // CHAT_FORMAT.md §5
+  SamplingParams sampling{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f};  // docs/MODEL.md §6.5
   LookupOptions lookup;
 };
 

@@ -101,7 +101,7 @@ void AddEngineOptions(CLI::App* cmd, EngineArgs* args) {
 }
 
 void AddSamplingOptions(CLI::App* cmd, SamplingParams* p) {
-  // Defaults: the recommended settings of CHAT_FORMAT.md §5.
+  // Defaults: the recommended settings of docs/MODEL.md §6.5.
   cmd->add_option("--temp", p->temperature, "temperature (0 = greedy)")->default_val(1.0);
   cmd->add_option("--top-k", p->top_k, "top-k (0 = off)")->default_val(40);
   cmd->add_option("--top-p", p->top_p, "top-p (1 = off)")->default_val(0.95);

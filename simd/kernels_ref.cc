@@ -84,7 +84,7 @@ float ExpShiftSum(float* x, size_t n, float shift) {
 
 void SwigluOai(float* g, const float* u, size_t n, float alpha, float limit, float beta) {
   for (size_t i = 0; i < n; ++i) {
-    const float gc = std::min(g[i], limit);  // gate: upper clamp only (spec G10)
+    const float gc = std::min(g[i], limit);  // gate: upper clamp only (docs/MODEL.md §3.7)
     const float uc = std::clamp(u[i], -limit, limit);
     const float sig = 1.0f / (1.0f + std::exp(-alpha * gc));
     g[i] = std::isfinite(g[i]) && std::isfinite(u[i]) ? gc * sig * (uc + beta) : NAN;

@@ -348,7 +348,7 @@ void m3_generate_options_init(m3_generate_options* o) {
   *o = m3_generate_options{};
   o->struct_size = sizeof(*o);
   o->max_tokens = 512;
-  o->temperature = 1.0f;  // CHAT_FORMAT.md §5
+  o->temperature = 1.0f;  // docs/MODEL.md §6.5
   o->top_k = 40;
   o->top_p = 0.95f;
   o->repetition_penalty = 1.0f;

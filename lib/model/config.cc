@@ -104,7 +104,7 @@ class KeyReader {
   std::string prefix_;
 };
 
-// Reads the first of several alternative key names that is present (spec §1.3).
+// Reads the first of several alternative key names that is present (docs/MODEL.md §1).
 template <class T>
 Status IntAlt(const KeyReader& r, std::initializer_list<const char*> keys, T* out, bool required, int64_t min_value) {
   for (const char* k : keys)
@@ -162,7 +162,7 @@ StatusOr<ModelConfig> ParseModelConfig(const json& root) {
   if (s != "per_head") return Unsupported("config.json: '", r.Path("qk_norm_type"), "' = \"", s, "\" is not supported (only \"per_head\")");
   s = "swigluoai";
   M3_RETURN_IF_ERROR(r.String("hidden_act", &s, false));
-  if (s != "swigluoai" && s != "silu")  // HF-normalized configs rewrite the name to "silu" (spec §1.3)
+  if (s != "swigluoai" && s != "silu")  // HF-normalized configs rewrite the name to "silu" (docs/MODEL.md §1)
     return Unsupported("config.json: '", r.Path("hidden_act"), "' = \"", s, "\" is not supported (only \"swigluoai\")");
   s = "sigmoid";
   M3_RETURN_IF_ERROR(r.String("scoring_func", &s, false));
@@ -218,7 +218,7 @@ StatusOr<ModelConfig> ParseModelConfig(const json& root) {
   M3_RETURN_IF_ERROR(r.Float("swiglu_beta", &c.swiglu_beta, false));
   if (!(c.swiglu_limit > 0)) return InvalidArgument("config.json: key '", r.Path("swiglu_limit"), "' must be > 0");
 
-  // Layer kinds: two independent flag lists (spec G14).
+  // Layer kinds: two independent flag lists (docs/MODEL.md §1).
   const size_t n = static_cast<size_t>(c.num_layers);
   if (r.Has("moe_layer_freq")) {
     M3_RETURN_IF_ERROR(r.Flags("moe_layer_freq", n, &c.moe_layer));

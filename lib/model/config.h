@@ -1,4 +1,4 @@
-// The MiniMax-M3 text-backbone configuration (spec §1), read from config.json in either the flat
+// The MiniMax-M3 text-backbone configuration (docs/MODEL.md §1), read from config.json in either the flat
 // layout or the VL layout (keys under "text_config"), with the HF-normalized alternative names.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The MiniMax-M3 forward pass (spec §2), step by step. Kernel detail lives in lib/ops and simd/.
+// The MiniMax-M3 forward pass (docs/MODEL.md §3), step by step. Kernel detail lives in lib/ops and simd/.
 //
 //   h = E[ids]
 //   for each layer: h += Attn(RMSNorm(h)); h += (MoE or MLP)(RMSNorm(h))
@@ -268,7 +268,7 @@ Status Model::ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segm
   float* h = Sized(scratch.h, n * H);
   float* x = Sized(scratch.x, n * H);
   float* delta = Sized(scratch.delta, n * H);
-  // No embedding scale (spec G25).
+  // No embedding scale (docs/MODEL.md §3.1).
   ForTokenRows(tc, n, [&](size_t t0, size_t t1) { GatherRows(weights_.embed, ids.data() + t0, t1 - t0, h + t0 * H); });
   M3_RETURN_IF_ERROR(CheckFinite(tc, h, n, H, pos, "the token embedding", -1));
   const MoeParams moe_params{c.experts_per_token, c.routed_scaling_factor, c.use_routing_bias,

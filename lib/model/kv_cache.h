@@ -1,4 +1,4 @@
-// Per-sequence decode state (spec §3): per layer K (after norm + RoPE) and V (raw), and for sparse
+// Per-sequence decode state (docs/MODEL.md §4): per layer K (after norm + RoPE) and V (raw), and for sparse
 // layers one index key per token (after index norm + RoPE). Pages are one sparse block of
 // positions, so block b of the indexer is one contiguous page.
 #pragma once

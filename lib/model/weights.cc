@@ -157,7 +157,7 @@ void ForEachTensor(const ModelConfig& cfg, int mtp_depths, ModelWeights* w,
     v.Vector(p + "hnorm.weight", H, &m.hnorm, true);
     v.Matrix(p + "eh_proj.weight", H, 2 * H, &m.eh_proj);
     v.Vector(p + "final_layernorm.weight", H, &m.final_norm, true);
-    // The MTP transformer layer is always sparse attention + MoE (spec §6).
+    // The MTP transformer layer is always sparse attention + MoE (docs/MODEL.md §5).
     v.Layer(p + "transformer_layer.", cfg.any_sparse(), cfg.any_moe(), &m.layer);
   }
 }

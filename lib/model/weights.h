@@ -1,4 +1,4 @@
-// MiniMax-M3 weights bound to checkpoint or packed-file tensors (spec §4.1). Matrices are views
+// MiniMax-M3 weights bound to checkpoint or packed-file tensors (docs/MODEL.md §5). Matrices are views
 // into the mapped files in their stored format; only the small norm vectors and the router bias
 // are decoded to fp32 at load (norms are prepared as the (1 + w) multiplier, formed in fp32, G8).
 #pragma once
@@ -35,7 +35,7 @@ struct LayerWeights {
   MoeWeights moe;  // MoE layers
 };
 
-// One multi-token-prediction depth (bound when its tensors are present; spec §6).
+// One multi-token-prediction depth (bound when its tensors are present; docs/MODEL.md §5).
 struct MtpWeights {
   std::vector<float> enorm, hnorm, final_norm;  // [H]
   simd::WeightRef eh_proj;                      // [H, 2H]

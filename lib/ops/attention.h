@@ -1,5 +1,5 @@
 // Causal GQA attention over the paged caches, dense or restricted to selected key blocks, and the
-// MiniMax sparse-attention block selection (lightning indexer, spec §2.6).
+// MiniMax sparse-attention block selection (lightning indexer, docs/MODEL.md §3.6).
 //
 // Cache rows are token positions; a page holds `page_rows` consecutive positions, and for sparse
 // layers (page_rows == block size) one key block is one page. Both functions take a chunk of n

@@ -28,7 +28,7 @@ void RouteToken(const float* logits, const std::vector<float>& bias, const MoePa
   }
   std::vector<int32_t> order(e);
   std::iota(order.begin(), order.end(), 0);
-  // Highest biased score first; ties go to the lower expert id (spec G22).
+  // Highest biased score first; ties go to the lower expert id (docs/MODEL.md §3.8).
   std::partial_sort(order.begin(), order.begin() + p.top_k, order.end(), [&](int32_t a, int32_t b) {
     return choice[a] > choice[b] || (choice[a] == choice[b] && a < b);
   });

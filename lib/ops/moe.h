@@ -1,4 +1,4 @@
-// The MoE block (spec §2.4): an fp32 sigmoid router whose correction bias is used only to
+// The MoE block (docs/MODEL.md §3.8): an fp32 sigmoid router whose correction bias is used only to
 // choose, top-k routed SwiGLU-OAI experts, a shared expert and a routed scaling factor.
 //
 //   s = sigmoid(x.Wr^T); chosen = top-k of s + bias (ties -> lower id)

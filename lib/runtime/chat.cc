@@ -20,7 +20,7 @@ StatusOr<std::unique_ptr<ChatText>> ChatText::Load(const std::string& dir, bool 
   } else {
     text->template_error_ = tmpl.status();
   }
-  for (const char* s : {"[e~[", "]~b]", "]~!b["}) {  // end of turn, plus defensive stops (§5)
+  for (const char* s : {"[e~[", "]~b]", "]~!b["}) {  // end of turn, plus defensive stops (docs/MODEL.md §6.5)
     const int32_t id = text->tokenizer_->TokenId(s);
     if (id >= 0) text->stop_ids_.push_back(id);
   }

@@ -1,4 +1,4 @@
-// One assistant turn in text (CHAT_FORMAT.md): a conversation rendered by the model folder's chat
+// One assistant turn in text (docs/MODEL.md §6): a conversation rendered by the model folder's chat
 // template, generated with prefix reuse, decoded as a UTF-8 stream and split into reasoning,
 // content and tool calls as it arrives. Shared by `m3 run` / `m3 chat` and the C API.
 #pragma once
@@ -47,7 +47,7 @@ class ChatText {
   StatusOr<std::vector<int32_t>> TurnPrompt(const nlohmann::ordered_json& messages,
                                             const nlohmann::ordered_json& tools, nlohmann::ordered_json options,
                                             TurnOptions* turn) const;
-  // The end of an assistant turn and the defensive stops of CHAT_FORMAT.md §5, those that exist.
+  // The end of an assistant turn and the defensive stops of docs/MODEL.md §6.5, those that exist.
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
 
  private:
@@ -59,7 +59,7 @@ class ChatText {
 };
 
 // Where the model's output starts for a rendered prompt: inside reasoning when it ends with
-// `<mm:think>` (CHAT_FORMAT.md §3, thinking_mode "enabled").
+// `<mm:think>` (docs/MODEL.md §6.3, thinking_mode "enabled").
 ThinkState OutputStart(std::string_view rendered_prompt);
 
 // Stop strings over a text stream (OpenAI's "stop"): text passes through except a tail that may

@@ -20,7 +20,7 @@ using ojson = nlohmann::ordered_json;
 
 // What a request may leave out.
 struct Defaults {
-  SamplingParams sampling{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f};  // CHAT_FORMAT.md §5
+  SamplingParams sampling{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f};  // docs/MODEL.md §6.5
   int max_tokens = 512;
   LookupOptions lookup;  // the server's (not a request field)
 };

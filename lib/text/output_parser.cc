@@ -222,7 +222,7 @@ const json* FindToolSchema(const json& tools, const std::string& name) {
   return nullptr;
 }
 
-// --- Leaf typing (SGLang minimax_m3 rules, spec section 4) -------------------------------------
+// --- Leaf typing (SGLang minimax_m3 rules, docs/MODEL.md §6.4) -------------------------------------
 
 // Python int(): optional sign, decimal digits, surrounding whitespace.
 std::optional<ordered_json> ParseInteger(std::string_view text) {

@@ -1,5 +1,5 @@
 // MiniMax-M3 output text -> OpenAI `reasoning_content`, `content` and `tool_calls`
-// (shared/spec/CHAT_FORMAT.md sections 3 and 4), on finished text and incrementally.
+// (docs/MODEL.md §6.3 and §6.4), on finished text and incrementally.
 //
 // Reasoning: `<mm:think>` ... `</mm:think>`. The caller says whether the prompt already opened the
 // block (thinking_mode "enabled" ends the prompt with `<mm:think>`): ThinkState::kInside. Otherwise

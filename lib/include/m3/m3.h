@@ -100,7 +100,7 @@ m3_status m3_session_rewind(m3_session* session, size_t position);
 typedef struct m3_generate_options {
   size_t struct_size;       /* sizeof(m3_generate_options); set by m3_generate_options_init */
   int32_t max_tokens;       /* most tokens to sample (default 512) */
-  /* Sampling (defaults: the recommended settings of CHAT_FORMAT.md §5). */
+  /* Sampling (defaults: the recommended settings of docs/MODEL.md §6.5). */
   float temperature;        /* default 1.0; 0: greedy (ties to the lower id) */
   int32_t top_k;            /* default 40; 0: off */
   float top_p;              /* default 0.95; 1: off */
@@ -203,7 +203,7 @@ typedef int (*m3_chat_callback)(m3_chat_part part, const char* text, size_t len,
  * "tools" also types the tool-call arguments. Or {"prompt": "text"}: a plain completion of the
  * text, all of it content. Either may have "stop": a string or an array of strings; the turn
  * ends at the first of them in the decoded text, which is cut before it (M3_STOP_ID). The rendered prompt is the whole conversation: the session reuses the
- * prefix it holds from the previous turn. The output is split per CHAT_FORMAT.md into reasoning,
+ * prefix it holds from the previous turn. The output is split per docs/MODEL.md §6 into reasoning,
  * content and tool calls, streamed to callback (may be NULL), and returned as the assistant
  * message to append to "messages" ({"role": "assistant", "content", "reasoning_content"?,
  * "tool_calls"?}) in *message_json (may be NULL), owned by the session and valid until its next
