@@ -107,11 +107,16 @@ if shutil.which("gnuplot"):
 else:
     print("gnuplot not installed: plot check skipped")
     check("gnuplot not found" in p.stderr, "no note that the plot was skipped")
-# `--plot none` writes no plot (a table run would otherwise write one), and no file named "none".
+# `--plot none` writes no plot and no file named "none"; nor does a table run without --plot.
 p = subprocess.run([m3, "bench", "--attention", "--quick", "--contexts", "1K", "--plot", "none"], cwd=tmp,
                    capture_output=True, text=True, timeout=120)
 check(p.returncode == 0 and "plot written" not in p.stderr + p.stdout and not os.path.exists(os.path.join(tmp, "none")),
       f"--plot none: rc {p.returncode}, files {os.listdir(tmp)}, stderr {p.stderr.strip()!r}")
+before = set(os.listdir(tmp))
+p = subprocess.run([m3, "bench", "--attention", "--quick", "--contexts", "1K"], cwd=tmp, capture_output=True, text=True,
+                   timeout=120)
+check(p.returncode == 0 and set(os.listdir(tmp)) == before,
+      f"a table run without --plot wrote into the current folder: {sorted(set(os.listdir(tmp)) - before)}")
 shutil.rmtree(tmp, ignore_errors=True)
 
 p = subprocess.run([m3, "bench", "--kernels", "--chunk", "8"], capture_output=True, text=True, timeout=60)
