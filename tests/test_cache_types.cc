@@ -22,7 +22,7 @@ struct Bound {
   double min_selection;  // identical block sets, choice-bearing selections of a case
 };
 
-// Worst measured over s1-s4, s6 (kl mean / kl max / top-1 / selection), see README.md:
+// Worst measured over s1-s4, s6 (kl mean / kl max / top-1 / selection), see docs/NUMERICS.md:
 //   kv bf16     4.0e-4 / 0.061 / 0.986 / 0.998
 //   kv int8     2.5e-2 / 0.86  / 0.930 / 0.972
 //   index bf16  2.1e-4 / 0.044 / 1.000 / 0.9986
