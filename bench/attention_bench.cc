@@ -38,10 +38,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bandwidth.h"
+#include "bench/bandwidth.h"
 #include "bench/limits.h"
 #include "bench/shapes.h"
-#include "kernels.h"
+#include "simd/kernels.h"
 #include "ops/attention.h"
 #include "platform/parallel.h"
 
@@ -150,10 +150,10 @@ class ColdReads {
   }
 
  private:
-  std::pair<simd::ReadPattern, double> Read(size_t bytes) {
+  std::pair<ReadPattern, double> Read(size_t bytes) {
     bytes = std::min(bytes, buf_.size());
     if (cursor_ + bytes > buf_.size()) cursor_ = 0;
-    const simd::ReadPattern pattern = ReadPatternAt(count_++);
+    const ReadPattern pattern = ReadPatternAt(count_++);
     const double dt = TimedRead(buf_, cursor_, bytes, threads_, pattern);
     cursor_ += bytes;
     return {pattern, static_cast<double>(bytes) / dt / 1e9};
@@ -165,7 +165,7 @@ class ColdReads {
   size_t cursor_ = 0, count_ = 0;
   ProbeResult best_;
   PairedSamples evictions_, pairs_;
-  simd::ReadPattern next_pattern_ = simd::ReadPattern::kSequential;
+  ReadPattern next_pattern_ = ReadPattern::kSequential;
   double next_gbps_ = 0;
 };
 

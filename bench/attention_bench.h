@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "attention_kernels.h"
+#include "simd/cache_format.h"
 
 namespace m3::bench {
 

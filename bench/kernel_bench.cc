@@ -21,16 +21,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bandwidth.h"
+#include "bench/bandwidth.h"
 #include "base/aligned_buffer.h"
 #include "bench/limits.h"
 #include "bench/onednn_peer.h"
 #include "bench/shapes.h"
-#include "kernels.h"
+#include "simd/kernel_table.h"
+#include "simd/kernels.h"
 #include "platform/parallel.h"
-#include "quant_kernels.h"
-#include "weight_format.h"
-#include "weight_pack.h"
+#include "simd/quant_kernels.h"
+#include "simd/weight_format.h"
+#include "simd/weight_pack.h"
 
 #include "m3_commit.h"  // M3_COMMIT, written at build time
 
@@ -148,7 +149,7 @@ class MatMulRunner {
   void Quantize(const ThreadConfig& tc, size_t n_tok) {
     const size_t pc = shape_.padded_cols(), g = shape_.groups(), cols = shape_.cols;
     ParallelFor(tc, n_tok, 16, [&](size_t b, size_t e, int) {
-      simd::QuantizeActivations(x_.data() + b * cols, cols, e - b, cols, shape_.group, q_.data() + b * pc,
+      simd::BestKernels().quantize_activations(x_.data() + b * cols, cols, e - b, cols, shape_.group, q_.data() + b * pc,
                                 scale_.data() + b * scales_per_token(), sum_.data() + b * g,
                                 q8() ? shift_.data() + b * g : nullptr);
     });
@@ -156,7 +157,7 @@ class MatMulRunner {
   // The quantized matmul alone, on the activations of the last Quantize.
   void Multiply(const ThreadConfig& tc, const WeightRef& w, size_t n_tok) {
     const simd::QuantizedActivations a = Activations(n_tok);
-    ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int) { simd::QuantMatMul(w, a, b, e, y_.data(), w.rows); });
+    ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int) { simd::BestKernels().QuantMatMul(w, a, b, e, y_.data(), w.rows); });
   }
   simd::QuantizedActivations Activations(size_t n_tok) const {
     simd::QuantizedActivations a;
@@ -176,7 +177,7 @@ class MatMulRunner {
       Multiply(tc, w, n_tok);
     } else {
       ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int) {
-        simd::Bf16TiledMatMul(w, x_.data(), w.cols, n_tok, b, e, y_.data(), w.rows);
+        simd::BestKernels().bf16_tiled_matmul(w, x_.data(), w.cols, n_tok, b, e, y_.data(), w.rows);
       });
     }
   }
@@ -353,7 +354,7 @@ class LimitProbes {
   }
   // Seconds to read `bytes` not read recently (the next range of the probe buffer, round robin)
   // with `threads` threads: the read bandwidth probe paired call by call with a kernel.
-  double PairedRead(size_t bytes, int threads, simd::ReadPattern pattern) {
+  double PairedRead(size_t bytes, int threads, ReadPattern pattern) {
     if (cursor_ + bytes > buf_.size()) cursor_ = 0;
     const double dt = TimedRead(buf_, cursor_, bytes, threads, pattern);
     cursor_ += RoundUp(bytes, kPage);
@@ -372,7 +373,7 @@ class LimitProbes {
   std::vector<int> thread_counts_;
   BigBuffer buf_;
   size_t cursor_ = 0;
-  std::map<int, std::pair<simd::ReadPattern, double>> best_pattern_;  // per thread count
+  std::map<int, std::pair<ReadPattern, double>> best_pattern_;  // per thread count
   std::map<int, std::vector<double>> samples_[kKinds];
   std::map<int, std::vector<size_t>> iters_[kKinds];
 };
@@ -545,7 +546,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
   if (amx) probes.Probe(LimitProbes::kAmxPeak, plan.peak_reps);
 
   // 2. GEMV and GEMM per shape and type.
-  const bool bf16_dot = std::string(simd::Bf16KernelName()).find("bf16") != std::string::npos;
+  const bool bf16_dot = std::string(simd::BestKernels().bf16_name.c_str()).find("bf16") != std::string::npos;
   for (const shapes::MatShape& ms : plan.shapes) {
     const std::string shape = ShapeName(ms.rows, ms.cols);
     for (WeightFormat f : {WeightFormat::kQ4, WeightFormat::kQ8, WeightFormat::kBF16Tiled}) {
@@ -556,7 +557,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       const size_t max_tokens = std::max(plan.gemm_tokens, plan.gemv_tokens.back());
       MatMulRunner runner(geometry, max_tokens);
       const auto impl_for = [&](size_t n_tok) -> std::string {
-        return f == WeightFormat::kBF16Tiled ? simd::Bf16KernelName() : simd::QuantKernelName(geometry, n_tok);
+        return f == WeightFormat::kBF16Tiled ? simd::BestKernels().bf16_name.c_str() : simd::BestKernels().QuantName(geometry, n_tok);
       };
       const char* type = TypeName(f);
 
@@ -604,7 +605,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
             const auto t0 = Clock::now();
             runner.Run(tc, set.at(next % count), n_tok);
             secs.push_back(Seconds(t0, Clock::now()));
-            const simd::ReadPattern pattern = ReadPatternAt(next);
+            const ReadPattern pattern = ReadPatternAt(next);
             const double read_s = probes.PairedRead(bytes, t, pattern);
             if (secs.size() > static_cast<size_t>(policy.warmup)) pairs.Add(pattern, gb / read_s, gb / secs.back());
             ++next;
@@ -723,7 +724,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
                      {"wei", "s8"},
                      {"weights", weights}}});
         report.Add({"gemm", "q8", shape, n_tok, t, ours_gops, "GOP/s", gops, "onednn",
-                    simd::QuantKernelName(q8_shape, n_tok),
+                    simd::BestKernels().QuantName(q8_shape, n_tok),
                     {{"peer", od->impl()},
                      {"paired_calls", ours.size()},
                      {"seconds", Median(ours)},
@@ -747,7 +748,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
   const LimitRow limit_rows[] = {
       {LimitProbes::kReadBw, "read_bw", "bytes", "GB/s", std::to_string(plan.read_bytes >> 20) + "MiB",
        "stream-read-" + simd::ActiveTargetName()},
-      {LimitProbes::kInt8Peak, "int8_peak", "int8", "GOP/s", "-", simd::QuantKernelName()},
+      {LimitProbes::kInt8Peak, "int8_peak", "int8", "GOP/s", "-", simd::BestKernels().quant_name.c_str()},
       {LimitProbes::kFmaPeak, "fma_peak", "f32", "GOP/s", "-", "fma-" + simd::ActiveTargetName()},
       {LimitProbes::kAmxPeak, "amx_int8_peak", "int8", "GOP/s", "-", "amx-int8"},
   };
@@ -770,7 +771,7 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
                 "(same bytes, cold) | other limits: best sample of the run | load: 1-min load "
                 "average when measured (%d CPUs; start %.2f)\n",
                 options.quick ? " --quick (tiny sizes: figures are not meaningful)" : "", CpuModel().c_str(),
-                simd::ActiveTargetName().c_str(), simd::QuantKernelName(), simd::Bf16KernelName(), M3_COMMIT,
+                simd::ActiveTargetName().c_str(), simd::BestKernels().quant_name.c_str(), simd::BestKernels().bf16_name.c_str(), M3_COMMIT,
                 static_cast<double>(l3) / (1 << 20), plan.read_bytes >> 20, plan.read_chunk >> 20, plan.working_set >> 20,
                 DefaultThreadCount(), load_start);
   report.Print(probes, header, options.json, out);

@@ -1,10 +1,10 @@
 // `m3 bench --kernels`: the packed-format kernels at the real MiniMax-M3 expert shapes, each
 // against a limit measured on this machine in the same run.
 //
-//   read_bw     memory read bandwidth (simd::StreamRead over a buffer >= 8x L3, both read
+//   read_bw     memory read bandwidth (StreamRead over a buffer >= 8x L3, both read
 //               patterns, best sample of the run)
 //   int8_peak   int8 dot-product peak (simd::Int8DotPeakLoop on every thread, summed, best of reps)
-//   fma_peak    fp32 FMA peak (simd::FmaPeakLoop, likewise), the limit of the bf16 GEMM
+//   fma_peak    fp32 FMA peak (FmaPeakLoop, likewise), the limit of the bf16 GEMM
 //   gemv        q4/q8/bf16, 1/2/4/8 tokens: GB/s of weights read (codes + scales) vs read_bw; the
 //               weights cycle through enough distinct matrices (>= 8x L3) that every call is cold.
 //               Each call is paired with a probe read of as many cold bytes right after it, and

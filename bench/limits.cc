@@ -14,7 +14,7 @@
 #include <new>
 
 #include "base/status.h"
-#include "quant_kernels.h"
+#include "simd/quant_kernels.h"
 
 namespace m3::bench {
 namespace {
@@ -85,12 +85,12 @@ void BigBuffer::Fill(int threads) {
   });
 }
 
-const char* PatternName(simd::ReadPattern p) {
+const char* PatternName(ReadPattern p) {
   switch (p) {
-    case simd::ReadPattern::kSequential: return "sequential";
-    case simd::ReadPattern::kQuartersPrefetched: return "quarters-prefetched";
-    case simd::ReadPattern::kHalves: return "halves";
-    case simd::ReadPattern::kSequentialPrefetchL2: return "sequential-prefetch-l2";
+    case ReadPattern::kSequential: return "sequential";
+    case ReadPattern::kQuartersPrefetched: return "quarters-prefetched";
+    case ReadPattern::kHalves: return "halves";
+    case ReadPattern::kSequentialPrefetchL2: return "sequential-prefetch-l2";
   }
   return "?";
 }
@@ -114,14 +114,14 @@ LimitRatio RatioToLimit(double work, double limit, const char* limit_name) {
   return r;
 }
 
-double TimedRead(BigBuffer& buf, size_t offset, size_t bytes, int threads, simd::ReadPattern pattern) {
+double TimedRead(BigBuffer& buf, size_t offset, size_t bytes, int threads, ReadPattern pattern) {
   const size_t slices = static_cast<size_t>(threads), slice = RoundUp((bytes + slices - 1) / slices, 64);
   std::vector<uint64_t> sums(slices);
   const auto t0 = Clock::now();
   ParallelFor(ThreadConfig{threads}, slices, 1, [&](size_t b, size_t e, int) {
     for (size_t s = b; s < e; ++s) {
       const size_t begin = std::min(bytes, s * slice), end = std::min(bytes, begin + slice);
-      sums[s] = simd::StreamRead(buf.data() + offset + begin, end - begin, pattern);
+      sums[s] = StreamRead(buf.data() + offset + begin, end - begin, pattern);
     }
   });
   const double dt = Seconds(t0, Clock::now());
@@ -130,13 +130,13 @@ double TimedRead(BigBuffer& buf, size_t offset, size_t bytes, int threads, simd:
   return dt;
 }
 
-std::map<simd::ReadPattern, std::vector<double>> MeasureReadBandwidth(BigBuffer& buf, size_t chunk, int threads,
+std::map<ReadPattern, std::vector<double>> MeasureReadBandwidth(BigBuffer& buf, size_t chunk, int threads,
                                                                       int reps) {
-  std::map<simd::ReadPattern, std::vector<double>> gbs;
+  std::map<ReadPattern, std::vector<double>> gbs;
   size_t i = 0;
   for (int r = 0; r < reps + 1; ++r) {  // the first pass is a warm-up
     for (size_t c0 = 0; c0 + chunk <= buf.size(); c0 += chunk, ++i) {
-      const simd::ReadPattern pattern = ReadPatternAt(i);
+      const ReadPattern pattern = ReadPatternAt(i);
       const double dt = TimedRead(buf, c0, chunk, threads, pattern);
       if (r > 0) gbs[pattern].push_back(static_cast<double>(chunk) / dt / 1e9);
     }
@@ -149,11 +149,11 @@ double AmxInt8PeakLoop(size_t n) { return static_cast<double>(simd::AmxInt8PeakL
 
 double FmaLoop(size_t n) {
   float sink;
-  const double ops = static_cast<double>(simd::FmaPeakLoop(n, &sink));
+  const double ops = static_cast<double>(FmaPeakLoop(n, &sink));
   return sink == 0.123f ? ops + 1 : ops;  // sink is observed
 }
 
-void PairedSamples::Add(simd::ReadPattern pattern, double read_gbps, double work_gbps) {
+void PairedSamples::Add(ReadPattern pattern, double read_gbps, double work_gbps) {
   pairs_[pattern].emplace_back(read_gbps, work_gbps);
 }
 

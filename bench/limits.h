@@ -1,11 +1,11 @@
 // Machine limits the benchmarks judge their results against, measured in the same run:
 //
-//   read bandwidth   simd::StreamRead over a buffer >= 8x L3 (1 GiB at least), every read pattern
+//   read bandwidth   StreamRead over a buffer >= 8x L3 (1 GiB at least), every read pattern
 //                    (one to four streams per thread, with and without software prefetch), split
 //                    over the same threads as the work, as a GEMV splits its row tiles; the limit
 //                    is the fastest pattern's
 //   int8 peak        simd::Int8DotPeakLoop on every thread at once, rates summed
-//   fp32 FMA peak    simd::FmaPeakLoop likewise
+//   fp32 FMA peak    FmaPeakLoop likewise
 //
 // Other processes only ever lower a probe, so a probe's best sample is the machine at its
 // quietest; work is judged against reads paired with it (PairedSamples) where the bench can take
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "bandwidth.h"
+#include "bench/bandwidth.h"
 #include "platform/parallel.h"
 
 namespace m3::bench {
@@ -62,10 +62,10 @@ class BigBuffer {
 };
 
 // The read patterns in the order the probes cycle through them (sample i uses ReadPatternAt(i)).
-inline simd::ReadPattern ReadPatternAt(size_t i) {
-  return simd::kAllReadPatterns[i % std::size(simd::kAllReadPatterns)];
+inline ReadPattern ReadPatternAt(size_t i) {
+  return kAllReadPatterns[i % std::size(kAllReadPatterns)];
 }
-const char* PatternName(simd::ReadPattern p);
+const char* PatternName(ReadPattern p);
 
 // Work against its limit: the ratio when it is at most 1, otherwise none and why. Above 1 the
 // probe is not the limit of that work (it read or computed less than the work did), and a
@@ -79,14 +79,14 @@ LimitRatio RatioToLimit(double work, double limit, const char* limit_name);
 
 // Reads bytes [offset, offset + bytes) of buf with `threads` threads (one contiguous slice each,
 // one parallel region); returns the seconds.
-double TimedRead(BigBuffer& buf, size_t offset, size_t bytes, int threads, simd::ReadPattern pattern);
+double TimedRead(BigBuffer& buf, size_t offset, size_t bytes, int threads, ReadPattern pattern);
 
 // Read bandwidth samples in GB/s: `reps` passes over buf (after one warm-up pass; the first
 // read of freshly written memory is several times slower on VMs), each timed in chunks of
 // `chunk` bytes, the chunks cycling through the read patterns. Chunks the size of one
 // matrix give samples at the time scale of one kernel call; the buffer as a whole (>= 8x L3)
 // keeps every chunk cold. Returns the samples of each pattern.
-std::map<simd::ReadPattern, std::vector<double>> MeasureReadBandwidth(BigBuffer& buf, size_t chunk, int threads,
+std::map<ReadPattern, std::vector<double>> MeasureReadBandwidth(BigBuffer& buf, size_t chunk, int threads,
                                                                       int reps);
 
 // Runs loop(iterations) -> operations on every thread at once for ~seconds each; returns one
@@ -127,7 +127,7 @@ std::vector<double> MeasurePeak(int threads, double seconds, int reps, std::vect
 
 double Int8PeakLoop(size_t n);  // simd::Int8DotPeakLoop as operations
 double AmxInt8PeakLoop(size_t n);  // simd::AmxInt8PeakLoop as operations
-double FmaLoop(size_t n);       // simd::FmaPeakLoop as operations
+double FmaLoop(size_t n);       // FmaPeakLoop as operations
 
 // The samples of one limit (GB/s or GOP/s) from one or more calls below; the limit is the best.
 struct ProbeResult {
@@ -146,7 +146,7 @@ struct ProbeResult {
 class PairedSamples {
  public:
   // work_gbps < 0: a read with no work of its own (it counts towards the limit only).
-  void Add(simd::ReadPattern pattern, double read_gbps, double work_gbps = -1);
+  void Add(ReadPattern pattern, double read_gbps, double work_gbps = -1);
   void Clear() { pairs_.clear(); }
 
   struct Summary {
@@ -163,7 +163,7 @@ class PairedSamples {
   Summary Summarize() const;
 
  private:
-  std::map<simd::ReadPattern, std::vector<std::pair<double, double>>> pairs_;  // (read, work)
+  std::map<ReadPattern, std::vector<std::pair<double, double>>> pairs_;  // (read, work)
 };
 
 // Read bandwidth over a fresh ReadProbeBytes(L3Bytes()) buffer (freed on return) in 16 MiB

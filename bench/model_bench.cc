@@ -19,17 +19,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bandwidth.h"
+#include "bench/bandwidth.h"
 #include "bench/limits.h"
 #include "bench/shapes.h"
 #include "bench/synthetic_model.h"
-#include "kernels.h"
+#include "ops/context.h"
+#include "simd/kernels.h"
 #include "ops/matmul.h"
 #include "platform/memory.h"
 #include "platform/parallel.h"
-#include "quant_kernels.h"
+#include "simd/quant_kernels.h"
 #include "runtime/engine.h"
-#include "weight_format.h"
+#include "simd/weight_format.h"
 
 #include "m3_commit.h"  // M3_COMMIT, written at build time
 
@@ -204,7 +205,7 @@ void ReadIn(const ThreadConfig& tc, const std::vector<std::pair<const uint8_t*, 
     for (size_t o = 0; o < n; o += kPiece) pieces.emplace_back(p + o, std::min(kPiece, n - o));
   std::vector<uint64_t> sums(pieces.size());
   ParallelFor(tc, pieces.size(), 1, [&](size_t b, size_t e, int) {
-    for (size_t i = b; i < e; ++i) sums[i] = simd::StreamRead(pieces[i].first, pieces[i].second);
+    for (size_t i = b; i < e; ++i) sums[i] = StreamRead(pieces[i].first, pieces[i].second);
   });
   static volatile uint64_t sink;
   for (uint64_t v : sums) sink = sink + v;
@@ -288,7 +289,7 @@ class PairedWeightReads {
   }
 
   // Returns the read's GB/s.
-  double Read(uint64_t bytes, simd::ReadPattern pattern) {
+  double Read(uint64_t bytes, ReadPattern pattern) {
     std::vector<std::pair<const uint8_t*, size_t>> pieces;
     for (uint64_t left = bytes; left > 0 && !ranges_.empty();) {
       const auto& [p, n] = ranges_[range_];
@@ -308,7 +309,7 @@ class PairedWeightReads {
         uint64_t at = 0;
         for (const auto& [p, n] : pieces) {
           const uint64_t lo = std::max(begin, at), hi = std::min<uint64_t>(end, at + n);
-          if (lo < hi) sums[t] += simd::StreamRead(p + (lo - at), static_cast<size_t>(hi - lo), pattern);
+          if (lo < hi) sums[t] += StreamRead(p + (lo - at), static_cast<size_t>(hi - lo), pattern);
           at += n;
         }
       }
@@ -771,7 +772,7 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
       {"numa", r.numa},
       {"cpu", CpuModel()},
       {"simd_target", simd_target},
-      {"quant_kernels", simd::QuantKernelName()},
+      {"quant_kernels", Kernels().quant_name()},
       {"commit", M3_COMMIT},
       {"prefill_tok_s", r.prefill_tok_s},
       {"ttft_s", r.ttft_s},
@@ -866,7 +867,7 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
                                  " of ", shapes::kLayers, " layers, random ", r.pack_type, " weights");
   std::fprintf(out, "m3 bench: %s (%s)\n", r.model_dir.c_str(), kind.c_str());
   std::fprintf(out, "cpu %s | simd %s | quant kernels %s | %d threads, numa %s | commit %s | load %.2f -> %.2f\n",
-               CpuModel().c_str(), simd_target.c_str(), simd::QuantKernelName(), r.threads, r.numa.c_str(), M3_COMMIT,
+               CpuModel().c_str(), simd_target.c_str(), Kernels().quant_name().c_str(), r.threads, r.numa.c_str(), M3_COMMIT,
                r.loadavg_start, r.loadavg_end);
   const std::string residency =
       r.read_in ? Str(" (read into memory in ", Num(r.read_in_s), " s)") : std::string(" (streamed from storage)");
@@ -998,7 +999,7 @@ int RunModelBench(const ModelBenchOptions& options, FILE* out, FILE* log) {
     std::fprintf(log, "m3 bench: %s\n", r.status().message().c_str());
     return 1;
   }
-  const std::string simd_target = simd::ActiveTargetName();
+  const std::string simd_target = Kernels().target();
   if (!r->logits_finite) std::fprintf(log, "m3 bench: warning: some logits were not finite\n");
   if (options.json) {
     std::fprintf(out, "%s\n", ToJson(*r, simd_target).dump().c_str());

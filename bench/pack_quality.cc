@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels.h"
+#include "ops/convert.h"
 #include "model/weights.h"
 #include "quality.h"
 #include "runtime/engine.h"
-#include "weight_pack.h"
+#include "simd/weight_pack.h"
 
 namespace m3 {
 namespace {
@@ -26,8 +26,8 @@ void AddWeightErrors(const simd::WeightRef& src, const simd::WeightRef& packed, 
   const size_t cols = src.cols, padded = (cols + 31) / 32 * 32;
   std::vector<float> a(padded, 0.0f), b(cols), q40(padded);
   for (size_t r = 0; r < src.rows; ++r) {
-    simd::DecodeRows(src, r, 1, a.data());
-    simd::DecodeRows(packed, r, 1, b.data());
+    DecodeWeightRows(src, r, 1, a.data());
+    DecodeWeightRows(packed, r, 1, b.data());
     double err = 0, ref = 0;
     for (size_t c = 0; c < cols; ++c) err += (a[c] - b[c]) * static_cast<double>(a[c] - b[c]), ref += a[c] * static_cast<double>(a[c]);
     if (packed.format == simd::WeightFormat::kQ4) {

@@ -23,7 +23,7 @@
 #include "model/config.h"
 #include "model/packer.h"
 #include "platform/parallel.h"
-#include "weight_format.h"
+#include "simd/weight_format.h"
 
 #ifndef M3_VERSION_STRING
 #define M3_VERSION_STRING "unknown"

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "kernels.h"
+#include "ops/context.h"
 #include "model/model.h"
 
 namespace m3::cli {
@@ -82,7 +82,7 @@ int RunInspect(const std::string& dir, bool verify) {
               Human(static_cast<double>(s.total_params), "").c_str(), static_cast<long long>(s.active_params),
               Human(static_cast<double>(s.active_params), "").c_str());
   std::printf("mtp modules      %d bound (config declares %d)\n", s.mtp_depths, c.num_mtp_modules);
-  std::printf("simd target      %s\n", simd::ActiveTargetName().c_str());
+  std::printf("kernels          %s\n", Kernels().Describe().c_str());
   if (!verify) return 0;
   const auto start = std::chrono::steady_clock::now();
   const ThreadConfig tc{DefaultThreadCount()};

@@ -4,10 +4,10 @@
 #include <limits>
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "attention_kernels.cc"
+#define HWY_TARGET_INCLUDE "simd/attention_kernels.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "attention_kernels.h"
+#include "simd/attention_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace m3::simd {

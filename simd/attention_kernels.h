@@ -1,33 +1,14 @@
 // Kernels of the attention caches (dispatched, with scalar references in m3::simd::ref):
 // the lightning-indexer scan over index-key pages and the storage codecs of KV rows.
-//
-// Cache storage types: fp32 (exact), bf16 (round to nearest even), int8 (one fp32 scale per
-// stored vector, amax / 127, codes round(x / scale)).
+// The cache layouts they read are in cache_format.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "simd/cache_format.h"
+
 namespace m3::simd {
-
-enum class CacheType : uint8_t { kF32 = 0, kBF16 = 1, kInt8 = 2 };
-const char* CacheTypeName(CacheType t);                  // "f32", "bf16", "int8"
-bool ParseCacheType(const char* name, CacheType* out);   // false for an unknown name
-constexpr size_t CacheTypeBytes(CacheType t) {  // bytes per stored value
-  return t == CacheType::kF32 ? 4 : t == CacheType::kBF16 ? 2 : 1;
-}
-
-// One page of index keys stored transposed in panels of `ld` keys: value d of key u at
-// (u / ld) * dim * ld + d * ld + u % ld, so one vector load takes the same dimension of
-// consecutive keys and a panel is read front to back. int8 keys have one scale per key.
-struct IndexKeyPage {
-  CacheType type = CacheType::kF32;
-  const void* data = nullptr;
-  const float* scales = nullptr;  // int8 only: [n_keys]
-  size_t ld = 0;                  // keys per panel (per stored dimension row of a panel)
-  size_t dim = 0;
-  size_t n_keys = 0;
-};
 
 // out[i] = max over keys u < page.n_keys of score(i, u), where score(i, u) is the dot of q row i
 // (q + i * ldq, page.dim values) with key u, accumulated with one fma per dimension in order

@@ -4,25 +4,10 @@
 #include <cstring>
 #include <limits>
 
-#include "attention_kernels.h"
-#include "weight_format.h"
+#include "simd/attention_kernels.h"
+#include "simd/weight_format.h"
 
 namespace m3::simd {
-
-const char* CacheTypeName(CacheType t) {
-  switch (t) {
-    case CacheType::kF32: return "f32";
-    case CacheType::kBF16: return "bf16";
-    case CacheType::kInt8: return "int8";
-  }
-  return "?";
-}
-
-bool ParseCacheType(const char* name, CacheType* out) {
-  for (CacheType t : {CacheType::kF32, CacheType::kBF16, CacheType::kInt8})
-    if (std::strcmp(name, CacheTypeName(t)) == 0) return *out = t, true;
-  return false;
-}
 
 namespace ref {
 

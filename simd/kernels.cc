@@ -5,11 +5,13 @@
 #include <limits>
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "kernels.cc"
+#define HWY_TARGET_INCLUDE "simd/kernels.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
-#include "kernels.h"
+#include "simd/kernels.h"
+#include "simd/dispatch.h"
+#include "simd/kernel_table.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace m3::simd {
@@ -407,6 +409,12 @@ void SwigluOai(float* g, const float* u, size_t n, float alpha, float limit, flo
 }
 
 std::string TargetName(int64_t target) { return hwy::TargetName(target); }
+
+namespace detail {
+KernelTable::MatMulF32Fn MatMulF32ForTarget(int64_t target) {
+  return HwyEntryFor(HWY_DISPATCH_TABLE(MatMulF32Impl), target);
+}
+}  // namespace detail
 
 std::string ActiveTargetName() {
   // The best runnable target is the lowest set bit of the supported & compiled mask.

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "weight_format.h"
+#include "simd/weight_format.h"
 
 namespace m3::simd {
 

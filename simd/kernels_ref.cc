@@ -3,22 +3,9 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels.h"
+#include "simd/kernels.h"
 
 namespace m3::simd {
-
-const char* WeightFormatName(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kF32: return "f32";
-    case WeightFormat::kBF16: return "bf16";
-    case WeightFormat::kF16: return "f16";
-    case WeightFormat::kE4M3Mx32: return "mxfp8";
-    case WeightFormat::kQ8: return "q8";
-    case WeightFormat::kQ4: return "q4";
-    case WeightFormat::kBF16Tiled: return "bf16t";
-  }
-  return "?";
-}
 
 namespace ref {
 

@@ -11,12 +11,15 @@
 #include <vector>
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "quant_kernels.cc"
+#define HWY_TARGET_INCLUDE "simd/quant_kernels.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
-#include "quant_kernels.h"
-#include "quant_kernels_x86.h"
+#include "simd/quant_kernels.h"
+#include "simd/dispatch.h"
+#include "simd/kernels.h"
+#include "simd/kernel_table.h"
+#include "simd/quant_kernels_x86.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace m3::simd {
@@ -582,37 +585,20 @@ HWY_EXPORT(Int8DotPeakImpl);
 
 namespace {
 
-enum Forced : int { kAuto = 0, kRef, kVnni, kVnniFour, kAvx512Bf16, kAmx, kHighway };
-std::atomic<int> g_forced{kAuto};  // tests only
-int64_t g_forced_target = 0;       // the Highway target when g_forced == kHighway
-
-// The x86 kernels (VNNI, AMX, AVX512-BF16) run together: forcing one keeps the others for what
-// it does not cover.
-bool UseX86(int f) { return f == kAuto || f == kVnni || f == kVnniFour || f == kAvx512Bf16 || f == kAmx; }
-bool UseVnni() { return UseX86(g_forced.load(std::memory_order_relaxed)) && x86::HasVnni(); }
-bool UseAvx512Bf16() { return UseX86(g_forced.load(std::memory_order_relaxed)) && x86::HasAvx512Bf16(); }
-
 // AMX takes q8 matmuls (groups of 64k inputs) and q4 ones (groups of 32) of at least this many
-// tokens (forced for tests: every one it can). Sapphire Rapids-class VM, AMX / VNNI: q8 3072 x
-// 6144 in L3, 12 tokens 0.96x, 16 1.1x, 32 1.5x, 64 1.6x; q4 6144 x 3072 with cold weights, 8
-// tokens 0.93x (VNNI's GEMV), 9 1.12x, 12 1.08x, 16 1.14-1.34x, 32 1.2x, 512 1.08x.
+// tokens. Sapphire Rapids-class VM, AMX / VNNI: q8 3072 x 6144 in L3, 12 tokens 0.96x, 16 1.1x,
+// 32 1.5x, 64 1.6x; q4 6144 x 3072 with cold weights, 8 tokens 0.93x (VNNI's GEMV), 9 1.12x,
+// 12 1.08x, 16 1.14-1.34x, 32 1.2x, 512 1.08x.
 constexpr size_t kAmxMinTokensQ8 = 16;
 constexpr size_t kAmxMinTokensQ4 = 9;
-bool UseAmx(const WeightRef& w, size_t n_tok) {
-  const int f = g_forced.load(std::memory_order_relaxed);
-  if ((f != kAuto && f != kAmx) || !x86::HasAmxInt8()) return false;
-  const bool forced = f == kAmx;
-  if (w.format == WeightFormat::kQ8) return w.group % 64 == 0 && (forced || n_tok >= kAmxMinTokensQ8);
-  if (w.format == WeightFormat::kQ4) return w.group == 32 && (forced || n_tok >= kAmxMinTokensQ4);
-  return false;
+
+void QuantMatMulVnniOne(const WeightRef& w, const QuantizedActivations& a, size_t t0, size_t t1, float* y,
+                        size_t ldy) {
+  x86::QuantMatMulVnni(w, a, t0, t1, y, ldy, x86::GemvStreams::kOne);
 }
-bool UseRef() { return g_forced.load(std::memory_order_relaxed) == kRef; }
-// The VNNI GEMV's streams: this CPU's, or forced ("avx512-vnni": one, "avx512-vnni-4streams": four).
-x86::GemvStreams VnniStreams() {
-  const int f = g_forced.load(std::memory_order_relaxed);
-  if (f == kVnni) return x86::GemvStreams::kOne;
-  if (f == kVnniFour) return x86::GemvStreams::kFour;
-  return x86::PreferredGemvStreams();
+void QuantMatMulVnniFour(const WeightRef& w, const QuantizedActivations& a, size_t t0, size_t t1, float* y,
+                         size_t ldy) {
+  x86::QuantMatMulVnni(w, a, t0, t1, y, ldy, x86::GemvStreams::kFour);
 }
 
 const char* HighwayKernelName(int64_t target) {
@@ -628,67 +614,93 @@ const char* HighwayKernelName(int64_t target) {
   return "highway-?";
 }
 
-const char* ActiveHighwayKernelName() {
-  const int64_t targets = hwy::SupportedTargets() & HWY_TARGETS;
-  return HighwayKernelName(targets & -targets);
+// The Highway kernels of one target.
+KernelTable HighwayTable(int64_t target) {
+  KernelTable k;
+  k.target = hwy::TargetName(target);
+  k.quantize_activations = detail::HwyEntryFor(HWY_DISPATCH_TABLE(QuantizeActivationsImpl), target);
+  k.quant_matmul = detail::HwyEntryFor(HWY_DISPATCH_TABLE(QuantMatMulImpl), target);
+  k.quant_name = HighwayKernelName(target);
+  k.bf16_tiled_matmul = detail::HwyEntryFor(HWY_DISPATCH_TABLE(Bf16TiledMatMulImpl), target);
+  k.bf16_name = k.quant_name;
+  k.matmul_f32 = detail::MatMulF32ForTarget(target);
+  k.quant_exact = detail::HwyEntryFor(HWY_DISPATCH_TABLE(IsExactImpl), target)();
+  return k;
+}
+
+// This CPU's best: VNNI (its preferred GEMV streams), AMX for prompts and AVX512-BF16 where
+// present, Highway's best target for the rest.
+KernelTable Best() {
+  KernelTable k = HighwayTable(detail::BestHwyTarget());
+  k.name = "auto";
+  if (x86::HasVnni()) {
+    const bool four = x86::PreferredGemvStreams() == x86::GemvStreams::kFour;
+    k.quant_matmul = four ? QuantMatMulVnniFour : QuantMatMulVnniOne;
+    k.quant_name = four ? "avx512-vnni-4streams" : "avx512-vnni";
+    k.quant_exact = true;
+  }
+  if (x86::HasAmxInt8()) {
+    k.quant_matmul_amx = x86::QuantMatMulAmx;
+    k.amx_min_tokens_q8 = kAmxMinTokensQ8;
+    k.amx_min_tokens_q4 = kAmxMinTokensQ4;
+  }
+  if (x86::HasAvx512Bf16()) {
+    k.bf16_tiled_matmul = x86::Bf16TiledMatMulAvx512Bf16;
+    k.bf16_name = "avx512-bf16";
+  }
+  return k;
+}
+
+KernelTable Reference() {
+  KernelTable k;
+  k.name = k.quant_name = k.bf16_name = k.target = "ref";
+  k.quantize_activations = ref::QuantizeActivations;
+  k.quant_matmul = ref::QuantMatMul;
+  k.bf16_tiled_matmul = ref::Bf16TiledMatMul;
+  k.matmul_f32 = ref::MatMulF32;
+  return k;
 }
 
 }  // namespace
 
-void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
-                         float* scale, int32_t* sum, uint8_t* shift) {
-  if (UseRef()) return ref::QuantizeActivations(x, ldx, n_tok, cols, group, q, scale, sum, shift);
-  HWY_DYNAMIC_DISPATCH(QuantizeActivationsImpl)(x, ldx, n_tok, cols, group, q, scale, sum, shift);
+const char* KernelTable::QuantName(const WeightRef& w, size_t n_tok) const {
+  if (UsesAmx(w, n_tok)) return "amx-int8";
+  if (quant_name == "avx512-vnni-4streams" && n_tok > x86::kFourStreamMaxTokens) return "avx512-vnni";
+  return quant_name.c_str();
 }
 
-void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                 size_t ldy) {
-  if (UseRef()) return ref::QuantMatMul(w, a, tile_begin, tile_end, y, ldy);
-  if (UseAmx(w, a.n_tok)) return x86::QuantMatMulAmx(w, a, tile_begin, tile_end, y, ldy);
-  if (UseVnni()) return x86::QuantMatMulVnni(w, a, tile_begin, tile_end, y, ldy, VnniStreams());
-  HWY_DYNAMIC_DISPATCH(QuantMatMulImpl)(w, a, tile_begin, tile_end, y, ldy);
+const KernelTable& BestKernels() {
+  static const KernelTable best = Best();
+  return best;
 }
 
-void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
-                     size_t tile_end, float* y, size_t ldy) {
-  if (UseRef()) return ref::Bf16TiledMatMul(w, x, ldx, n_tok, tile_begin, tile_end, y, ldy);
-  if (UseAvx512Bf16()) return x86::Bf16TiledMatMulAvx512Bf16(w, x, ldx, n_tok, tile_begin, tile_end, y, ldy);
-  HWY_DYNAMIC_DISPATCH(Bf16TiledMatMulImpl)(w, x, ldx, n_tok, tile_begin, tile_end, y, ldy);
+std::optional<KernelTable> KernelsNamed(std::string_view name) {
+  if (name.empty() || name == "auto") return BestKernels();
+  if (name == "ref") return Reference();
+  KernelTable k = BestKernels();
+  k.name = std::string(name);
+  if ((name == "avx512-vnni" || name == "avx512-vnni-4streams") && x86::HasVnni()) {
+    k.quant_matmul = name == "avx512-vnni" ? QuantMatMulVnniOne : QuantMatMulVnniFour;
+    k.quant_name = k.name;
+    k.quant_matmul_amx = nullptr;
+    return k;
+  }
+  if (name == "avx512-bf16" && x86::HasAvx512Bf16()) return k;
+  if (name == "amx-int8" && x86::HasAmxInt8()) {
+    k.amx_min_tokens_q8 = k.amx_min_tokens_q4 = 1;
+    k.quant_name = "amx-int8";
+    return k;
+  }
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    if (name != HighwayKernelName(t)) continue;
+    KernelTable h = HighwayTable(t);
+    h.name = std::string(name);
+    return h;
+  }
+  return std::nullopt;
 }
 
-const char* QuantKernelName() {
-  if (UseRef()) return "ref";
-  if (g_forced.load(std::memory_order_relaxed) == kAmx) return "amx-int8";
-  if (g_forced.load(std::memory_order_relaxed) == kVnniFour) return "avx512-vnni-4streams";
-  if (UseVnni()) return "avx512-vnni";
-  return ActiveHighwayKernelName();
-}
-
-const char* QuantKernelName(const WeightRef& w, size_t n_tok) {
-  if (UseAmx(w, n_tok)) return "amx-int8";
-  if (UseVnni() && n_tok <= x86::kFourStreamMaxTokens && VnniStreams() == x86::GemvStreams::kFour) return "avx512-vnni-4streams";
-  return QuantKernelName();
-}
-
-const char* Bf16KernelName() {
-  if (UseRef()) return "ref";
-  if (UseAvx512Bf16()) return "avx512-bf16";
-  return ActiveHighwayKernelName();
-}
-
-bool QuantKernelIsExact() {
-  if (UseRef() || UseVnni()) return true;
-  return HWY_DYNAMIC_DISPATCH(IsExactImpl)();
-}
-
-uint64_t Int8DotPeakLoop(uint64_t iterations) {
-  if (UseVnni()) return x86::Int8DotPeakLoopVnni(iterations);
-  return HWY_DYNAMIC_DISPATCH(Int8DotPeakImpl)(iterations);
-}
-
-uint64_t AmxInt8PeakLoop(uint64_t iterations) { return x86::AmxInt8PeakLoop(iterations); }
-
-std::vector<std::string> RunnableQuantKernels() {
+std::vector<std::string> KernelNames() {
   std::vector<std::string> names = {"ref"};
   if (x86::HasVnni()) {
     names.push_back("avx512-vnni");
@@ -696,37 +708,16 @@ std::vector<std::string> RunnableQuantKernels() {
   }
   if (x86::HasAvx512Bf16()) names.push_back("avx512-bf16");
   if (x86::HasAmxInt8()) names.push_back("amx-int8");
-  const bool forced = g_forced.load() == kHighway;
-  if (forced) hwy::SetSupportedTargetsForTest(0);  // list every target, then restore the choice
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) names.push_back(HighwayKernelName(t));
-  if (forced) hwy::SetSupportedTargetsForTest(g_forced_target);
   return names;
 }
 
-bool ForceQuantKernelForTest(const char* name) {
-  g_forced = kAuto;
-  hwy::SetSupportedTargetsForTest(0);
-  if (name == nullptr || *name == '\0') return true;
-  const std::string n = name;
-  const bool x86_kernel = ((n == "avx512-vnni" || n == "avx512-vnni-4streams") && x86::HasVnni()) ||
-                          (n == "avx512-bf16" && x86::HasAvx512Bf16()) || (n == "amx-int8" && x86::HasAmxInt8());
-  if (n == "ref" || x86_kernel) {
-    g_forced = n == "ref"                    ? kRef
-               : n == "avx512-vnni"          ? kVnni
-               : n == "avx512-vnni-4streams" ? kVnniFour
-               : n == "amx-int8"             ? kAmx
-                                             : kAvx512Bf16;
-    return true;
-  }
-  for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
-    if (n != HighwayKernelName(t)) continue;
-    hwy::SetSupportedTargetsForTest(t);
-    g_forced_target = t;
-    g_forced = kHighway;
-    return true;
-  }
-  return false;
+uint64_t Int8DotPeakLoop(uint64_t iterations) {
+  if (x86::HasVnni()) return x86::Int8DotPeakLoopVnni(iterations);
+  return HWY_DYNAMIC_DISPATCH(Int8DotPeakImpl)(iterations);
 }
+
+uint64_t AmxInt8PeakLoop(uint64_t iterations) { return x86::AmxInt8PeakLoop(iterations); }
 
 }  // namespace m3::simd
 #endif  // HWY_ONCE

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "weight_format.h"
+#include "simd/weight_format.h"
 
 namespace m3::simd {
 
@@ -57,8 +57,7 @@ struct QuantizedActivations {
 // Both give 0 codes (and scale 0) where the amax is 0. A NaN or inf makes the scale of its group
 // (q4) or token (q8) NaN, with codes, sums and shifts 0: QuantMatMul's outputs for that token are
 // then NaN, so a damaged value shows downstream instead of turning into finite codes.
-void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
-                         float* scale, int32_t* sum, uint8_t* shift);
+// (KernelTable::quantize_activations; ref::QuantizeActivations below has the signature.)
 
 // The q8 activation group shift: the largest e in [0, kQ8MaxShift] with amax_g * 2^e <= amax_t
 // (0 when amax_g is 0), so the group's codes reach at least 64 of 127.
@@ -108,23 +107,12 @@ inline float MulPow2(float x, int e) {
   return x * p;
 }
 
-// y[t * ldy + r] for rows r of row tiles [tile_begin, tile_end) (clipped to w.rows) and all
-// a.n_tok tokens; w is kQ8 or kQ4 with w.group == a.group and w.padded_cols() == a.padded_cols.
-void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                 size_t ldy);
-
-// y[t * ldy + r] = sum_c W[r, c] * x[t * ldx + c] for rows of row tiles [tile_begin, tile_end) of
-// a kBF16Tiled weight, t < n_tok.
-void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
-                     size_t tile_end, float* y, size_t ldy);
-
-// Which implementation QuantMatMul / Bf16TiledMatMul use on this CPU (e.g. "avx512-vnni",
-// "avx2", "highway-NEON", "avx512-bf16"); for benchmark reports.
-const char* QuantKernelName();
-const char* Bf16KernelName();
-// The implementation QuantMatMul uses for w with n_tok tokens (AMX takes prompts where present,
-// and Intel's decode GEMV reads four streams).
-const char* QuantKernelName(const WeightRef& w, size_t n_tok);
+// The matmuls (KernelTable::quant_matmul and bf16_tiled_matmul, simd/kernel_table.h; the ref::
+// twins below have the signatures):
+// - quant: y[t * ldy + r] for rows r of row tiles [tile_begin, tile_end) (clipped to w.rows) and
+//   all a.n_tok tokens; w is kQ8 or kQ4 with w.group == a.group and w.padded_cols() == a.padded_cols.
+// - bf16: y[t * ldy + r] = sum_c W[r, c] * x[t * ldx + c] for rows of row tiles
+//   [tile_begin, tile_end) of a kBF16Tiled weight, t < n_tok.
 
 // Runs the fastest int8 dot-product instruction of this CPU (vpdpbusd with 16 independent
 // accumulators when AVX-512 VNNI is present, else the active path's sequence) from registers
@@ -133,19 +121,6 @@ uint64_t Int8DotPeakLoop(uint64_t iterations);
 // The same for Intel AMX's tdpbsud (four independent accumulator tiles), which the prompt
 // matmuls use where present: the int8 operations performed, 0 without AMX.
 uint64_t AmxInt8PeakLoop(uint64_t iterations);
-
-// Tests only (not thread safe). Every implementation runnable here: "ref", "avx512-vnni" (its
-// decode GEMV reading one stream), "avx512-vnni-4streams" (four; the automatic choice on Intel),
-// "avx512-bf16" (bf16 only), "amx-int8" (q8 with groups of 64k inputs and q4 with groups of
-// 32, every token count; VNNI for the rest), and one per Highway target ("avx512", "avx2", "highway-SSE4", ...).
-std::vector<std::string> RunnableQuantKernels();
-// Forces QuantizeActivations / QuantMatMul / Bf16TiledMatMul to the named implementation where it
-// provides them (automatic choice for the others); nullptr or "" restores automatic choice.
-// Returns false for a name not in RunnableQuantKernels().
-bool ForceQuantKernelForTest(const char* name);
-// Whether the active QuantMatMul uses fused multiply-add and so matches ref bit for bit on q4 (q8
-// matches on every path: its epilogue has no fma).
-bool QuantKernelIsExact();
 
 namespace ref {
 void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,

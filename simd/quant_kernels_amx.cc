@@ -14,7 +14,7 @@
 // inputs x 16 rows, on signed codes c - 8 that AVX-512 unpacks from the nibbles into L1 a group
 // ahead (the B operand cannot be read in place), then fma(float(I_g), d_w * d_a, y) per group as
 // the reference does.
-#include "quant_kernels_x86.h"
+#include "simd/quant_kernels_x86.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 

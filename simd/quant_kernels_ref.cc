@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "quant_kernels.h"
+#include "simd/quant_kernels.h"
 
 namespace m3::simd::ref {
 

@@ -3,7 +3,7 @@
 // plain intrinsics under explicit target attributes. Every function using them is internal to
 // this file and reached only after the CPU check; buffers are prepared in unattributed code so no
 // AVX-512 instruction can end up in shared (COMDAT) functions.
-#include "quant_kernels_x86.h"
+#include "simd/quant_kernels_x86.h"
 
 #include <algorithm>
 #include <cstring>

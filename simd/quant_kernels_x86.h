@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "quant_kernels.h"
+#include "simd/quant_kernels.h"
 
 namespace m3::simd {
 namespace detail {

@@ -1,5 +1,7 @@
 // Weight storage formats the kernels read in place, and exact scalar decoders for their elements.
 // Every format decodes exactly to fp32 (bf16, f16 and e4m3 values are representable in fp32).
+// With cache_format.h this is the "layout" part of the simd layer: plain descriptions that the file
+// format, the operators and the model share, with no kernel behind them.
 #pragma once
 
 #include <cmath>
@@ -45,7 +47,18 @@ inline constexpr bool IsTiled(WeightFormat f) {
   return f == WeightFormat::kQ8 || f == WeightFormat::kQ4 || f == WeightFormat::kBF16Tiled;
 }
 
-const char* WeightFormatName(WeightFormat f);
+inline const char* WeightFormatName(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kF32: return "f32";
+    case WeightFormat::kBF16: return "bf16";
+    case WeightFormat::kF16: return "f16";
+    case WeightFormat::kE4M3Mx32: return "mxfp8";
+    case WeightFormat::kQ8: return "q8";
+    case WeightFormat::kQ4: return "q4";
+    case WeightFormat::kBF16Tiled: return "bf16t";
+  }
+  return "?";
+}
 
 // Bytes per stored element of the value tensor (row-major formats only).
 inline constexpr size_t ElementBytes(WeightFormat f) {
@@ -271,6 +284,22 @@ inline StoredSpan RowTileSpan(const WeightRef& w, size_t t0, size_t t1) {
   const size_t scale_row = w.format == WeightFormat::kE4M3Mx32 && w.scales ? w.scale_cols() : 0;
   return {d + r0 * row_bytes, (r1 - r0) * row_bytes, scale_row ? w.scales + r0 * scale_row : nullptr,
           (r1 - r0) * scale_row};
+}
+
+// Default groups of the packed formats (m3 pack).
+inline constexpr size_t kQ8Group = 128;
+inline constexpr size_t kQ4Group = 32;
+inline constexpr size_t kBf16TiledGroup = 32;  // padding unit only
+
+// Geometry of a tiled matrix (data and scales left null). `group` 0 picks the format's default.
+inline WeightRef TiledShape(WeightFormat format, size_t rows, size_t cols, size_t group = 0) {
+  WeightRef w;
+  w.format = format;
+  w.rows = rows;
+  w.cols = cols;
+  w.group = group ? group
+                  : (format == WeightFormat::kQ8 ? kQ8Group : format == WeightFormat::kQ4 ? kQ4Group : kBf16TiledGroup);
+  return w;
 }
 
 }  // namespace m3::simd

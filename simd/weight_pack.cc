@@ -1,4 +1,4 @@
-#include "weight_pack.h"
+#include "simd/weight_pack.h"
 
 #include <algorithm>
 #include <cmath>
@@ -86,16 +86,6 @@ float Q8RowScale(const std::vector<double>& group_amax) {
 }
 
 }  // namespace
-
-WeightRef TiledShape(WeightFormat format, size_t rows, size_t cols, size_t group) {
-  WeightRef w;
-  w.format = format;
-  w.rows = rows;
-  w.cols = cols;
-  w.group = group ? group
-                  : (format == WeightFormat::kQ8 ? kQ8Group : format == WeightFormat::kQ4 ? kQ4Group : kBf16TiledGroup);
-  return w;
-}
 
 // Squared error of codes round_half_even(clamp(x / d16, lo, hi)) for a candidate fp16 scale, in
 // float with 8 partial sums so the loop vectorizes (the search runs over every packed weight).

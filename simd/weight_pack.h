@@ -13,16 +13,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "weight_format.h"
+#include "simd/weight_format.h"
 
 namespace m3::simd {
-
-inline constexpr size_t kQ8Group = 128;
-inline constexpr size_t kQ4Group = 32;
-inline constexpr size_t kBf16TiledGroup = 32;  // padding unit only
-
-// Geometry of a tiled matrix (data and scales left null). `group` 0 picks the format's default.
-WeightRef TiledShape(WeightFormat format, size_t rows, size_t cols, size_t group = 0);
 
 // Packs row tiles [tile0, tile0 + n_tiles) of `shape`. `src` holds the fp32 rows of those tiles,
 // row-major with stride shape.cols, starting at row tile0 * 16 (a final partial tile has only

@@ -8,20 +8,20 @@
 
 #include <catch2/catch.hpp>
 
-#include "bandwidth.h"
-#include "kernels.h"
+#include "bench/bandwidth.h"
+#include "simd/kernels.h"
 
-namespace m3::simd {
+namespace m3::bench {
 namespace {
 
 template <class Fn>
 void ForEachTarget(Fn&& fn) {
-  for (int64_t t : RunnableTargets()) {
-    ForceTargetForTest(t);
-    INFO("target " << TargetName(t));
+  for (int64_t t : simd::RunnableTargets()) {
+    simd::ForceTargetForTest(t);
+    INFO("target " << simd::TargetName(t));
     fn();
   }
-  ForceTargetForTest(0);
+  simd::ForceTargetForTest(0);
 }
 
 TEST_CASE("StreamRead equals its reference for every length, offset and pattern", "[bandwidth]") {
@@ -52,4 +52,4 @@ TEST_CASE("FmaPeakLoop reports two operations per lane per FMA and a finite resu
 }
 
 }  // namespace
-}  // namespace m3::simd
+}  // namespace m3::bench

@@ -7,7 +7,7 @@
 #include "bench/limits.h"
 
 using m3::bench::PairedSamples;
-using m3::simd::ReadPattern;
+using m3::bench::ReadPattern;
 
 TEST_CASE("PairedSamples judges work by the faster pattern's median read, pair by pair", "[bench]") {
   PairedSamples p;

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/npy.h"
-#include "kernels.h"
+#include "simd/kernels.h"
 #include "format/safetensors.h"
 #include "platform/parallel.h"
 #include "runtime/engine.h"

@@ -6,9 +6,9 @@
 #include <random>
 #include <vector>
 
-#include "attention_kernels.h"
-#include "kernels.h"
-#include "weight_pack.h"
+#include "simd/attention_kernels.h"
+#include "simd/kernels.h"
+#include "simd/weight_pack.h"
 #include "test_util.h"
 
 namespace m3::simd {

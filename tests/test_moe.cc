@@ -12,10 +12,10 @@
 #include "ops/moe.h"
 #include "platform/numa.h"
 #include "platform/parallel.h"
-#include "kernels.h"
+#include "simd/kernels.h"
 #include "packed_weights.h"
 #include "test_util.h"
-#include "weight_pack.h"
+#include "simd/weight_pack.h"
 
 namespace m3 {
 namespace {

@@ -26,14 +26,14 @@
 #include "base/status.h"
 #include "format/pack_file.h"
 #include "format/safetensors.h"
-#include "kernels.h"
+#include "simd/kernels.h"
 #include "model/model.h"
 #include "model/packer.h"
 #include "platform/mapped_file.h"
 #include "batch_check.h"
 #include "test_util.h"
-#include "quant_kernels.h"
-#include "weight_pack.h"
+#include "simd/quant_kernels.h"
+#include "simd/weight_pack.h"
 
 namespace {
 
@@ -373,17 +373,17 @@ TEST_CASE("every golden checkpoint packs as q8, q4 and q4-mixed, exactly", "[pac
 TEST_CASE("packed models decode a batch of sequences as each alone", "[pack][batch]") {
   for (const char* name : {"s2_bf16_sharded_init1", "s5_realprop_mxfp8_vl"}) {
     for (m3::PackType type : {m3::PackType::kQ8, m3::PackType::kQ4Mixed}) {
-      for (const std::string& kernel : m3::simd::RunnableQuantKernels())
+      for (const std::string& kernel : m3::Kernels::Names())
       DYNAMIC_SECTION(name << " " << m3::PackTypeName(type) << " " << kernel) {
-        REQUIRE(m3::simd::ForceQuantKernelForTest(kernel.c_str()));
         m3::test::TempDir tmp;
         const fs::path out = tmp.path() / "packed";
         RequireOk(Pack(m3::test::GoldenDir(name), out, type));
-        auto engine = m3::Engine::Open(out.string(), m3::EngineOptions{2});
+        m3::EngineOptions options{2};
+        options.kernels = kernel;
+        auto engine = m3::Engine::Open(out.string(), options);
         RequireOk(engine.status());
         const std::vector<std::vector<int32_t>> prompts = {{5, 17, 200, 3, 99, 250}, {7, 7, 7}, {30, 2, 64, 128, 1}};
         CHECK(m3::test::BatchedStepsDifferingFromAlone(**engine, prompts, 4) == 0);
-        m3::simd::ForceQuantKernelForTest(nullptr);
       }
     }
   }

@@ -11,9 +11,10 @@
 #include <tuple>
 #include <vector>
 
-#include "quant_kernels.h"
+#include "simd/kernel_table.h"
+#include "simd/quant_kernels.h"
 #include "test_util.h"
-#include "weight_pack.h"
+#include "simd/weight_pack.h"
 
 namespace m3::simd {
 namespace {
@@ -127,17 +128,17 @@ double ActivationScale(const QuantizedActivations& a, size_t t, size_t c) {
   return a.scale[t * a.groups() + g];
 }
 
-// Runs body once per runnable implementation, forced.
+// Runs body once per runnable implementation, with its kernel table.
 template <class Body>
 void ForEachImpl(Body body) {
-  const auto names = RunnableQuantKernels();
+  const auto names = KernelNames();
   REQUIRE(names.size() >= 2);
   for (const std::string& name : names) {
-    REQUIRE(ForceQuantKernelForTest(name.c_str()));
+    const std::optional<KernelTable> k = KernelsNamed(name);
+    REQUIRE(k);
     INFO("implementation " << name);
-    body(name);
+    body(*k);
   }
-  ForceQuantKernelForTest(nullptr);
 }
 
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -145,26 +146,30 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST_CASE("quant kernel registry", "[quant]") {
-  const auto names = RunnableQuantKernels();
+  const auto names = KernelNames();
   CHECK(names.front() == "ref");
   for (const auto& n : names) {
     INFO(n);
-    REQUIRE(ForceQuantKernelForTest(n.c_str()));
+    const std::optional<KernelTable> k = KernelsNamed(n);
+    REQUIRE(k);
+    CHECK(k->name == n);
     if (n == "avx512-bf16") {
-      CHECK(std::string(Bf16KernelName()) == n);
+      CHECK(k->bf16_name == n);
     } else {
-      CHECK(std::string(QuantKernelName()) == n);
+      CHECK(k->quant_name == n);
     }
+    CHECK((k->quantize_activations && k->quant_matmul && k->bf16_tiled_matmul && k->matmul_f32));
   }
-  CHECK(!ForceQuantKernelForTest("no-such-kernel"));
-  CHECK(ForceQuantKernelForTest(nullptr));
+  CHECK(!KernelsNamed("no-such-kernel"));
+  CHECK(KernelsNamed("auto")->name == "auto");
+  CHECK(KernelsNamed("")->quant_name == BestKernels().quant_name);
   CHECK(Int8DotPeakLoop(1000) > 0);
-  if (__builtin_cpu_supports("avx512vnni")) CHECK(std::string(QuantKernelName()) == "avx512-vnni");
+  if (__builtin_cpu_supports("avx512vnni")) CHECK(BestKernels().quant_name.rfind("avx512-vnni", 0) == 0);
   // Where AMX runs, it takes the prompts it covers: q8 (groups of 64k) from 16 tokens, q4 (groups of 32)
   // from 9; VNNI keeps the rest.
   if (std::find(names.begin(), names.end(), "amx-int8") != names.end()) {
     const auto amx = [](WeightFormat f, size_t group, size_t n_tok) {
-      return std::string(QuantKernelName(TiledShape(f, 64, 256, group), n_tok)) == "amx-int8";
+      return std::string(BestKernels().QuantName(TiledShape(f, 64, 256, group), n_tok)) == "amx-int8";
     };
     CHECK(!amx(WeightFormat::kQ8, 128, 15));
     CHECK(amx(WeightFormat::kQ8, 128, 16));
@@ -178,13 +183,13 @@ TEST_CASE("quant kernel registry", "[quant]") {
 
 // The active implementation's QuantizeActivations of x equals the reference's `want`, bit for
 // bit (every output buffer starts filled with other values).
-void CheckQuantizeEquals(const Acts& want, const std::vector<float>& x, size_t ldx, size_t n_tok, size_t cols,
+void CheckQuantizeEquals(const KernelTable& K, const Acts& want, const std::vector<float>& x, size_t ldx, size_t n_tok, size_t cols,
                          size_t group) {
   std::vector<int8_t> q(want.q.size(), 99);
   std::vector<float> scale(want.scale.size(), -1.0f);
   std::vector<int32_t> sum(want.sum.size(), -1);
   std::vector<uint8_t> shift(want.shift.size(), 99);
-  QuantizeActivations(x.data(), ldx, n_tok, cols, group, q.data(), scale.data(), sum.data(),
+  K.quantize_activations(x.data(), ldx, n_tok, cols, group, q.data(), scale.data(), sum.data(),
                       want.shift.empty() ? nullptr : shift.data());
   CHECK(q == want.q);
   CHECK(std::memcmp(scale.data(), want.scale.data(), scale.size() * 4) == 0);
@@ -210,7 +215,7 @@ TEST_CASE("QuantizeActivations is bit-exact against the reference", "[quant]") {
       }
       INFO(WeightFormatName(f) << " group " << group << " cols " << cols);
       const Acts want = Quantize(f, x, ldx, n_tok, cols, group);
-      ForEachImpl([&](const std::string&) { CheckQuantizeEquals(want, x, ldx, n_tok, cols, group); });
+      ForEachImpl([&](const KernelTable& K) { CheckQuantizeEquals(K, want, x, ldx, n_tok, cols, group); });
       // q8: each group's codes reach at least 64 (its shift is the largest that fits) unless the
       // shift is at its cap, and dequantize within half a step.
       if (f == WeightFormat::kQ8) {
@@ -254,7 +259,7 @@ TEST_CASE("QuantizeActivations on inputs over 1 MiB (next-row prefetch) is bit-e
   for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
     INFO(WeightFormatName(f));
     const Acts want = Quantize(f, x, ldx, n_tok, cols, 128);
-    ForEachImpl([&](const std::string&) { CheckQuantizeEquals(want, x, ldx, n_tok, cols, 128); });
+    ForEachImpl([&](const KernelTable& K) { CheckQuantizeEquals(K, want, x, ldx, n_tok, cols, 128); });
   }
 }
 
@@ -285,12 +290,12 @@ TEST_CASE("a NaN or inf activation gives a NaN scale and NaN outputs for its tok
             for (size_t c = g * group; c < (g + 1) * group; ++c) CHECK(acts.q[t * acts.a.padded_cols + c] == 0);
             CHECK(acts.sum[t * groups + g] == 0);
           }
-          ForEachImpl([&](const std::string&) {
-            CheckQuantizeEquals(acts, x, ldx, n_tok, cols, group);
+          ForEachImpl([&](const KernelTable& K) {
+            CheckQuantizeEquals(K, acts, x, ldx, n_tok, cols, group);
             const size_t ldy = rows + 2;
             std::vector<float> want(n_tok * ldy, -1.0f), got(n_tok * ldy, -1.0f);
-            QuantMatMul(p.w, clean.a, 0, p.w.row_tiles(), want.data(), ldy);
-            QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), got.data(), ldy);
+            K.QuantMatMul(p.w, clean.a, 0, p.w.row_tiles(), want.data(), ldy);
+            K.QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), got.data(), ldy);
             size_t wrong = 0;  // counted: one CHECK per element would dominate the run time
             for (size_t t = 0; t < n_tok; ++t)
               for (size_t r = 0; r < rows; ++r) {
@@ -314,10 +319,10 @@ void CheckQuantMatMul(const Packed& p, const Acts& acts, bool check_split_tokens
   // |terms| bound for targets without fma (mul + add per group instead of one rounding).
   std::vector<double> mag(n * ldy, 0.0);
   bool mag_done = false;
-  ForEachImpl([&](const std::string& name) {
+  ForEachImpl([&](const KernelTable& K) {
     std::vector<float> got(n * ldy, sentinel);
-    QuantMatMul(w, a, 0, tiles + 2, got.data(), ldy);  // tile_end clipped
-    if (QuantKernelIsExact() || w.format == WeightFormat::kQ8) {  // q8's epilogue has no fma
+    K.QuantMatMul(w, a, 0, tiles + 2, got.data(), ldy);  // tile_end clipped
+    if (K.quant_exact || w.format == WeightFormat::kQ8) {  // q8's epilogue has no fma
       CHECK(SameBits(got, want));
     } else {  // counted, not one CHECK per element: Catch2 assertions dominate the run time
       if (!mag_done) {
@@ -338,12 +343,12 @@ void CheckQuantMatMul(const Packed& p, const Acts& acts, bool check_split_tokens
     if (tiles > 1) {
       std::vector<float> split(n * ldy, sentinel);
       const size_t mid = tiles / 2;
-      QuantMatMul(w, a, mid, tiles, split.data(), ldy);
-      QuantMatMul(w, a, 0, mid, split.data(), ldy);
-      QuantMatMul(w, a, mid, mid, split.data(), ldy);
+      K.QuantMatMul(w, a, mid, tiles, split.data(), ldy);
+      K.QuantMatMul(w, a, 0, mid, split.data(), ldy);
+      K.QuantMatMul(w, a, mid, mid, split.data(), ldy);
       CHECK(SameBits(split, got));
       std::vector<float> part(n * ldy, sentinel), expect(n * ldy, sentinel);
-      QuantMatMul(w, a, mid, mid + 1, part.data(), ldy);
+      K.QuantMatMul(w, a, mid, mid + 1, part.data(), ldy);
       for (size_t t = 0; t < n; ++t)
         for (size_t r = mid * kTileRows; r < std::min(w.rows, (mid + 1) * kTileRows); ++r)
           expect[t * ldy + r] = got[t * ldy + r];
@@ -352,10 +357,9 @@ void CheckQuantMatMul(const Packed& p, const Acts& acts, bool check_split_tokens
     // GEMV (one token at a time) and GEMM (the whole batch) give the same bits.
     if (check_split_tokens) {
       std::vector<float> one(n * ldy, sentinel);
-      for (size_t t = 0; t < n; ++t) QuantMatMul(w, Token(a, t), 0, tiles, one.data() + t * ldy, ldy);
+      for (size_t t = 0; t < n; ++t) K.QuantMatMul(w, Token(a, t), 0, tiles, one.data() + t * ldy, ldy);
       CHECK(SameBits(one, got));
     }
-    (void)name;
   });
 }
 
@@ -407,15 +411,15 @@ TEST_CASE("QuantMatMul prompt outputs over 1 MiB (non-temporal stores) match the
     ref::QuantMatMul(p.w, acts.a, 0, tiles, want.data(), ldy);
     auto* y = static_cast<float*>(std::aligned_alloc(64, n_tok * ldy * sizeof(float)));
     REQUIRE(y != nullptr);
-    ForEachImpl([&](const std::string&) {
-      if (!QuantKernelIsExact() && f == WeightFormat::kQ4) return;  // bit-exact paths only
+    ForEachImpl([&](const KernelTable& K) {
+      if (!K.quant_exact && f == WeightFormat::kQ4) return;  // bit-exact paths only
       for (size_t split : {size_t{0}, size_t{120}}) {  // one call; or 120 tiles (0.5 MiB) + 181
         std::fill(y, y + n_tok * ldy, sentinel);
         if (split == 0) {
-          QuantMatMul(p.w, acts.a, 0, tiles, y, ldy);
+          K.QuantMatMul(p.w, acts.a, 0, tiles, y, ldy);
         } else {
-          QuantMatMul(p.w, acts.a, split, tiles, y, ldy);
-          QuantMatMul(p.w, acts.a, 0, split, y, ldy);
+          K.QuantMatMul(p.w, acts.a, split, tiles, y, ldy);
+          K.QuantMatMul(p.w, acts.a, 0, split, y, ldy);
         }
         CHECK(std::memcmp(y, want.data(), want.size() * sizeof(float)) == 0);
       }
@@ -476,7 +480,7 @@ TEST_CASE("QuantMatMul is close to the fp32 product of the dequantized weights",
     const auto x = RandomVec(n_tok * cols, 22);
     const Acts acts = Quantize(f, x, cols, n_tok, cols, p.w.group);
     std::vector<float> y(n_tok * rows);
-    QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), y.data(), rows);
+    BestKernels().QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), y.data(), rows);
     double err = 0, norm = 0;
     for (size_t t = 0; t < n_tok; ++t)
       for (size_t r = 0; r < rows; ++r) {
@@ -506,16 +510,16 @@ TEST_CASE("Bf16TiledMatMul matches the reference", "[quant]") {
           for (size_t r = 0; r < rows; ++r)
             for (size_t c = 0; c < cols; ++c)
               mag[t * ldy + r] += std::fabs(static_cast<double>(TiledWeightAt(p.w, r, c)) * x[t * ldx + c]);
-        ForEachImpl([&](const std::string&) {
+        ForEachImpl([&](const KernelTable& K) {
           std::vector<float> got(n_tok * ldy, -7.0f);
-          Bf16TiledMatMul(p.w, x.data(), ldx, n_tok, 0, tiles + 1, got.data(), ldy);
+          K.bf16_tiled_matmul(p.w, x.data(), ldx, n_tok, 0, tiles + 1, got.data(), ldy);
           size_t bad = 0;
           // 2^-15: twice the worst case of the AVX512-BF16 path's hi + lo split of x (2^-16).
           for (size_t i = 0; i < got.size(); ++i) bad += !(std::fabs(got[i] - want[i]) <= 0x1p-15 * mag[i]);
           CHECK(bad == 0);
           if (tiles > 1) {  // a range leaves the other rows alone
             std::vector<float> part(n_tok * ldy, -7.0f), expect(n_tok * ldy, -7.0f);
-            Bf16TiledMatMul(p.w, x.data(), ldx, n_tok, 1, tiles, part.data(), ldy);
+            K.bf16_tiled_matmul(p.w, x.data(), ldx, n_tok, 1, tiles, part.data(), ldy);
             for (size_t t = 0; t < n_tok; ++t)
               for (size_t r = kTileRows; r < rows; ++r) expect[t * ldy + r] = got[t * ldy + r];
             CHECK(SameBits(part, expect));

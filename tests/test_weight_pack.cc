@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "test_util.h"
-#include "weight_pack.h"
+#include "simd/weight_pack.h"
 
 namespace m3::simd {
 namespace {

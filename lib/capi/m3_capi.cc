@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels.h"
+#include "ops/context.h"
 #include "runtime/chat.h"
 #include "runtime/engine.h"
 #include "runtime/perplexity.h"
@@ -35,8 +35,8 @@ struct m3_scheduler {
 };
 
 namespace {
+// The C API's one exception to "no hidden state": m3_last_error() is per calling thread (as errno).
 thread_local std::string g_last_error;
-thread_local std::string g_target;
 
 m3_status Report(const m3::Status& s) {
   g_last_error = s.ok() ? "" : s.message();
@@ -275,8 +275,8 @@ int32_t m3_engine_vocab_size(const m3_engine* engine) {
 }
 
 const char* m3_simd_target(void) {
-  g_target = m3::simd::ActiveTargetName();
-  return g_target.c_str();
+  static const std::string described = m3::Kernels().Describe();  // this CPU's best, fixed per process
+  return described.c_str();
 }
 
 m3_status m3_session_new(m3_engine* engine, m3_session** out) {

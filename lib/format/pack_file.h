@@ -21,7 +21,7 @@
 #include "base/status.h"
 #include "platform/mapped_file.h"
 #include "platform/parallel.h"
-#include "weight_format.h"
+#include "simd/weight_format.h"
 
 namespace m3 {
 

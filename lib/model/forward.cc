@@ -4,13 +4,15 @@
 //   for each layer: h += Attn(RMSNorm(h)); h += (MoE or MLP)(RMSNorm(h))
 //   logits = RMSNorm(h) . lm_head^T
 #include <algorithm>
+#include <memory>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 
 #include "base/aligned_buffer.h"
-#include "kernels.h"
+#include "ops/convert.h"
+#include "ops/workspace.h"
 #include "model/model.h"
 #include "ops/matmul.h"
 #include "ops/mlp.h"
@@ -56,13 +58,13 @@ namespace {
 // calling thread alone for a decode step. For the per-token steps between the matmuls, which
 // would otherwise leave the other threads waiting.
 template <class Fn>
-void ForTokenRows(const ThreadConfig& tc, size_t n, Fn&& fn) {
+void ForTokenRows(const OpContext& tc, size_t n, Fn&& fn) {
   constexpr size_t kMinRowsPerThread = 16;
   ParallelFor(tc, n, kMinRowsPerThread, [&](size_t t0, size_t t1, int) { fn(t0, t1); });
 }
 
 // Per-head RMSNorm then RoPE for `heads` vectors of `dim` per token; token t at positions[t].
-void NormRope(const ThreadConfig& tc, const Rope& rope, float* x, size_t n, size_t heads, size_t dim,
+void NormRope(const OpContext& tc, const Rope& rope, float* x, size_t n, size_t heads, size_t dim,
               const std::vector<float>& norm, float eps, const int64_t* positions) {
   ForTokenRows(tc, n, [&](size_t t0, size_t t1) {
     float* rows = x + t0 * heads * dim;
@@ -72,7 +74,7 @@ void NormRope(const ThreadConfig& tc, const Rope& rope, float* x, size_t n, size
 }
 
 // out = RMSNorm(x) for n rows of `dim`.
-void NormRows(const ThreadConfig& tc, const float* x, size_t n, size_t dim, const std::vector<float>& scale,
+void NormRows(const OpContext& tc, const float* x, size_t n, size_t dim, const std::vector<float>& scale,
               float eps, float* out) {
   ForTokenRows(tc, n, [&](size_t t0, size_t t1) {
     RmsNormRows(x + t0 * dim, dim, t1 - t0, dim, scale.data(), eps, out + t0 * dim, dim);
@@ -80,33 +82,31 @@ void NormRows(const ThreadConfig& tc, const float* x, size_t n, size_t dim, cons
 }
 
 // h += delta for n rows of `dim`.
-void AddRows(const ThreadConfig& tc, const float* delta, size_t n, size_t dim, float* h) {
-  ForTokenRows(tc, n, [&](size_t t0, size_t t1) { simd::Axpy(1.0f, delta + t0 * dim, h + t0 * dim, (t1 - t0) * dim); });
+void AddRows(const OpContext& tc, const float* delta, size_t n, size_t dim, float* h) {
+  ForTokenRows(tc, n, [&](size_t t0, size_t t1) { AddInPlace(delta + t0 * dim, h + t0 * dim, (t1 - t0) * dim); });
 }
 
-// A forward pass's activations, reused by every later pass on the same thread (a session's).
-// A 512-token chunk's buffers take ~75 MB: fresh ones cost page faults and zeroing on the calling
-// thread at every layer while the other threads wait (~4% of a 1024-token prefill, 2 threads).
-// Every buffer is written in full before it is read.
-struct ForwardScratch {
-  AlignedBuffer<float> h, x, delta;            // Forward: residual stream, normed input, block output
-  AlignedBuffer<float> q, k, v, iq, ik, core, xq;  // AttentionBlock (xq: the query rows' inputs)
+// A forward pass's activations, in numbered buffers of the session's workspace (ops/workspace.h):
+// reused by every later pass. Every buffer is written in full before it is read.
+enum ActivationSlot : size_t {
+  kResidual,    // h: the residual stream
+  kNormed,      // x: a block's normed input
+  kBlockOut,    // delta: a block's output
+  kQueries,     // AttentionBlock: q, k, v, indexer q and k, attention output, the query rows' inputs
+  kKeys,
+  kValues,
+  kIndexQueries,
+  kIndexKeys,
+  kCore,
+  kQueryInputs,
 };
 
-ForwardScratch& ThreadScratch() {
-  thread_local ForwardScratch scratch;
-  return scratch;
-}
-
-float* Sized(AlignedBuffer<float>& b, size_t n) {
-  b.EnsureSize(n);
-  return b.data();
-}
+float* Activation(const OpContext& tc, ActivationSlot slot, size_t n) { return tc.workspace->Floats(slot, n); }
 
 // Cache rows of a prompt, split over the threads (each row is its own place in a page reserved
 // before the pass).
 template <class Pages>
-void StoreRows(const ThreadConfig& tc, Pages& dst, size_t row0, const float* src, size_t n, size_t width) {
+void StoreRows(const OpContext& tc, Pages& dst, size_t row0, const float* src, size_t n, size_t width) {
   ForTokenRows(tc, n, [&](size_t t0, size_t t1) {
     for (size_t t = t0; t < t1; ++t) dst.Write(row0 + t, src + t * width);
   });
@@ -116,13 +116,13 @@ void StoreRows(const ThreadConfig& tc, Pages& dst, size_t row0, const float* src
 // `layer` when >= 0). NaN or inf anywhere in a token's values is reported where it first shows instead
 // of flowing on into garbage logits. The kernels keep such values non-finite (quantizers give NaN
 // scales, the router NaN weights), so one look at each block's output catches every source in it.
-Status CheckFinite(const ThreadConfig& tc, const float* x, size_t n, size_t width, const int64_t* positions,
+Status CheckFinite(const OpContext& tc, const float* x, size_t n, size_t width, const int64_t* positions,
                    const char* what, int layer) {
   // Split over the threads in pieces of at least 32K values (a prompt's hidden states or a row of
   // logits are a pass over megabytes); the first non-finite value is the smallest index found.
   std::atomic<size_t> first{n * width};
   ParallelFor(tc, n * width, size_t{1} << 15, [&](size_t b, size_t e, int) {
-    const size_t rel = simd::FindNonFinite(x + b, e - b);
+    const size_t rel = FindNonFinite(x + b, e - b);
     if (rel == e - b) return;
     size_t seen = first.load();
     while (b + rel < seen && !first.compare_exchange_weak(seen, b + rel)) {
@@ -138,7 +138,7 @@ Status CheckFinite(const ThreadConfig& tc, const float* x, size_t n, size_t widt
 
 }  // namespace
 
-Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, std::span<const Segment> segments,
+Status Model::AttentionBlock(const OpContext& tc, int layer, const float* x, std::span<const Segment> segments,
                              const int64_t* positions, float* out, ForwardObserver* observer,
                              std::span<const size_t> queries) const {
   const ModelConfig& c = config_;
@@ -169,12 +169,11 @@ Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, 
   // one parallel region for all five (the queries' two on the query rows alone when those are fewer).
   const SparseAttentionConfig& sc = c.sparse;
   const size_t Hi = w.sparse ? sc.num_index_heads : 0, Di = w.sparse ? sc.index_dim : 0;
-  ForwardScratch& scratch = ThreadScratch();
-  float* q = Sized(scratch.q, nq * Hq * D);
-  float* k = Sized(scratch.k, n * Hkv * D);
-  float* v = Sized(scratch.v, n * Hkv * D);
-  float* iq = Sized(scratch.iq, nq * Hi * Di);
-  float* ik = Sized(scratch.ik, n * Di);
+  float* q = Activation(tc, kQueries, nq * Hq * D);
+  float* k = Activation(tc, kKeys, n * Hkv * D);
+  float* v = Activation(tc, kValues, n * Hkv * D);
+  float* iq = Activation(tc, kIndexQueries, nq * Hi * Di);
+  float* ik = Activation(tc, kIndexKeys, n * Di);
   if (every_row) {
     const MatMulTarget projections[] = {
         {&w.q, q, Hq * D}, {&w.k, k, Hkv * D}, {&w.v, v, Hkv * D}, {&w.index_q, iq, Hi * Di}, {&w.index_k, ik, Di}};
@@ -183,7 +182,7 @@ Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, 
     const MatMulTarget keys[] = {{&w.k, k, Hkv * D}, {&w.v, v, Hkv * D}, {&w.index_k, ik, Di}};
     MatMulSameInput(tc, std::span<const MatMulTarget>(keys, w.sparse ? 3 : 2), x, H, n);
     if (nq > 0) {
-      float* xq = Sized(scratch.xq, nq * H);
+      float* xq = Activation(tc, kQueryInputs, nq * H);
       for (size_t i = 0; i < nq; ++i) std::memcpy(xq + i * H, x + query_row[i] * H, H * sizeof(float));
       const MatMulTarget query[] = {{&w.q, q, Hq * D}, {&w.index_q, iq, Hi * Di}};
       MatMulSameInput(tc, std::span<const MatMulTarget>(query, w.sparse ? 2 : 1), xq, H, nq);
@@ -200,7 +199,7 @@ Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, 
   }
 
   // Per sequence: its cache rows, then its query rows' block selection and attention.
-  float* core = Sized(scratch.core, nq * Hq * D);
+  float* core = Activation(tc, kCore, nq * Hq * D);
   size_t row = 0, qi = 0;  // the segment's first row, and its first query row
   for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
@@ -232,13 +231,13 @@ Status Model::AttentionBlock(const ThreadConfig& tc, int layer, const float* x, 
   return Status::Ok();
 }
 
-Status Model::Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
+Status Model::Forward(const OpContext& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
                       float* logits, ForwardObserver* observer) const {
   const Segment one{ids, n, cache};
   return ForwardBatch(tc, {&one, 1}, mode, logits, observer);
 }
 
-Status Model::ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segments, LogitsMode mode, float* logits,
+Status Model::ForwardBatch(const OpContext& ctx, std::span<const Segment> segments, LogitsMode mode, float* logits,
                            ForwardObserver* observer) const {
   const ModelConfig& c = config_;
   const size_t H = c.hidden_size;
@@ -264,10 +263,12 @@ Status Model::ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segm
   const size_t n = ids.size();
   const int64_t* pos = positions.data();
 
-  ForwardScratch& scratch = ThreadScratch();
-  float* h = Sized(scratch.h, n * H);
-  float* x = Sized(scratch.x, n * H);
-  float* delta = Sized(scratch.delta, n * H);
+  std::unique_ptr<Workspace> own;  // a pass without a workspace brings its own
+  OpContext tc = ctx;
+  if (!tc.workspace) tc.workspace = (own = std::make_unique<Workspace>()).get();
+  float* h = Activation(tc, kResidual, n * H);
+  float* x = Activation(tc, kNormed, n * H);
+  float* delta = Activation(tc, kBlockOut, n * H);
   // No embedding scale (docs/MODEL.md §3.1).
   ForTokenRows(tc, n, [&](size_t t0, size_t t1) { GatherRows(weights_.embed, ids.data() + t0, t1 - t0, h + t0 * H); });
   M3_RETURN_IF_ERROR(CheckFinite(tc, h, n, H, pos, "the token embedding", -1));

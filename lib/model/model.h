@@ -73,7 +73,7 @@ class Model {
   // A NaN or inf in a block's output (damaged weights, fp32 overflow) is a kCorrupt error naming
   // the layer, block and position; the cache then holds rows past its length that the next call
   // overwrites (its length is unchanged).
-  Status Forward(const ThreadConfig& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
+  Status Forward(const OpContext& tc, const int32_t* ids, size_t n, KvCache* cache, LogitsMode mode,
                  float* logits, ForwardObserver* observer = nullptr) const;
 
   // One pass over several sequences (continuous batching): each segment's tokens run at its own
@@ -91,7 +91,7 @@ class Model {
     KvCache* cache;
     size_t logit_rows = 1;  // kLastRow: 1..n
   };
-  Status ForwardBatch(const ThreadConfig& tc, std::span<const Segment> segments, LogitsMode mode, float* logits,
+  Status ForwardBatch(const OpContext& tc, std::span<const Segment> segments, LogitsMode mode, float* logits,
                       ForwardObserver* observer = nullptr) const;
 
   // Memory placement, before the model is shared (Engine::Open).
@@ -111,7 +111,7 @@ class Model {
   // Rows of `segments` in order; positions[i] is row i's position in its sequence. Every row's
   // keys and values go to the cache; `out` gets the attention output of the query rows: every
   // row (queries empty), or each segment i's last queries[i] rows, in order.
-  Status AttentionBlock(const ThreadConfig& tc, int layer, const float* x, std::span<const Segment> segments,
+  Status AttentionBlock(const OpContext& tc, int layer, const float* x, std::span<const Segment> segments,
                         const int64_t* positions, float* out, ForwardObserver* observer,
                         std::span<const size_t> queries = {}) const;
 

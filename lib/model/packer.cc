@@ -13,9 +13,8 @@
 #include "base/aligned_buffer.h"
 #include "base/hash.h"
 #include "format/safetensors.h"
-#include "kernels.h"
+#include "ops/convert.h"
 #include "platform/parallel.h"
-#include "weight_pack.h"
 
 #ifndef M3_VERSION_STRING
 #define M3_VERSION_STRING "unknown"
@@ -136,8 +135,8 @@ class TensorPacker {
     for (size_t r0 = 0; r0 < rows; r0 += chunk_rows) {
       const size_t nr = std::min(chunk_rows, rows - r0);
       buf.resize(nr * cols);
-      simd::DecodeRows(ref, r0, nr, buf.data());
-      const size_t bad = simd::FindNonFinite(buf.data(), buf.size());
+      DecodeWeightRows(ref, r0, nr, buf.data());
+      const size_t bad = FindNonFinite(buf.data(), buf.size());
       if (bad < buf.size()) return NonFinite(out->name, r0 + bad / cols, bad % cols, buf[bad]);
       const size_t bytes = buf.size() * sizeof(float);
       M3_RETURN_IF_ERROR(writer_->Write(out->data.offset + r0 * cols * sizeof(float), buf.data(), bytes));
@@ -169,13 +168,13 @@ class TensorPacker {
         for (size_t i = begin; i < end; ++i) {
           const size_t tile = t0 + i, r0 = tile * simd::kTileRows;
           const size_t nr = std::min(simd::kTileRows, shape.rows - r0);
-          simd::DecodeRows(src.matrix, r0, nr, rows);
-          if (simd::PackRowTiles(shape, rows, tile, 1, codes_.data() + i * tile_bytes,
+          DecodeWeightRows(src.matrix, r0, nr, rows);
+          if (PackWeightTiles(shape, rows, tile, 1, codes_.data() + i * tile_bytes,
                                  tile_scales ? scales_.data() + i * tile_scales : nullptr))
             continue;
           TileFailure& f = failures[th];
           f = TileFailure{true, tile, r0, 0, 0, false};
-          const size_t k = simd::FindNonFinite(rows, nr * shape.cols);
+          const size_t k = FindNonFinite(rows, nr * shape.cols);
           if (k < nr * shape.cols)
             f.row = r0 + k / shape.cols, f.col = k % shape.cols, f.value = rows[k], f.non_finite = true;
           return;

@@ -4,7 +4,7 @@
 #include <limits>
 #include <set>
 
-#include "kernels.h"
+#include "ops/convert.h"
 
 namespace m3 {
 namespace {
@@ -320,8 +320,8 @@ Status VerifyFiniteValues(const Checkpoint& ck, const ThreadConfig& tc) {
                                    }) - v);
         } else {
           buffers[th].resize(len);
-          simd::DecodeRows(WeightRef{fmt.value(), t->data + b * bytes_per, nullptr, 1, len}, 0, 1, buffers[th].data());
-          at = simd::FindNonFinite(buffers[th].data(), len);
+          DecodeWeightRows(WeightRef{fmt.value(), t->data + b * bytes_per, nullptr, 1, len}, 0, 1, buffers[th].data());
+          at = FindNonFinite(buffers[th].data(), len);
         }
         t->file->DontNeed(static_cast<size_t>(t->data - t->file->data()) + b * bytes_per, len * bytes_per);
         if (at < len) first[th] = b + at;

@@ -15,7 +15,7 @@
 #include "platform/parallel.h"
 #include "ops/mlp.h"
 #include "ops/moe.h"
-#include "weight_format.h"
+#include "simd/weight_format.h"
 
 namespace m3 {
 

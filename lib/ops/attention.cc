@@ -9,11 +9,14 @@
 #include <utility>
 
 #include "base/aligned_buffer.h"
-#include "kernels.h"
+#include "ops/workspace.h"
+#include "simd/attention_kernels.h"
+#include "simd/kernels.h"
 
 namespace m3 {
 
-int SelectBlocksForQuery(const float* block_scores, int64_t pos, const SparseParams& p, int32_t* out) {
+int SelectBlocksForQuery(const float* block_scores, int64_t pos, const SparseParams& p, int32_t* out,
+                         std::vector<int32_t>* order_scratch) {
   const int64_t valid = pos / p.block_size + 1;
   const int64_t k_eff = std::min<int64_t>(p.topk_blocks, valid);
   if (valid <= p.topk_blocks) {
@@ -31,7 +34,8 @@ int SelectBlocksForQuery(const float* block_scores, int64_t pos, const SparsePar
     if (score(a) != score(b)) return score(a) > score(b);
     return a < b;
   };
-  thread_local std::vector<int32_t> order;
+  std::vector<int32_t> own;
+  std::vector<int32_t>& order = order_scratch ? *order_scratch : own;
   order.resize(static_cast<size_t>(valid));
   std::iota(order.begin(), order.end(), 0);
   std::nth_element(order.begin(), order.begin() + (k_eff - 1), order.end(), better);
@@ -46,12 +50,13 @@ constexpr size_t kQueryTile = 16;  // consecutive queries that share each key bl
 
 }  // namespace
 
-void SelectBlocks(const ThreadConfig& tc, const SparseParams& p, const float* iq, const IndexKeyPages& index_keys,
+void SelectBlocks(const OpContext& tc, const SparseParams& p, const float* iq, const IndexKeyPages& index_keys,
                   int64_t pos0, size_t n, BlockSelection* out) {
   const size_t heads = static_cast<size_t>(p.num_index_heads), dim = static_cast<size_t>(p.index_dim);
   const size_t B = static_cast<size_t>(p.block_size);
   if (index_keys.page_rows() != B) throw std::invalid_argument("SelectBlocks: index-key pages must hold one block");
   out->Reset(n, p.num_index_heads, p.topk_blocks);
+  if (tc.workspace) tc.workspace->ReserveThreads(tc.threads);
   // Queries in parts of bounded size: block scores are [part][heads][blocks].
   constexpr size_t part = 256;
   const size_t last_pos = static_cast<size_t>(pos0) + n - 1, max_blocks = last_pos / B + 1;
@@ -95,19 +100,20 @@ void SelectBlocks(const ThreadConfig& tc, const SparseParams& p, const float* iq
         }
       }
     });
-    ParallelFor(tc, tn, 1, [&](size_t begin, size_t end, int) {
+    ParallelFor(tc, tn, 1, [&](size_t begin, size_t end, int th) {
+      std::vector<int32_t>* order = tc.workspace ? &tc.workspace->thread(th).order : nullptr;
       for (size_t t = begin; t < end; ++t)
         for (size_t h = 0; h < heads; ++h) {
           const size_t q = t0 + t;
           out->counts[q * heads + h] = SelectBlocksForQuery(&block_scores[(t * heads + h) * max_blocks],
                                                             pos0 + static_cast<int64_t>(q), p,
-                                                            &out->blocks[(q * heads + h) * p.topk_blocks]);
+                                                            &out->blocks[(q * heads + h) * p.topk_blocks], order);
         }
     });
   }
 }
 
-void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q, const KvPages& k, const KvPages& v,
+void Attention(const OpContext& tc, const AttentionParams& p, const float* q, const KvPages& k, const KvPages& v,
                int64_t pos0, size_t n, const BlockSelection* sel, float* out) {
   if (k.layout() != KvLayout::kTransposed || v.layout() != KvLayout::kRows)
     throw std::invalid_argument("Attention: K pages must be transposed and V pages rows (KvLayout)");

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ops/attention_cache.h"
+#include "ops/context.h"
 #include "platform/parallel.h"
 
 namespace m3 {
@@ -48,13 +49,15 @@ struct BlockSelection {
 // best other blocks by score (NaN = -inf, ties -> lower id), min(topk, visible) in all. If the
 // forced blocks alone exceed topk, order is (init, local) priority, then score, then id.
 // Writes ascending ids to out; returns the count.
-int SelectBlocksForQuery(const float* block_scores, int64_t pos, const SparseParams& p, int32_t* out);
+// `order` is scratch for the blocks' order (null: one of the call's own).
+int SelectBlocksForQuery(const float* block_scores, int64_t pos, const SparseParams& p, int32_t* out,
+                         std::vector<int32_t>* order = nullptr);
 
 // Lightning-indexer selection for n queries at positions pos0..pos0+n-1. iq: [n, H_idx*D_idx]
 // (after norm and RoPE); index_keys holds rows 0..pos0+n-1. Block scores come from
 // simd::IndexScoreMax, one pass over each page of keys for a tile of queries; a decode token's
 // scan is split over the threads by pages.
-void SelectBlocks(const ThreadConfig& tc, const SparseParams& p, const float* iq, const IndexKeyPages& index_keys,
+void SelectBlocks(const OpContext& tc, const SparseParams& p, const float* iq, const IndexKeyPages& index_keys,
                   int64_t pos0, size_t n, BlockSelection* out);
 
 struct AttentionParams {
@@ -71,7 +74,7 @@ struct AttentionParams {
 // not depend on the other queries of its chunk (decode of a position equals its prefill row).
 // Without `sel` the blocks are the cache pages (every visible key: dense causal attention).
 // K pages are KvLayout::kTransposed, V pages kRows.
-void Attention(const ThreadConfig& tc, const AttentionParams& p, const float* q, const KvPages& k, const KvPages& v,
+void Attention(const OpContext& tc, const AttentionParams& p, const float* q, const KvPages& k, const KvPages& v,
                int64_t pos0, size_t n, const BlockSelection* sel, float* out);
 
 }  // namespace m3

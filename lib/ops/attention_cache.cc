@@ -7,7 +7,8 @@
 #include <cstring>
 #include <new>
 
-#include "weight_format.h"
+#include "simd/attention_kernels.h"
+#include "simd/weight_format.h"
 
 namespace m3 {
 
@@ -45,6 +46,22 @@ size_t KvPages::BytesPerRow(size_t heads, size_t dim, CacheType type) {
   return heads * (dim * simd::CacheTypeBytes(type) + (type == CacheType::kInt8 ? sizeof(float) : 0));
 }
 
+namespace {
+// Room for one vector's int8 codes before they are scattered into a transposed page: on the stack
+// for the dims models use (M3: 128), on the heap beyond.
+class CodeBuffer {
+ public:
+  explicit CodeBuffer(size_t n) : data_(n <= sizeof(stack_) ? stack_ : (heap_.resize(n), heap_.data())) {}
+  int8_t* data() { return data_; }
+  int8_t operator[](size_t i) const { return data_[i]; }
+
+ private:
+  int8_t stack_[512];
+  std::vector<int8_t> heap_;
+  int8_t* data_;
+};
+}  // namespace
+
 KvPages::KvPages(size_t heads, size_t dim, size_t page_rows, CacheType type, KvLayout layout)
     : RowPages(page_rows, page_rows * BytesPerRow(heads, dim, type)), heads_(heads), dim_(dim), type_(type),
       layout_(layout) {}
@@ -52,7 +69,7 @@ KvPages::KvPages(size_t heads, size_t dim, size_t page_rows, CacheType type, KvL
 void KvPages::Write(size_t row, const float* x) {
   uint8_t* page = pages_.page(row / page_rows_);
   const size_t r = row % page_rows_, bytes = simd::CacheTypeBytes(type_);
-  thread_local std::vector<int8_t> codes;
+  CodeBuffer codes(type_ == CacheType::kInt8 && layout_ != KvLayout::kRows ? dim_ : 0);
   for (size_t h = 0; h < heads_; ++h) {
     const float* src = x + h * dim_;
     float* scales = reinterpret_cast<float*>(page + heads_ * page_rows_ * dim_);  // int8 only
@@ -74,7 +91,6 @@ void KvPages::Write(size_t row, const float* x) {
         for (size_t d = 0; d < dim_; ++d) reinterpret_cast<uint16_t*>(page)[at + d * page_rows_] = simd::F32ToBf16(src[d]);
         break;
       case CacheType::kInt8:
-        codes.resize(dim_);
         scales[h * page_rows_ + r] = simd::EncodeInt8(src, dim_, codes.data());
         for (size_t d = 0; d < dim_; ++d) reinterpret_cast<int8_t*>(page)[at + d * page_rows_] = codes[d];
         break;
@@ -144,8 +160,7 @@ void IndexKeyPages::Write(size_t row, const float* x) {
       for (size_t d = 0; d < dim_; ++d) reinterpret_cast<uint16_t*>(page)[At(r, d)] = simd::F32ToBf16(x[d]);
       break;
     case CacheType::kInt8: {
-      thread_local std::vector<int8_t> codes;
-      codes.resize(dim_);
+      CodeBuffer codes(dim_);
       reinterpret_cast<float*>(page + dim_ * PaddedRows(page_rows_))[r] = simd::EncodeInt8(x, dim_, codes.data());
       for (size_t d = 0; d < dim_; ++d) reinterpret_cast<int8_t*>(page)[At(r, d)] = codes[d];
       break;

@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "attention_kernels.h"
+#include "simd/cache_format.h"
 
 namespace m3 {
 

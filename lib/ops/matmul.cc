@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <vector>
 
-#include "kernels.h"
-#include "quant_kernels.h"
+#include "ops/scratch.h"
+#include "ops/workspace.h"
+#include "simd/kernel_table.h"
+#include "simd/kernels.h"
+#include "simd/quant_kernels.h"
 
 namespace m3 {
 namespace {
@@ -15,7 +19,9 @@ constexpr size_t kTokenTile = 64;
 
 }  // namespace
 
-void MatMulInput::Reset(const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok) {
+void MatMulInput::Reset(const simd::KernelTable& kernels, const simd::WeightRef& w, const float* x, size_t ldx,
+                        size_t n_tok) {
+  kernels_ = &kernels;
   quantized_ = simd::IsQuantized(w.format);
   cols_ = w.cols;
   x_ = x;
@@ -34,7 +40,7 @@ void MatMulInput::Reset(const simd::WeightRef& w, const float* x, size_t ldx, si
 
 void MatMulInput::PrepareRows(size_t t0, size_t t1) {
   if (!quantized_ || t0 >= t1) return;
-  simd::QuantizeActivations(x_ + t0 * ldx_, ldx_, t1 - t0, cols_, group_, q_.data() + t0 * padded_,
+  kernels_->quantize_activations(x_ + t0 * ldx_, ldx_, t1 - t0, cols_, group_, q_.data() + t0 * padded_,
                             scale_.data() + t0 * (q8_ ? 1 : groups_), sum_.data() + t0 * groups_,
                             q8_ ? shift_.data() + t0 * groups_ : nullptr);
 }
@@ -56,22 +62,21 @@ void MatMulInput::PrepareRowsFrom(const MatMulInput& source, const uint32_t* src
   }
 }
 
-void MatMulInput::Multiply(const simd::WeightRef& w, size_t tile_begin, size_t tile_end, float* y,
-                           size_t ldy) const {
+void MatMulInput::Multiply(const simd::WeightRef& w, size_t tile_begin, size_t tile_end, float* y, size_t ldy,
+                           AlignedBuffer<float>& decoded) const {
   tile_end = std::min(tile_end, MatMulRowTiles(w));
   if (tile_begin >= tile_end || n_tok_ == 0) return;
   if (quantized_) {
     const simd::QuantizedActivations a{q_.data(), scale_.data(), sum_.data(), n_tok_,
                                        padded_,    group_,        q8_ ? shift_.data() : nullptr};
-    simd::QuantMatMul(w, a, tile_begin, tile_end, y, ldy);
+    kernels_->QuantMatMul(w, a, tile_begin, tile_end, y, ldy);
     return;
   }
   if (w.format == simd::WeightFormat::kBF16Tiled) {
-    simd::Bf16TiledMatMul(w, x_, ldx_, n_tok_, tile_begin, tile_end, y, ldy);
+    kernels_->bf16_tiled_matmul(w, x_, ldx_, n_tok_, tile_begin, tile_end, y, ldy);
     return;
   }
   const size_t k = w.cols;
-  thread_local AlignedBuffer<float> decoded;  // one row tile, reused across calls
   if (w.format != simd::WeightFormat::kF32) decoded.EnsureSize(kMatMulRowTile * k);
   for (size_t tile = tile_begin; tile < tile_end; ++tile) {
     const size_t r0 = tile * kMatMulRowTile;
@@ -85,29 +90,25 @@ void MatMulInput::Multiply(const simd::WeightRef& w, size_t tile_begin, size_t t
     }
     for (size_t t0 = 0; t0 < n_tok_; t0 += kTokenTile) {
       const size_t nt = std::min(kTokenTile, n_tok_ - t0);
-      simd::MatMulF32(a, k, nr, x_ + t0 * ldx_, ldx_, nt, k, y + t0 * ldy + r0, ldy);
+      kernels_->matmul_f32(a, k, nr, x_ + t0 * ldx_, ldx_, nt, k, y + t0 * ldy + r0, ldy);
     }
   }
 }
 
-void MatMul(const ThreadConfig& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
+void MatMul(const OpContext& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
             float* y, size_t ldy) {
   const MatMulTarget target{&w, y, ldy};
   MatMulSameInput(tc, std::span<const MatMulTarget>(&target, 1), x, ldx, n_tok);
 }
 
-void MatMulSameInput(const ThreadConfig& tc, std::span<const MatMulTarget> targets, const float* x, size_t ldx,
+void MatMulSameInput(const OpContext& tc, std::span<const MatMulTarget> targets, const float* x, size_t ldx,
                      size_t n_tok) {
   if (targets.empty() || n_tok == 0) return;
-  // Decode calls this for every projection: the inputs' buffers are reused. (References,
-  // because a thread_local named inside the lambdas would be each worker thread's own instance.)
-  struct Scratch {
-    std::vector<MatMulInput> inputs;
-    std::vector<size_t> input_of, prepare_rows, tiles;  // input_of[i]: the input target i multiplies
-    std::vector<uint64_t> ones;
-  };
-  thread_local Scratch reused;
-  Scratch& sc = reused;
+  std::unique_ptr<Workspace> own;  // a call without a workspace brings its own
+  Workspace& ws = tc.workspace ? *tc.workspace : *(own = std::make_unique<Workspace>());
+  ws.ReserveThreads(tc.threads);
+  MatMulScratch& sc = ws.matmul();
+  const simd::KernelTable& kernels = tc.table();
   std::vector<MatMulInput>& inputs = sc.inputs;
   if (inputs.size() < targets.size()) inputs.resize(targets.size());
   sc.input_of.resize(targets.size());
@@ -116,7 +117,7 @@ void MatMulSameInput(const ThreadConfig& tc, std::span<const MatMulTarget> targe
     const simd::WeightRef& w = *targets[i].w;
     size_t j = 0;
     while (j < used && !inputs[j].SharesQuantization(w)) ++j;
-    if (j == used) inputs[used++].Reset(w, x, ldx, n_tok);
+    if (j == used) inputs[used++].Reset(kernels, w, x, ldx, n_tok);
     sc.input_of[i] = j;
   }
   sc.prepare_rows.assign(used, n_tok);
@@ -130,7 +131,8 @@ void MatMulSameInput(const ThreadConfig& tc, std::span<const MatMulTarget> targe
     barrier();
     // Row tiles handed out while the threads run: a thread slowed by its memory takes fewer.
     ForEachDynamicShare(sc.tiles, sc.ones, nt, cursor, [&](size_t i, size_t tile_begin, size_t tile_end) {
-      inputs[sc.input_of[i]].Multiply(*targets[i].w, tile_begin, tile_end, targets[i].y, targets[i].ldy);
+      inputs[sc.input_of[i]].Multiply(*targets[i].w, tile_begin, tile_end, targets[i].y, targets[i].ldy,
+                                      ws.thread(tid).decoded);
     });
   });
 }

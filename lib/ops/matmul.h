@@ -9,12 +9,13 @@
 #include <span>
 
 #include "base/aligned_buffer.h"
+#include "ops/context.h"
 #include "platform/parallel.h"
-#include "weight_format.h"
+#include "simd/weight_format.h"
 
 namespace m3 {
 
-void MatMul(const ThreadConfig& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
+void MatMul(const OpContext& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
             float* y, size_t ldy);
 
 // One output of MatMulSameInput: y = x . W^T with y's row stride ldy.
@@ -28,7 +29,7 @@ struct MatMulTarget {
 // up): x is quantized once per distinct quantization among the weights instead of once per
 // weight, and all their row tiles are shared among the threads in one parallel region (a small
 // weight such as k or v alone leaves threads idle). Same results as MatMul on each.
-void MatMulSameInput(const ThreadConfig& tc, std::span<const MatMulTarget> targets, const float* x, size_t ldx,
+void MatMulSameInput(const OpContext& tc, std::span<const MatMulTarget> targets, const float* x, size_t ldx,
                      size_t n_tok);
 
 // Rows per row tile for every weight format (the packed tile height; 16 decoded rows of k = 6144
@@ -44,7 +45,8 @@ class MatMulInput {
   // x [n_tok, w.cols] (row stride ldx) for weights with w's format, cols and group. Keeps the
   // x pointer; rows are prepared by PrepareRows or PrepareRowsFrom (all of them before any
   // Multiply). x may be null when every row comes from PrepareRowsFrom.
-  void Reset(const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok);
+  // Multiplies with `kernels` (kept; they outlive the input's use).
+  void Reset(const simd::KernelTable& kernels, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok);
   // Prepares tokens [t0, t1); threads may prepare disjoint ranges at once.
   void PrepareRows(size_t t0, size_t t1);
   // Whether w's inputs are quantized exactly as this input's (same format, cols and group), so
@@ -55,10 +57,14 @@ class MatMulInput {
   // its int8 row for every expert it was routed to). Same results as PrepareRows on the rows.
   void PrepareRowsFrom(const MatMulInput& source, const uint32_t* src_rows, size_t t0, size_t t1);
   // y[t * ldy + r] for the rows of row tiles [tile_begin, tile_end) of w and every token.
-  void Multiply(const simd::WeightRef& w, size_t tile_begin, size_t tile_end, float* y, size_t ldy) const;
+  // `decoded` is the calling thread's buffer for a row tile decoded to fp32 (weights stored as
+  // bf16, f16 or mxfp8 only; Workspace::PerThread::decoded).
+  void Multiply(const simd::WeightRef& w, size_t tile_begin, size_t tile_end, float* y, size_t ldy,
+                AlignedBuffer<float>& decoded) const;
   size_t n_tok() const { return n_tok_; }
 
  private:
+  const simd::KernelTable* kernels_ = nullptr;
   bool quantized_ = false, q8_ = false;
   size_t cols_ = 0, group_ = 0, padded_ = 0, groups_ = 0;
   const float* x_ = nullptr;

@@ -1,7 +1,7 @@
 #include "ops/mlp.h"
 
 #include "base/aligned_buffer.h"
-#include "kernels.h"
+#include "simd/kernels.h"
 #include "ops/matmul.h"
 
 namespace m3 {
@@ -10,7 +10,7 @@ void SwigluOai(float* g, const float* u, size_t n, const SwigluParams& p) {
   simd::SwigluOai(g, u, n, p.alpha, p.limit, p.beta);
 }
 
-void MlpForward(const ThreadConfig& tc, const MlpWeights& w, const SwigluParams& act, const float* x, size_t n,
+void MlpForward(const OpContext& tc, const MlpWeights& w, const SwigluParams& act, const float* x, size_t n,
                 float* out) {
   const size_t inter = w.gate.rows, hidden = w.gate.cols;
   AlignedBuffer<float> g(n * inter), u(n * inter);

@@ -7,8 +7,9 @@
 
 #include <cstddef>
 
+#include "ops/context.h"
 #include "platform/parallel.h"
-#include "weight_format.h"
+#include "simd/weight_format.h"
 
 namespace m3 {
 
@@ -25,7 +26,7 @@ struct SwigluParams {
 };
 
 // out[n, H] = SwiGLU-OAI MLP of x[n, H].
-void MlpForward(const ThreadConfig& tc, const MlpWeights& w, const SwigluParams& act, const float* x, size_t n,
+void MlpForward(const OpContext& tc, const MlpWeights& w, const SwigluParams& act, const float* x, size_t n,
                 float* out);
 
 // In place: g[i] = swiglu_oai(g[i], u[i]) for i < n; NaN where g[i] or u[i] is NaN or infinite.

@@ -4,11 +4,15 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 
 #include "base/aligned_buffer.h"
-#include "kernels.h"
+#include "simd/kernels.h"
 #include "ops/matmul.h"
+#include "ops/scratch.h"
+#include "ops/workspace.h"
+#include "simd/kernel_table.h"
 #include "platform/mapped_file.h"
 
 namespace m3 {
@@ -43,42 +47,15 @@ void RouteToken(const float* logits, const std::vector<float>& bias, const MoePa
   }
 }
 
-namespace {
-
-// One expert's part of the block: its rows (tokens), inputs, intermediate values and outputs.
-struct ExpertJob {
-  const MlpWeights* w = nullptr;
-  size_t expert = 0;                 // index into a NUMA split's slices (the shared expert: E)
-  size_t m = 0;                      // rows (tokens routed to it; all tokens for the shared expert)
-  const uint32_t* tokens = nullptr;  // token of each row; nullptr: the rows are x's rows as they are
-  float* gathered = nullptr;         // [m, H] inputs gathered from x (routed experts not from_source)
-  bool from_source = false;          // int8 rows copied from the tokens' once-quantized rows
-  float* g = nullptr;                // [m, I] gate, then the SwiGLU activation
-  float* u = nullptr;                // [m, I] up
-  float* y = nullptr;                // [m, H] output (`out` itself for the shared expert)
-  MatMulInput gate_up_in, down_in;
-};
-
-// Reused across layers and calls (MoeForward runs on the caller's thread): no allocation, and no
-// zeroing of large buffers, per layer.
-struct MoeScratch {
-  AlignedBuffer<float> logits, gathered, g, u, y;
-  MatMulInput routed_source;  // every token quantized once for the routed experts' weights
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
-  std::vector<uint32_t> row_tokens;  // routed rows grouped by expert: the token of each
-  std::vector<uint32_t> slot_row;    // [n, k]: routed row of (token, slot)
-  std::vector<ExpertJob> jobs;
-};
-
-}  // namespace
-
-void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
                 float* out, int32_t* routed_ids) {
   if (n == 0) return;
   const size_t hidden = w.router.cols, n_exp = w.router.rows, k = static_cast<size_t>(p.top_k);
-  thread_local MoeScratch scratch;
-  MoeScratch& s = scratch;  // the caller's: worker threads see it through this reference
+  std::unique_ptr<Workspace> own;  // a call without a workspace brings its own
+  Workspace& ws = tc.workspace ? *tc.workspace : *(own = std::make_unique<Workspace>());
+  ws.ReserveThreads(tc.threads);
+  MoeScratch& s = ws.moe();
+  const simd::KernelTable& kernels = tc.table();
 
   // Route.
   s.logits.EnsureSize(n * n_exp);
@@ -138,8 +115,8 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
     J.u = s.u.data() + inter_used;
     J.y = y;
     inter_used += m * inter;
-    J.gate_up_in.Reset(mw.gate, from_source ? nullptr : gathered ? gathered : x, hidden, m);
-    J.down_in.Reset(mw.down, J.g, inter, m);
+    J.gate_up_in.Reset(kernels, mw.gate, from_source ? nullptr : gathered ? gathered : x, hidden, m);
+    J.down_in.Reset(kernels, mw.down, J.g, inter, m);
   };
   if (w.has_shared) add_job(w.shared, n_exp, n, nullptr, nullptr, false, out);
   // Routed inputs: with quantized weights each token is quantized once (the shared expert's
@@ -155,7 +132,7 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
   if (gate && w.has_shared && s.jobs[0].gate_up_in.SharesQuantization(*gate)) {
     source = &s.jobs[0].gate_up_in;
   } else if (gate) {
-    s.routed_source.Reset(*gate, x, hidden, n);
+    s.routed_source.Reset(kernels, *gate, x, hidden, n);
     source = &s.routed_source;
     sources.push_back(&s.routed_source);
   }
@@ -201,6 +178,7 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
 
   std::atomic<uint64_t> gate_up_cursor{0}, down_cursor{0};
   ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
+    AlignedBuffer<float>& decoded = ws.thread(tid).decoded;
     for (size_t i = static_cast<size_t>(tid); i < advised.size(); i += static_cast<size_t>(nt))
       AdviseWillNeed(w.expert_memory[advised[i]].data, w.expert_memory[advised[i]].bytes);
     // (A) Quantize every token for the shared expert and the routed source; then gather each
@@ -226,8 +204,8 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
     // (B) Gate and up row tiles: units [0, T) are gate tiles, [T, 2T) up tiles.
     auto gate_up = [&](const MlpWeights& mw, size_t tile0, const ExpertJob& J, size_t b, size_t e) {
       const size_t tiles = MatMulRowTiles(mw.gate), inter = J.w->gate.rows, r0 = tile0 * kMatMulRowTile;
-      if (b < tiles) J.gate_up_in.Multiply(mw.gate, b, std::min(e, tiles), J.g + r0, inter);
-      if (e > tiles) J.gate_up_in.Multiply(mw.up, std::max(b, tiles) - tiles, e - tiles, J.u + r0, inter);
+      if (b < tiles) J.gate_up_in.Multiply(mw.gate, b, std::min(e, tiles), J.g + r0, inter, decoded);
+      if (e > tiles) J.gate_up_in.Multiply(mw.up, std::max(b, tiles) - tiles, e - tiles, J.u + r0, inter, decoded);
     };
     if (split) {
       ForEachShare(node_gate_up[static_cast<size_t>(node)], per_row, tid - node_first, node_threads,
@@ -254,12 +232,12 @@ void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p,
                    [&](size_t i, size_t b, size_t e) {
                      const ExpertJob& J = s.jobs[i];
                      const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][J.expert];
-                     J.down_in.Multiply(sl.local.down, b, e, J.y + sl.down_tile0 * kMatMulRowTile, hidden);
+                     J.down_in.Multiply(sl.local.down, b, e, J.y + sl.down_tile0 * kMatMulRowTile, hidden, decoded);
                    });
     } else {
       ForEachDynamicShare(down_tiles, per_row, nt, down_cursor, [&](size_t i, size_t b, size_t e) {
         const ExpertJob& J = s.jobs[i];
-        J.down_in.Multiply(J.w->down, b, e, J.y, hidden);
+        J.down_in.Multiply(J.w->down, b, e, J.y, hidden, decoded);
       });
     }
     barrier();

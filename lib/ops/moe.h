@@ -23,8 +23,9 @@
 
 #include "ops/mlp.h"
 #include "ops/moe_numa.h"
+#include "ops/context.h"
 #include "platform/parallel.h"
-#include "weight_format.h"
+#include "simd/weight_format.h"
 
 namespace m3 {
 
@@ -59,7 +60,7 @@ void RouteToken(const float* logits, const std::vector<float>& bias, const MoePa
 // out[n, H] = MoE block of x[n, H]. Optional `routed_ids` [n, top_k] receives the chosen experts.
 // The chosen experts' memory is advised as needed soon (madvise) right after routing, so a model
 // streamed from disk reads them in parallel rather than fault by fault.
-void MoeForward(const ThreadConfig& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
                 float* out, int32_t* routed_ids = nullptr);
 
 }  // namespace m3

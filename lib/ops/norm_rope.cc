@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "kernels.h"
+#include "simd/kernels.h"
 
 namespace m3 {
 

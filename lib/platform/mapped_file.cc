@@ -62,13 +62,17 @@ void AdviseWillNeed(const void* p, size_t bytes) {
   // madvise walks the page cache page by page even when every page is resident (~20 ns a page:
   // ~0.13 ms per 28 MiB expert, a few % of a decode step); mincore reads this process's page
   // tables (~15 us per 28 MiB mapped). So a range that is all resident is not advised.
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), pages = len / page;
-  thread_local std::vector<unsigned char> resident;
-  resident.resize(pages);
-  if (::mincore(begin, len, resident.data()) == 0 &&
-      std::all_of(resident.begin(), resident.end(), [](unsigned char c) { return (c & 1) != 0; }))
-    return;
-  ::madvise(begin, len, MADV_WILLNEED);
+  // Checked in pieces of 4096 pages (16 MiB) through a buffer on the stack.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  unsigned char resident[4096];
+  for (size_t at = 0; at < len; at += sizeof(resident) * page) {
+    const size_t n = std::min(len - at, sizeof(resident) * page);
+    if (::mincore(begin + at, n, resident) != 0 ||
+        !std::all_of(resident, resident + n / page, [](unsigned char c) { return (c & 1) != 0; })) {
+      ::madvise(begin + at, len - at, MADV_WILLNEED);
+      return;
+    }
+  }
 }
 
 Status LockInMemory(const void* p, size_t bytes) {

@@ -5,7 +5,6 @@
 #include <new>
 #include <optional>
 
-#include "kernels.h"
 #include "platform/memory.h"
 
 namespace m3 {
@@ -13,6 +12,7 @@ namespace m3 {
 StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, const EngineOptions& options) {
   if (options.threads < 0) return InvalidArgument("threads must be >= 0 (0 = all cores), got ", options.threads);
   std::unique_ptr<Engine> e(new Engine());
+  M3_ASSIGN_OR_RETURN(e->kernels_, Kernels::Select(options.kernels));
   M3_ASSIGN_OR_RETURN(e->model_, Model::Load(model_dir));
   e->threads_.threads = ResolveThreadCount(options.threads);
   e->placement_ = std::string("numa ") + NumaModeName(options.numa);
@@ -32,15 +32,16 @@ StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, con
   return e;
 }
 
-std::string Engine::simd_target() const { return simd::ActiveTargetName(); }
-
 Session::Session(const Engine& engine, const SessionOptions& options)
     : engine_(engine),
       cache_(engine.model().config(), options.cache),
+      workspace_(std::make_unique<Workspace>()),
       max_context_(options.max_context ? options.max_context
                                        : static_cast<size_t>(engine.model().config().max_position_embeddings)),
       prefill_chunk_(options.prefill_chunk ? options.prefill_chunk : kDefaultPrefillChunk),
       memory_budget_(options.memory_budget_bytes) {}
+
+OpContext Session::Context() const { return OpContext(engine_.threads(), &engine_.kernels(), workspace_.get()); }
 
 namespace {
 
@@ -139,7 +140,7 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
           const LogitsMode chunk_mode = mode == LogitsMode::kAllRows || last ? mode : LogitsMode::kNone;
           float* out = mode == LogitsMode::kAllRows ? logits->data() + i * vocab : logits ? logits->data() : nullptr;
           M3_RETURN_IF_ERROR(
-              engine_.model().Forward(engine_.threads(), ids.data() + i, n, &cache_, chunk_mode, out, observer));
+              engine_.model().Forward(Context(), ids.data() + i, n, &cache_, chunk_mode, out, observer));
         }
         return Status::Ok();
       },
@@ -177,7 +178,7 @@ Status Session::EvalBatch(std::span<Session* const> sessions, std::span<const st
       Str("evaluating ", sessions.size(), " sessions"),
       [&] {
         if (logits) logits->resize(total_rows * static_cast<size_t>(engine.model().config().vocab_size));
-        return engine.model().ForwardBatch(engine.threads(), segments,
+        return engine.model().ForwardBatch(sessions.front()->Context(), segments,
                                            logits ? LogitsMode::kLastRow : LogitsMode::kNone,
                                            logits ? logits->data() : nullptr, observer);
       },
@@ -208,6 +209,7 @@ Status Session::Rewind(size_t n) {
 void Session::Release() {
   cache_.Release();
   tokens_.clear();
+  workspace_ = std::make_unique<Workspace>();  // the activations' memory too
 }
 
 size_t Session::ReusePrefix(std::span<const int32_t> prompt) {

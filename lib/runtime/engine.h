@@ -10,7 +10,9 @@
 
 #include "base/status.h"
 #include "model/model.h"
+#include "ops/context.h"
 #include "ops/moe_numa.h"
+#include "ops/workspace.h"
 
 namespace m3 {
 
@@ -18,6 +20,9 @@ struct EngineOptions {
   int threads = 0;                 // 0: all cores; more than the CPUs: capped (ResolveThreadCount)
   NumaMode numa = NumaMode::kOff;  // ops/moe_numa.h
   bool mlock_dense = false;        // lock all weights but the routed experts in memory
+  // The kernels, chosen here once: "" or "auto" for this CPU's best, or one implementation by
+  // name (Kernels::Names(): "ref", "avx2", "avx512-vnni", ...) to compare them.
+  std::string kernels;
 };
 
 class Engine {
@@ -25,7 +30,9 @@ class Engine {
   static StatusOr<std::unique_ptr<Engine>> Open(const std::string& model_dir, const EngineOptions& options);
   const Model& model() const { return *model_; }
   const ThreadConfig& threads() const { return threads_; }
-  std::string simd_target() const;
+  const Kernels& kernels() const { return kernels_; }
+  // The kernels in words, e.g. "auto: q8/q4 avx512-vnni, bf16 avx512-bf16, fp32 AVX3_ZEN4".
+  std::string simd_target() const { return kernels_.Describe(); }
   // How the weights were placed: NUMA mode and topology, bytes locked ("numa off" when off).
   const std::string& placement() const { return placement_; }
 
@@ -33,6 +40,7 @@ class Engine {
   Engine() = default;
   std::unique_ptr<Model> model_;
   ThreadConfig threads_;
+  Kernels kernels_;
   std::string placement_;
 };
 
@@ -103,8 +111,12 @@ class Session {
   // Whether `ids` may follow the session's tokens: ids in the vocabulary, the context limit, memory.
   Status CheckAppend(std::span<const int32_t> ids) const;
 
+  // The context of this session's forward passes: its engine's threads and kernels, its workspace.
+  OpContext Context() const;
+
   const Engine& engine_;
   KvCache cache_;
+  std::unique_ptr<Workspace> workspace_;  // activations and operator scratch, reused pass to pass
   std::vector<int32_t> tokens_;
   size_t max_context_;
   size_t prefill_chunk_;

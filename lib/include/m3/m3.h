@@ -60,7 +60,8 @@ const char* m3_last_error(void);
 m3_status m3_engine_open(const char* model_dir, const m3_engine_options* options, m3_engine** out_engine);
 void m3_engine_free(m3_engine* engine);
 int32_t m3_engine_vocab_size(const m3_engine* engine);
-/* The SIMD target the kernels dispatch to on this CPU, e.g. "AVX3". */
+/* The kernels this CPU runs by default, in words, e.g. "auto: q8/q4 avx512-vnni, bf16 avx512-bf16,
+   fp32 AVX3_ZEN4". */
 const char* m3_simd_target(void);
 
 /* A sequence: caches (of the types in the engine's options) and position. The engine must outlive

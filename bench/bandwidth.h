@@ -1,12 +1,12 @@
 // Machine-limit probes for the benchmarks (m3 bench --kernels): the memory read bandwidth a
-// stream of vector loads reaches, and the fp32 FMA throughput of one core. Dispatched at run time
+// stream of vector loads reaches, and the fp32 FMA throughput of one core. Highway code like the kernels, dispatched at run time
 // like every other kernel; the caller does the timing and the threading.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-namespace m3::simd {
+namespace m3::bench {
 
 // How StreamRead walks the buffer. Which is fastest depends on the CPU and the thread count, so a
 // bandwidth limit is the best of them all (the kernels read in each of these ways somewhere): on a
@@ -38,4 +38,4 @@ namespace ref {
 uint64_t StreamRead(const void* p, size_t n);
 }  // namespace ref
 
-}  // namespace m3::simd
+}  // namespace m3::bench

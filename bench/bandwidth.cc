@@ -7,14 +7,14 @@
 #include <cstring>
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "bandwidth.cc"
+#define HWY_TARGET_INCLUDE "bench/bandwidth.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
-#include "bandwidth.h"
+#include "bench/bandwidth.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace m3::simd {
+namespace m3::bench {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
@@ -128,11 +128,11 @@ uint64_t FmaPeakLoopImpl(size_t iterations, float* sink) {
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace m3::simd
+}  // namespace m3::bench
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace m3::simd {
+namespace m3::bench {
 
 HWY_EXPORT(StreamReadImpl);
 HWY_EXPORT(FmaPeakLoopImpl);
@@ -157,5 +157,5 @@ uint64_t StreamRead(const void* p, size_t n) {
 }
 }  // namespace ref
 
-}  // namespace m3::simd
+}  // namespace m3::bench
 #endif  // HWY_ONCE

@@ -1,0 +1,2 @@
+// Layering check (tests/layering/README.md): base includes nothing of the engine.
+#include "platform/parallel.h"

@@ -1,0 +1,2 @@
+// Layering check (tests/layering/README.md): the model reaches kernels only through ops.
+#include "simd/kernels.h"
