@@ -1,6 +1,11 @@
 # Every dependency comes from a Debian package (scripts/install-deps.sh installs them).
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(hwy REQUIRED)
+# xsimd (libxsimd-dev, header only): the vocabulary-wide loops of sampling and scoring (ops/vocab.h).
+# Found by header: Debian's xsimdConfig.cmake links an "xtl" library that does not exist as one.
+find_path(M3_XSIMD_INCLUDE_DIR xsimd/xsimd.hpp REQUIRED)
+add_library(m3::xsimd INTERFACE IMPORTED)
+set_target_properties(m3::xsimd PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${M3_XSIMD_INCLUDE_DIR}")
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(Threads REQUIRED)

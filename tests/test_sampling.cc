@@ -1,12 +1,14 @@
 // Sampling: greedy, filters, penalties, determinism per seed, and the distribution it draws from.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "ops/sampling.h"
+#include "ops/vocab.h"
 #include "test_util.h"
 
 namespace m3 {
@@ -152,3 +154,51 @@ TEST_CASE("invalid sampling options are refused by name", "[sampling]") {
 
 }  // namespace
 }  // namespace m3
+
+// The vocabulary loops (ops/vocab.h, xsimd) against their plain-loop twins over lengths that end in
+// every tail, with NaN, infinities and ties.
+TEST_CASE("vocabulary loops match their references", "[sampling][vocab]") {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  for (size_t n : {1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 1000, 200064}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = normal(rng);
+    INFO("n " << n);
+    CHECK(m3::ArgMax(x.data(), n) == m3::vocab_ref::ArgMax(x.data(), n));
+    CHECK(m3::LogSumExp(x.data(), n) == Approx(m3::vocab_ref::LogSumExp(x.data(), n)).epsilon(1e-6));
+    const size_t top = m3::vocab_ref::ArgMax(x.data(), n);
+    for (float t : {0.25f, 1.0f, 1.7f}) {
+      std::vector<float> w(n), w_ref(n);
+      const double total = m3::SoftmaxWeights(x.data(), n, x[top], t, w.data());
+      const double total_ref = m3::vocab_ref::SoftmaxWeights(x.data(), n, x[top], t, w_ref.data());
+      CHECK(total == Approx(total_ref).epsilon(1e-6));
+      // Float arguments: the relative error grows with |x - max| / t (one rounding of the argument).
+      size_t far = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double arg = std::fabs((static_cast<double>(x[i]) - x[top]) / t);
+        far += std::fabs(w[i] - w_ref[i]) > w_ref[i] * (1e-6 + 2e-7 * arg) + 1e-37;
+      }
+      CHECK(far == 0);
+      CHECK(w[top] == 1.0f);
+    }
+    // Ties go to the lower index; NaN never wins and becomes -inf; an inf or NaN has no log-sum-exp.
+    x[n - 1] = x[top];
+    CHECK(m3::ArgMax(x.data(), n) == top);
+    x[n / 2] = NAN;
+    const size_t want = m3::vocab_ref::ArgMax(x.data(), n);
+    CHECK(m3::ArgMax(x.data(), n) == want);
+    CHECK(std::isnan(m3::LogSumExp(x.data(), n)));
+    std::vector<float> cleaned = x, cleaned_ref = x;
+    m3::ReplaceNaN(cleaned.data(), n);
+    m3::vocab_ref::ReplaceNaN(cleaned_ref.data(), n);
+    CHECK(std::memcmp(cleaned.data(), cleaned_ref.data(), n * 4) == 0);
+    CHECK(cleaned[n / 2] == -INFINITY);
+    x[0] = INFINITY;
+    CHECK(m3::ArgMax(x.data(), n) == 0);
+  }
+  const std::vector<float> all_nan(5, NAN), all_neg_inf(5, -INFINITY);
+  CHECK(m3::ArgMax(all_nan.data(), 5) == m3::vocab_ref::ArgMax(all_nan.data(), 5));
+  CHECK(m3::ArgMax(all_neg_inf.data(), 5) == 0);
+  CHECK(std::isnan(m3::LogSumExp(all_neg_inf.data(), 5)));
+  CHECK(m3::LogSumExp(nullptr, 0) == -INFINITY);
+}

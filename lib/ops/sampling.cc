@@ -5,6 +5,8 @@
 #include <numeric>
 #include <unordered_set>
 
+#include "ops/vocab.h"
+
 namespace m3 {
 
 Status ValidateSamplingParams(const SamplingParams& p) {
@@ -40,8 +42,7 @@ DraftSplit SplitForDraft(double u, double p_draft) {
 int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history, int32_t draft) {
   const size_t vocab = logits.size();
   work_.assign(logits.begin(), logits.end());
-  for (auto& x : work_)
-    if (std::isnan(x)) x = -INFINITY;
+  ReplaceNaN(work_.data(), vocab);
   if (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f) {
     std::unordered_set<int32_t> seen;
     for (int32_t id : history)
@@ -51,8 +52,7 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
         x -= params_.presence_penalty;
       }
   }
-  if (params_.temperature == 0.0f)
-    return static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+  if (params_.temperature == 0.0f) return static_cast<int32_t>(ArgMax(work_.data(), vocab));
 
   // Relative probabilities exp((logit - max) / T); the max is the first largest logit (top-k
   // finds it as its first candidate, without a pass of its own).
@@ -61,31 +61,30 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
   auto weight = [&](int32_t id) { return std::exp((work_[id] - max_logit) / params_.temperature); };
   const double u = Uniform();
   if (draft >= 0 && static_cast<size_t>(draft) >= vocab) draft = -1;
+  // Without top-k every token's weight is needed: computed once over the vocabulary (vectors).
+  double total = 0;  // all tokens' weight
   if (params_.top_k == 0) {
-    top = static_cast<size_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+    top = ArgMax(work_.data(), vocab);
     max_logit = work_[top];
     if (!std::isfinite(max_logit)) return static_cast<int32_t>(top);
+    weights_.resize(vocab);
+    total = SoftmaxWeights(work_.data(), vocab, work_[top], params_.temperature, weights_.data());
   }
 
   // No filter: the draw walks the vocabulary in id order, one pass and no sort.
   if (params_.top_k == 0 && params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
-    double total = 0;
-    for (size_t i = 0; i < vocab; ++i) total += weight(static_cast<int32_t>(i));
-    const double w_draft = draft >= 0 ? weight(draft) : 0.0;
+    const double w_draft = draft >= 0 ? weights_[draft] : 0.0;
     const DraftSplit split = SplitForDraft(u, w_draft / total);
     if (split.take_draft) return draft;
     double r = split.u * (total - w_draft);
     for (size_t i = 0; i < vocab; ++i)
-      if (static_cast<int32_t>(i) != draft && (r -= weight(static_cast<int32_t>(i))) < 0) return static_cast<int32_t>(i);
+      if (static_cast<int32_t>(i) != draft && (r -= weights_[i]) < 0) return static_cast<int32_t>(i);
     return static_cast<int32_t>(top);  // rounding left r >= 0: the likeliest token
   }
 
   // Candidates in descending logit order (ties -> lower id). Top-k sorts k of them. Without it,
   // top-p / min-p keep a prefix that is usually short: sort a few, and more only while the
   // prefix might go on past them (a full sort of a 200K vocabulary took ~35 ms per token).
-  double total = 0;  // all tokens' weight, for top-p without top-k
-  if (params_.top_k == 0)
-    for (size_t i = 0; i < vocab; ++i) total += weight(static_cast<int32_t>(i));
   auto by_logit = [&](int32_t a, int32_t b) { return work_[a] > work_[b] || (work_[a] == work_[b] && a < b); };
   const double floor = params_.min_p;  // min-p: weight >= min_p (the top token's weight is 1)
   std::vector<double> prob;
@@ -107,7 +106,7 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
       if (!std::isfinite(max_logit)) return order_[0];
     }
     prob.resize(k);
-    for (size_t i = 0; i < k; ++i) prob[i] = weight(order_[i]);
+    for (size_t i = 0; i < k; ++i) prob[i] = params_.top_k > 0 ? weight(order_[i]) : weights_[order_[i]];
     const double sum = params_.top_k > 0 ? std::accumulate(prob.begin(), prob.end(), 0.0) : total;
     keep = k;
     bool decided = params_.top_k > 0 || k == vocab;

@@ -43,6 +43,7 @@ class Sampler {
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<float> work_;
+  std::vector<float> weights_;  // softmax weights of the whole vocabulary (no top-k)
   std::vector<int32_t> order_;
 };
 

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "ops/vocab.h"
+
 namespace m3 {
 
 static_assert(std::endian::native == std::endian::little, "log-probability files are little-endian");
@@ -80,13 +82,7 @@ Status ScoreTokens(Session& session, std::span<const int32_t> ids, std::span<con
   return Status::Ok();
 }
 
-double LogSumExp(std::span<const float> logits) {
-  if (logits.empty()) return -INFINITY;
-  const double m = *std::max_element(logits.begin(), logits.end());
-  double z = 0;
-  for (const float x : logits) z += std::exp(static_cast<double>(x) - m);
-  return m + std::log(z);
-}
+double LogSumExp(std::span<const float> logits) { return LogSumExp(logits.data(), logits.size()); }
 
 void LogSoftmax(std::span<const float> logits, std::vector<float>* out) {
   const double lse = LogSumExp(logits);
