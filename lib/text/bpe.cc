@@ -78,11 +78,8 @@ void MergeShort(const MergeTable& merges, std::vector<int32_t>& ids) {
 // packed as rank << 32 | position, so the heap orders by rank and then leftmost position.
 void MergeLong(const MergeTable& merges, std::vector<int32_t>& ids) {
   const int n = static_cast<int>(ids.size());
-  thread_local std::vector<int> prev, next;
-  thread_local std::vector<uint64_t> heap;
-  prev.resize(n);
-  next.resize(n);
-  heap.clear();
+  std::vector<int> prev(n), next(n);  // words over 64 symbols are rare: their own buffers
+  std::vector<uint64_t> heap;
   for (int i = 0; i < n; ++i) {
     prev[i] = i - 1;
     next[i] = i + 1 < n ? i + 1 : -1;

@@ -2,6 +2,8 @@
 
 #include "text/onig_compat.h"
 
+#include <new>
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -10,20 +12,15 @@ namespace {
 
 pcre2_code* Code(void* p) { return static_cast<pcre2_code*>(p); }
 
-// One match-data block per thread: the compiled pattern is shared, the ovector must not be.
-pcre2_match_data* ThreadMatchData() {
-  struct Holder {
-    pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
-    ~Holder() { pcre2_match_data_free(md); }
-  };
-  thread_local Holder holder;
-  return holder.md;
-}
-
 // Length of the UTF-8 character that starts with `b` (1 for a stray byte, to keep moving).
 size_t CharLen(unsigned char b) { return b < 0xC0 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4; }
 
 }  // namespace
+
+RegexMatchState::RegexMatchState() : md_(pcre2_match_data_create(1, nullptr)) {
+  if (!md_) throw std::bad_alloc();
+}
+RegexMatchState::~RegexMatchState() { pcre2_match_data_free(static_cast<pcre2_match_data*>(md_)); }
 
 StatusOr<std::unique_ptr<RegexSplit>> RegexSplit::Create(const std::string& pattern, bool literal,
                                                          Behavior behavior, bool invert) {
@@ -56,14 +53,14 @@ StatusOr<std::unique_ptr<RegexSplit>> RegexSplit::Create(const std::string& patt
 
 RegexSplit::~RegexSplit() { pcre2_code_free(Code(code_)); }
 
-void RegexSplit::Split(std::string_view text, std::vector<std::string_view>& pieces) const {
+void RegexSplit::Split(std::string_view text, std::vector<std::string_view>& pieces, RegexMatchState& state) const {
   // A segment is dropped only under kRemoved when it counts as a match (after `invert`).
   auto emit = [&](size_t begin, size_t end, bool is_match) {
     if (end <= begin) return;
     if (behavior_ == Behavior::kRemoved && (is_match != invert_)) return;
     pieces.push_back(text.substr(begin, end - begin));
   };
-  pcre2_match_data* md = ThreadMatchData();
+  auto* md = static_cast<pcre2_match_data*>(state.data());
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t prev = 0;   // end of the last match
   size_t start = 0;  // where the next search begins

@@ -12,6 +12,20 @@
 
 namespace m3 {
 
+// PCRE2's match state for one caller at a time (the compiled pattern is shared between threads,
+// this is not): an encode call makes one and passes it to every Split it runs.
+class RegexMatchState {
+ public:
+  RegexMatchState();
+  ~RegexMatchState();
+  RegexMatchState(const RegexMatchState&) = delete;
+  RegexMatchState& operator=(const RegexMatchState&) = delete;
+  void* data() const { return md_; }  // pcre2_match_data_8*
+
+ private:
+  void* md_;
+};
+
 class RegexSplit {
  public:
   enum class Behavior { kRemoved, kIsolated };
@@ -24,7 +38,11 @@ class RegexSplit {
   ~RegexSplit();
 
   // Appends the pieces of `text` (valid UTF-8) to `pieces`, in order, empty ones left out.
-  void Split(std::string_view text, std::vector<std::string_view>& pieces) const;
+  void Split(std::string_view text, std::vector<std::string_view>& pieces, RegexMatchState& state) const;
+  void Split(std::string_view text, std::vector<std::string_view>& pieces) const {  // a state of its own
+    RegexMatchState state;
+    Split(text, pieces, state);
+  }
 
  private:
   RegexSplit() = default;

@@ -167,7 +167,8 @@ struct Tokenizer::Impl {
 
   Status Build(const json& root);
   void EncodeNormalized(std::string_view text, std::vector<int32_t>& ids) const;
-  void EncodeWord(std::string_view word, std::vector<int32_t>& ids) const;
+  // `symbols`: the caller's scratch, reused from word to word.
+  void EncodeWord(std::string_view word, std::vector<int32_t>& ids, std::vector<int32_t>& symbols) const;
 };
 
 namespace {
@@ -332,14 +333,14 @@ Status Tokenizer::Impl::Build(const json& root) {
   return Status::Ok();
 }
 
-void Tokenizer::Impl::EncodeWord(std::string_view word, std::vector<int32_t>& ids) const {
+void Tokenizer::Impl::EncodeWord(std::string_view word, std::vector<int32_t>& ids,
+                                 std::vector<int32_t>& symbols) const {
   if (word.size() == 1) {
     if (byte_id[static_cast<uint8_t>(word[0])] >= 0) ids.push_back(byte_id[static_cast<uint8_t>(word[0])]);
     return;
   }
   const bool cacheable = word.size() <= WordCache::kMaxWordBytes;
   if (cacheable && cache.Get(word, ids)) return;
-  thread_local std::vector<int32_t> symbols;
   symbols.clear();
   for (char c : word) {
     // A byte without a vocabulary symbol is dropped, as HF's BPE does without an unk_token.
@@ -352,12 +353,14 @@ void Tokenizer::Impl::EncodeWord(std::string_view word, std::vector<int32_t>& id
 
 void Tokenizer::Impl::EncodeNormalized(std::string_view text, std::vector<int32_t>& ids) const {
   std::vector<std::string_view> pieces{text}, next;
+  RegexMatchState match;
   for (const auto& split : splits) {
     next.clear();
-    for (std::string_view p : pieces) split->Split(p, next);
+    for (std::string_view p : pieces) split->Split(p, next, match);
     pieces.swap(next);
   }
-  for (std::string_view p : pieces) EncodeWord(p, ids);
+  std::vector<int32_t> symbols;
+  for (std::string_view p : pieces) EncodeWord(p, ids, symbols);
 }
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
