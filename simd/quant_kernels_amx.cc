@@ -178,21 +178,7 @@ M3_AMX_AVX512 inline void AddSums(const AmxBlock& b, size_t g, size_t j0, int rt
 // Software pipelined: the tile products of one (group, pair) are issued before the previous
 // one's sums (stored to memory at the end of its iteration) are added, so the AVX-512 epilogue
 // runs while the tile unit works (in L2: 1.1 -> 1.6 TOP/s).
-//
-// Measured and left alone (Sapphire Rapids guest, 3072x6144 and 6144x3072 at 512 tokens, paired
-// runs; the machine's noise is about +-10%):
-// - In an L1-only loop, a unit's tile work (4 tilezero, 8 tileloadd, 8 tdpbsud, 4 tilestored)
-//   takes ~200 cycles and this epilogue ~250, but together ~430: they barely overlap. It looks as
-//   if a tile instruction waits in order for the tile registers it reuses (tdpbsud alone, with no
-//   tile loads, stores or zeroing, did overlap with the epilogue), and what follows it waits too.
-// - An epilogue of three vector operations a vector instead of five (float(I) * 2^-e_a, then an
-//   fma with 2^-e_w: the same bits, as the first product is exact) cut it to ~150 cycles, and
-//   spreading the tile instructions through it in slices cut the L1 loop to ~340. In this kernel
-//   the two together were within noise of this one (0.79-0.92 vs 0.78-0.88 TOP/s, paired), and
-//   adding software prefetch of the next unit's tiles into L1 made it 5-10% slower.
-// - In this kernel without the epilogue the tile work alone reaches only ~1.5-1.6 TOP/s (without
-//   the tile products too, ~2.0 TOP/s-equivalent; with every tile load at one fixed address,
-//   ~3.5): the tile loads and stores on the real operands bound it before the epilogue does.
+// (What else was tried on this loop, and why it was left: docs/PERFORMANCE.md, "AMX step".)
 template <int TT>
 M3_AMX_AVX512 __attribute__((noinline)) void AmxStep(const AmxBlock& b) {
   alignas(64) Sums<TT> sums[2];

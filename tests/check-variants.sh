@@ -5,7 +5,7 @@
 # prefill chunks...) with the oracle's own generator, then judges `m3 logits` on each with
 # check-golden.sh (the oracle's check_case.py), and checks that every one packs as q4-mixed and
 # runs with finite logits.
-# Usage: scripts/check-variants.sh [BUILD_DIR] [DATA_DIR] [THREADS]
+# Usage: tests/check-variants.sh [BUILD_DIR] [DATA_DIR] [THREADS]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}
@@ -19,7 +19,7 @@ ln -s "$data/oracle" "$out/data/oracle"
 $py "$data/oracle/make_golden.py" --cases "$here/tests/golden_variants.json" --out "$out/data/golden" >"$out/make.log" 2>&1 ||
   { cat "$out/make.log"; echo "FAIL: the oracle could not build the variant cases"; exit 1; }
 fail=0
-"$here/scripts/check-golden.sh" "$build" "$out/data" "$threads" || fail=1
+"$here/tests/check-golden.sh" "$build" "$out/data" "$threads" || fail=1
 for case_dir in "$out"/data/golden/*/; do
   case_dir=${case_dir%/}
   name=$(basename "$case_dir")

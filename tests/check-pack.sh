@@ -3,7 +3,7 @@
 # second pack without --force is refused, that `m3 logits` runs on the packed folder with finite
 # logits, and that a damaged pack is refused.
 # (How close packed logits are to the fp32 engine is judged elsewhere.)
-# Usage: scripts/check-pack.sh [BUILD_DIR] [DATA_DIR] [THREADS]
+# Usage: tests/check-pack.sh [BUILD_DIR] [DATA_DIR] [THREADS]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$here/build}

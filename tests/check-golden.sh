@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs `m3 logits` on every golden case and judges it with the oracle's check_case.py.
-# Usage: scripts/check-golden.sh [BUILD_DIR] [DATA_DIR] [THREADS] [m3 logits options...]
+# Usage: tests/check-golden.sh [BUILD_DIR] [DATA_DIR] [THREADS] [m3 logits options...]
 # (e.g. --lookup 3: the decode rows then come from prompt-lookup verify passes where guesses hold)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
