@@ -36,6 +36,7 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
   const hn::Rebind<int8_t, decltype(df)> d8;
   const size_t N = hn::Lanes(df);
   const size_t padded = (cols + group - 1) / group * group, groups = padded / group;
+  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
   thread_local std::vector<float> amax_buffer;
   amax_buffer.resize(groups);
   float* const group_amax = amax_buffer.data();  // the thread_local looked up once
@@ -450,6 +451,7 @@ void QuantMatMulTokens(const WeightRef& w, const QuantizedActivations& a, size_t
   const bool q4 = w.format == WeightFormat::kQ4;
   const size_t n = a.n_tok, groups = w.groups();
   const int32_t zero = q4 ? kQ4Zero : (kSignedQ8 ? 0 : kQ8Zero);
+  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
   thread_local std::vector<int32_t> bias;
   thread_local std::vector<float> da;
   bias.resize(n * groups);

@@ -250,6 +250,7 @@ void QuantMatMulAmxQ8(const WeightRef& w, const QuantizedActivations& a, size_t 
   const size_t n = a.n_tok;
   const size_t groups = w.groups(), padded = w.padded_cols();
   // Per token and group: the zero point's share and the negated shift, for scalar broadcasts.
+  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
   thread_local std::vector<int32_t> bias;
   thread_local std::vector<float> ne;
   bias.resize(n * groups);
@@ -258,6 +259,7 @@ void QuantMatMulAmxQ8(const WeightRef& w, const QuantizedActivations& a, size_t 
     bias[i] = -kQ8Zero * a.sum[i];
     ne[i] = -static_cast<float>(a.shift[i]);
   }
+  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
   thread_local std::vector<int8_t> packed;
   PackTokenTiles(a, kAmxK, packed);
   const auto token_tile = [&](size_t t0) { return packed.data() + t0 * padded; };
@@ -419,11 +421,13 @@ void QuantMatMulAmxQ4(const WeightRef& w, const QuantizedActivations& a, size_t 
                       size_t ldy) {
   const size_t n = a.n_tok, groups = w.groups(), padded = w.padded_cols();
   const size_t token_tiles = (n + kAmxTokens - 1) / kAmxTokens;
+  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
   thread_local std::vector<float> da;  // [token tile][group][16]
   da.assign(token_tiles * groups * kAmxTokens, 0.0f);
   for (size_t t = 0; t < n; ++t)
     for (size_t g = 0; g < groups; ++g)
       da[(t / kAmxTokens * groups + g) * kAmxTokens + t % kAmxTokens] = a.scale[t * groups + g];
+  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
   thread_local std::vector<int8_t> packed;
   PackTokenTiles(a, kQ4Group, packed);
   LoadQ4TileConfig();

@@ -520,6 +520,7 @@ void QuantMatMulVnniTokens(const WeightRef& w, const QuantizedActivations& a, si
   const size_t n = a.n_tok, groups = w.groups();
   const int32_t zero = w.format == WeightFormat::kQ4 ? kQ4Zero : kQ8Zero;
   // Per token block, [group][token] tables the kernel reads with scalar broadcasts.
+  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
   thread_local std::vector<int32_t> bias;
   thread_local std::vector<float> da;
   bias.resize(n * groups);
@@ -569,6 +570,7 @@ void Bf16TiledMatMulAvx512Bf16(const WeightRef& w, const float* x, size_t ldx, s
   // and rows a multiple of 4 KiB apart (6144 inputs: 12 KiB) all fall into the same L1 set and
   // evict each other (3072 x 6144, 512 tokens: 0.19 of the peak before).
   const size_t lines = (pairs * 4 + 63) / 64, ldp = (lines | 1) * 16;
+  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
   thread_local std::vector<uint32_t> xs;
   xs.resize(2 * n_tok * ldp);
   uint32_t* xhi = xs.data();

@@ -104,8 +104,8 @@ void MatMul(const OpContext& tc, const simd::WeightRef& w, const float* x, size_
 void MatMulSameInput(const OpContext& tc, std::span<const MatMulTarget> targets, const float* x, size_t ldx,
                      size_t n_tok) {
   if (targets.empty() || n_tok == 0) return;
-  std::unique_ptr<Workspace> own;  // a call without a workspace brings its own
-  Workspace& ws = tc.workspace ? *tc.workspace : *(own = std::make_unique<Workspace>());
+  ScopedWorkspace scoped(tc.workspace);
+  Workspace& ws = *scoped;
   ws.ReserveThreads(tc.threads);
   MatMulScratch& sc = ws.matmul();
   const simd::KernelTable& kernels = tc.table();

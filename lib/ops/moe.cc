@@ -47,17 +47,11 @@ void RouteToken(const float* logits, const std::vector<float>& bias, const MoePa
   }
 }
 
-void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
-                float* out, int32_t* routed_ids) {
-  if (n == 0) return;
-  const size_t hidden = w.router.cols, n_exp = w.router.rows, k = static_cast<size_t>(p.top_k);
-  std::unique_ptr<Workspace> own;  // a call without a workspace brings its own
-  Workspace& ws = tc.workspace ? *tc.workspace : *(own = std::make_unique<Workspace>());
-  ws.ReserveThreads(tc.threads);
-  MoeScratch& s = ws.moe();
-  const simd::KernelTable& kernels = tc.table();
+namespace {
 
-  // Route.
+// The routing of a block's tokens: ids and weights [n, k] in the scratch.
+void Route(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n, MoeScratch& s) {
+  const size_t hidden = w.router.cols, n_exp = w.router.rows, k = static_cast<size_t>(p.top_k);
   s.logits.EnsureSize(n * n_exp);
   MatMul(tc, w.router, x, hidden, n, s.logits.data(), n_exp);
   s.ids.resize(n * k);
@@ -68,8 +62,27 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
     for (size_t t = b; t < e; ++t)
       RouteToken(s.logits.data() + t * n_exp, w.router_bias, p, &s.ids[t * k], &s.weights[t * k]);
   });
-  if (routed_ids) std::copy(s.ids.begin(), s.ids.end(), routed_ids);
+}
 
+// What the parallel region does, decided on the caller's thread: the jobs (in the scratch), the
+// inputs to prepare first, and each phase's units and their costs.
+struct MoePlan {
+  std::vector<size_t> advised;          // experts whose memory is advised as needed soon
+  std::vector<MatMulInput*> sources;    // inputs of all n tokens, prepared before the routed ones
+  const MatMulInput* source = nullptr;  // the tokens quantized once for the routed experts, if any
+  std::vector<size_t> rows, routed_rows, gate_up_tiles, down_tiles;
+  std::vector<uint64_t> one, per_row;
+  std::vector<size_t> tokens, source_rows;
+  std::vector<uint64_t> token_cost, source_cost;
+  const MoeSplit* split = nullptr;  // NUMA split: node n's threads take node n's row slices
+  int nodes = 1;
+  std::vector<std::vector<size_t>> node_gate_up, node_down;
+};
+
+MoePlan Plan(const OpContext& tc, const MoeWeights& w, const float* x, size_t n, size_t k, MoeScratch& s) {
+  const size_t hidden = w.router.cols, n_exp = w.router.rows;
+  const simd::KernelTable& kernels = tc.table();
+  MoePlan plan;
   // Rows grouped by expert (token order within each), and where each (token, slot) landed.
   std::vector<size_t> first(n_exp + 1, 0);
   for (int32_t e : s.ids) ++first[static_cast<size_t>(e) + 1];
@@ -87,9 +100,8 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
   // The chosen experts' bytes are read soon: one readahead request each (AdviseWillNeed: a
   // residency check, then madvise for a range not all resident), issued by the threads in turn
   // at the start of the region, before any of them faults on them.
-  std::vector<size_t> advised;
   for (size_t e = 0; e < n_exp && e < w.expert_memory.size(); ++e)
-    if (first[e + 1] > first[e]) advised.push_back(e);
+    if (first[e + 1] > first[e]) plan.advised.push_back(e);
 
   // Jobs: the shared expert first, then the chosen experts in id order.
   const size_t routed_inter = w.experts.empty() ? 0 : w.experts[0].gate.rows;
@@ -118,28 +130,26 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
     J.gate_up_in.Reset(kernels, mw.gate, from_source ? nullptr : gathered ? gathered : x, hidden, m);
     J.down_in.Reset(kernels, mw.down, J.g, inter, m);
   };
-  if (w.has_shared) add_job(w.shared, n_exp, n, nullptr, nullptr, false, out);
+  if (w.has_shared) add_job(w.shared, n_exp, n, nullptr, nullptr, false, nullptr);
   // Routed inputs: with quantized weights each token is quantized once (the shared expert's
   // input when its weights are quantized alike, else routed_source) and its int8 row copied for
   // every expert it went to: k times fewer quantizations than quantizing gathered fp32 rows per
   // expert, and a copy of a quarter of the bytes. Other formats gather fp32 rows.
-  std::vector<MatMulInput*> sources;  // inputs of all n tokens prepared before the routed ones
-  if (w.has_shared) sources.push_back(&s.jobs[0].gate_up_in);
-  const MatMulInput* source = nullptr;
+  if (w.has_shared) plan.sources.push_back(&s.jobs[0].gate_up_in);
   const simd::WeightRef* gate = nullptr;  // the first chosen expert's with quantized weights
   for (size_t e = 0; e < n_exp && !gate; ++e)
     if (first[e + 1] > first[e] && simd::IsQuantized(w.experts[e].gate.format)) gate = &w.experts[e].gate;
   if (gate && w.has_shared && s.jobs[0].gate_up_in.SharesQuantization(*gate)) {
-    source = &s.jobs[0].gate_up_in;
+    plan.source = &s.jobs[0].gate_up_in;
   } else if (gate) {
     s.routed_source.Reset(kernels, *gate, x, hidden, n);
-    source = &s.routed_source;
-    sources.push_back(&s.routed_source);
+    plan.source = &s.routed_source;
+    plan.sources.push_back(&s.routed_source);
   }
   std::vector<char> from_source(n_exp);
   size_t fp32_rows = 0;
   for (size_t e = 0; e < n_exp; ++e) {
-    from_source[e] = source && source->SharesQuantization(w.experts[e].gate);
+    from_source[e] = plan.source && plan.source->SharesQuantization(w.experts[e].gate);
     if (!from_source[e]) fp32_rows += first[e + 1] - first[e];
   }
   s.gathered.EnsureSize(fp32_rows * hidden);
@@ -153,43 +163,59 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
   }
 
   // Units and their costs for each phase.
-  std::vector<size_t> rows(jobs), routed_rows(jobs), gate_up_tiles(jobs), down_tiles(jobs);
-  std::vector<uint64_t> one(jobs, 1), per_row(jobs);
+  plan.rows.resize(jobs);
+  plan.routed_rows.resize(jobs);
+  plan.gate_up_tiles.resize(jobs);
+  plan.down_tiles.resize(jobs);
+  plan.one.assign(jobs, 1);
+  plan.per_row.resize(jobs);
   for (size_t i = 0; i < jobs; ++i) {
     const ExpertJob& J = s.jobs[i];
-    rows[i] = J.m;
-    routed_rows[i] = J.tokens ? J.m : 0;
-    gate_up_tiles[i] = 2 * MatMulRowTiles(J.w->gate);  // gate tiles, then up tiles
-    down_tiles[i] = MatMulRowTiles(J.w->down);
-    per_row[i] = J.m;  // a tile costs as many rows as the expert has tokens
+    plan.rows[i] = J.m;
+    plan.routed_rows[i] = J.tokens ? J.m : 0;
+    plan.gate_up_tiles[i] = 2 * MatMulRowTiles(J.w->gate);  // gate tiles, then up tiles
+    plan.down_tiles[i] = MatMulRowTiles(J.w->down);
+    plan.per_row[i] = J.m;  // a tile costs as many rows as the expert has tokens
   }
-  const std::vector<size_t> tokens{n}, source_rows(sources.size(), n);
-  const std::vector<uint64_t> token_cost{1}, source_cost(sources.size(), 1);
+  plan.tokens = {n};
+  plan.token_cost = {1};
+  plan.source_rows.assign(plan.sources.size(), n);
+  plan.source_cost.assign(plan.sources.size(), 1);
   // NUMA split: node n's threads take node n's row slices (needs a thread per node at least).
-  const MoeSplit* split = w.split && tc.threads >= w.split->nodes ? w.split.get() : nullptr;
-  const int nodes = split ? split->nodes : 1;
-  std::vector<std::vector<size_t>> node_gate_up(static_cast<size_t>(nodes)), node_down(static_cast<size_t>(nodes));
-  for (int node = 0; split && node < nodes; ++node)
+  plan.split = w.split && tc.threads >= w.split->nodes ? w.split.get() : nullptr;
+  plan.nodes = plan.split ? plan.split->nodes : 1;
+  plan.node_gate_up.resize(static_cast<size_t>(plan.nodes));
+  plan.node_down.resize(static_cast<size_t>(plan.nodes));
+  for (int node = 0; plan.split && node < plan.nodes; ++node)
     for (size_t i = 0; i < jobs; ++i) {
-      const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][s.jobs[i].expert];
-      node_gate_up[static_cast<size_t>(node)].push_back(2 * MatMulRowTiles(sl.local.gate));
-      node_down[static_cast<size_t>(node)].push_back(MatMulRowTiles(sl.local.down));
+      const ExpertSlice& sl = plan.split->slices[static_cast<size_t>(node)][s.jobs[i].expert];
+      plan.node_gate_up[static_cast<size_t>(node)].push_back(2 * MatMulRowTiles(sl.local.gate));
+      plan.node_down[static_cast<size_t>(node)].push_back(MatMulRowTiles(sl.local.down));
     }
+  return plan;
+}
 
+// The block in one parallel region: (A) inputs, (B) gate and up, (C) SwiGLU, (D) down, (E) the
+// weighted sum into `out`, with a barrier between phases and none per expert.
+void Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n, float* out,
+         const MoePlan& plan, MoeScratch& s, Workspace& ws) {
+  const size_t hidden = w.router.cols, k = static_cast<size_t>(p.top_k);
+  const MoeSplit* split = plan.split;
+  if (w.has_shared) s.jobs[0].y = out;  // the shared expert writes the output itself
   std::atomic<uint64_t> gate_up_cursor{0}, down_cursor{0};
   ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
     AlignedBuffer<float>& decoded = ws.thread(tid).decoded;
-    for (size_t i = static_cast<size_t>(tid); i < advised.size(); i += static_cast<size_t>(nt))
-      AdviseWillNeed(w.expert_memory[advised[i]].data, w.expert_memory[advised[i]].bytes);
+    for (size_t i = static_cast<size_t>(tid); i < plan.advised.size(); i += static_cast<size_t>(nt))
+      AdviseWillNeed(w.expert_memory[plan.advised[i]].data, w.expert_memory[plan.advised[i]].bytes);
     // (A) Quantize every token for the shared expert and the routed source; then gather each
     // routed expert's rows: int8 rows from the source, or fp32 rows quantized for its weights.
-    ForEachShare(source_rows, source_cost, tid, nt,
-                 [&](size_t i, size_t b, size_t e) { sources[i]->PrepareRows(b, e); });
+    ForEachShare(plan.source_rows, plan.source_cost, tid, nt,
+                 [&](size_t i, size_t b, size_t e) { plan.sources[i]->PrepareRows(b, e); });
     barrier();
-    ForEachShare(routed_rows, one, tid, nt, [&](size_t i, size_t b, size_t e) {
+    ForEachShare(plan.routed_rows, plan.one, tid, nt, [&](size_t i, size_t b, size_t e) {
       ExpertJob& J = s.jobs[i];
       if (J.from_source) {
-        J.gate_up_in.PrepareRowsFrom(*source, J.tokens, b, e);
+        J.gate_up_in.PrepareRowsFrom(*plan.source, J.tokens, b, e);
         return;
       }
       for (size_t r = b; r < e; ++r)
@@ -198,8 +224,8 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
     });
     barrier();
     // This thread's node and its place among the node's threads (all threads: one node).
-    const int node = NodeOfThread(tid, nt, nodes);
-    const auto [node_first, node_end] = NodeThreads(node, nt, nodes);
+    const int node = NodeOfThread(tid, nt, plan.nodes);
+    const auto [node_first, node_end] = NodeThreads(node, nt, plan.nodes);
     const int node_threads = node_end - node_first;
     // (B) Gate and up row tiles: units [0, T) are gate tiles, [T, 2T) up tiles.
     auto gate_up = [&](const MlpWeights& mw, size_t tile0, const ExpertJob& J, size_t b, size_t e) {
@@ -208,18 +234,18 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
       if (e > tiles) J.gate_up_in.Multiply(mw.up, std::max(b, tiles) - tiles, e - tiles, J.u + r0, inter, decoded);
     };
     if (split) {
-      ForEachShare(node_gate_up[static_cast<size_t>(node)], per_row, tid - node_first, node_threads,
+      ForEachShare(plan.node_gate_up[static_cast<size_t>(node)], plan.per_row, tid - node_first, node_threads,
                    [&](size_t i, size_t b, size_t e) {
                      const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][s.jobs[i].expert];
                      gate_up(sl.local, sl.gate_up_tile0, s.jobs[i], b, e);
                    });
     } else {  // tiles handed out while the threads run: a thread slowed by its memory takes fewer
-      ForEachDynamicShare(gate_up_tiles, per_row, nt, gate_up_cursor,
+      ForEachDynamicShare(plan.gate_up_tiles, plan.per_row, nt, gate_up_cursor,
                           [&](size_t i, size_t b, size_t e) { gate_up(*s.jobs[i].w, 0, s.jobs[i], b, e); });
     }
     barrier();
     // (C) SwiGLU, then quantize for the down weights.
-    ForEachShare(rows, one, tid, nt, [&](size_t i, size_t b, size_t e) {
+    ForEachShare(plan.rows, plan.one, tid, nt, [&](size_t i, size_t b, size_t e) {
       ExpertJob& J = s.jobs[i];
       const size_t inter = J.w->gate.rows;
       SwigluOai(J.g + b * inter, J.u + b * inter, (e - b) * inter, p.act);
@@ -228,21 +254,21 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
     barrier();
     // (D) Down row tiles: the shared expert writes `out`, routed experts their rows of y.
     if (split) {
-      ForEachShare(node_down[static_cast<size_t>(node)], per_row, tid - node_first, node_threads,
+      ForEachShare(plan.node_down[static_cast<size_t>(node)], plan.per_row, tid - node_first, node_threads,
                    [&](size_t i, size_t b, size_t e) {
                      const ExpertJob& J = s.jobs[i];
                      const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][J.expert];
                      J.down_in.Multiply(sl.local.down, b, e, J.y + sl.down_tile0 * kMatMulRowTile, hidden, decoded);
                    });
     } else {
-      ForEachDynamicShare(down_tiles, per_row, nt, down_cursor, [&](size_t i, size_t b, size_t e) {
+      ForEachDynamicShare(plan.down_tiles, plan.per_row, nt, down_cursor, [&](size_t i, size_t b, size_t e) {
         const ExpertJob& J = s.jobs[i];
         J.down_in.Multiply(J.w->down, b, e, J.y, hidden, decoded);
       });
     }
     barrier();
     // (E) out[t] += w_s * y[row of (t, s)] in slot order.
-    ForEachShare(tokens, token_cost, tid, nt, [&](size_t, size_t b, size_t e) {
+    ForEachShare(plan.tokens, plan.token_cost, tid, nt, [&](size_t, size_t b, size_t e) {
       for (size_t t = b; t < e; ++t) {
         float* o = out + t * hidden;
         if (!w.has_shared) std::fill_n(o, hidden, 0.0f);
@@ -252,6 +278,20 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
       }
     });
   });
+}
+
+}  // namespace
+
+void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+                float* out, int32_t* routed_ids) {
+  if (n == 0) return;
+  ScopedWorkspace ws(tc.workspace);
+  ws->ReserveThreads(tc.threads);
+  MoeScratch& s = ws->moe();
+  Route(tc, w, p, x, n, s);
+  if (routed_ids) std::copy(s.ids.begin(), s.ids.end(), routed_ids);
+  const MoePlan plan = Plan(tc, w, x, n, static_cast<size_t>(p.top_k), s);
+  Run(tc, w, p, x, n, out, plan, s, *ws);
 }
 
 }  // namespace m3

@@ -45,4 +45,17 @@ class Workspace {
   std::vector<AlignedBuffer<float>> floats_;
 };
 
+// The caller's workspace, or one of the call's own when it brought none (tests, one-off calls).
+class ScopedWorkspace {
+ public:
+  explicit ScopedWorkspace(Workspace* given) : ws_(given ? given : (own_ = std::make_unique<Workspace>()).get()) {}
+  Workspace& operator*() const { return *ws_; }
+  Workspace* operator->() const { return ws_; }
+  Workspace* get() const { return ws_; }
+
+ private:
+  std::unique_ptr<Workspace> own_;
+  Workspace* ws_;
+};
+
 }  // namespace m3

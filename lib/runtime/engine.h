@@ -22,7 +22,7 @@ struct EngineOptions {
   bool mlock_dense = false;        // lock all weights but the routed experts in memory
   // The kernels, chosen here once: "" or "auto" for this CPU's best, or one implementation by
   // name (Kernels::Names(): "ref", "avx2", "avx512-vnni", ...) to compare them.
-  std::string kernels;
+  std::string kernels = "auto";
 };
 
 class Engine {
