@@ -12,11 +12,12 @@
 namespace m3::cli {
 
 // The engine and session options of every command that runs a model: -t, --numa, --mlock-dense,
-// --kv-cache, --index-cache, --prefill-chunk.
+// --kernels, --kv-cache, --index-cache, --prefill-chunk.
 struct EngineArgs {
   int threads = 0;
   std::string numa = "off";
   bool mlock_dense = false;
+  std::string kernels = "auto";
   std::string kv_cache = "f32", index_cache = "f32";
   size_t prefill_chunk = 0;
   StatusOr<EngineOptions> Options() const;

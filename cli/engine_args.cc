@@ -16,6 +16,7 @@ StatusOr<EngineOptions> EngineArgs::Options() const {
   o.threads = threads;
   M3_ASSIGN_OR_RETURN(o.numa, ParseNumaMode(numa));
   o.mlock_dense = mlock_dense;
+  o.kernels = kernels;
   return o;
 }
 
@@ -87,6 +88,10 @@ void AddEngineOptions(CLI::App* cmd, EngineArgs* args) {
   cmd->add_flag("--mlock-dense", args->mlock_dense,
                 "lock attention, shared-expert, dense and lm_head weights in memory so that streaming routed "
                 "experts from disk cannot evict them");
+  cmd->add_option("--kernels", args->kernels,
+                  "matmul kernels: auto (this CPU's best), or one implementation to compare (ref, avx2, "
+                  "avx512-vnni, ...; a wrong name lists those this CPU runs); m3 inspect names them")
+      ->default_val("auto");
   cmd->add_option("--kv-cache", args->kv_cache,
                   "storage of the attention K/V cache: f32 (exact), bf16 (half the memory) or int8 (a quarter, "
                   "one scale per head and position)")

@@ -300,6 +300,38 @@ TEST_CASE("an error in the middle of a chunked prefill leaves the session as it 
   CHECK(s.tokens() == ref.tokens());
 }
 
+// The kernels are chosen once, when the engine opens: by name for every implementation this CPU
+// runs (each holds the golden logits), and an unknown name is refused with the names it could take.
+TEST_CASE("an engine runs the kernels it was opened with", "[golden][kernels]") {
+  const std::string dir = test::GoldenDir("s2_bf16_sharded_init1");
+  auto cj = test::ReadPythonJson(dir + "/case.json");
+  const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+  auto want = ReadNpy(dir + "/prefill_logits.npy");
+  REQUIRE(want.ok());
+  const size_t vocab = static_cast<size_t>(want->shape.back());
+  for (const std::string& name : Kernels::Names()) {
+    INFO("kernels " << name);
+    EngineOptions o{2};
+    o.kernels = name;
+    auto engine = Engine::Open(dir, o);
+    REQUIRE(engine.ok());
+    CHECK_THAT((*engine)->simd_target(), Catch::StartsWith(name + ":"));
+    Session s(**engine);
+    std::vector<float> logits;
+    REQUIRE(s.Eval(prompt, LogitsMode::kLastRow, &logits).ok());
+    const float* last = want->data.data() + (prompt.size() - 1) * vocab;
+    float worst = 0;
+    for (size_t i = 0; i < vocab; ++i) worst = std::max(worst, std::fabs(logits[i] - last[i]));
+    CHECK(worst < 1e-3f);
+  }
+  EngineOptions bad{1};
+  bad.kernels = "no-such-kernels";
+  auto engine = Engine::Open(dir, bad);
+  REQUIRE(!engine.ok());
+  CHECK(engine.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(engine.status().message(), Catch::StartsWith("unknown kernels 'no-such-kernels' (this CPU runs: auto, ref"));
+}
+
 TEST_CASE("a context whose caches do not fit in memory is refused with what to change", "[golden][errors]") {
   const std::string dir = test::GoldenDir("s1_fp32_basic");
   auto cj = test::ReadPythonJson(dir + "/case.json");
