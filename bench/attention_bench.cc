@@ -191,10 +191,15 @@ struct Plan {
   size_t probe_bytes, probe_chunk, evict_bytes;
   int probe_reps;
   Reps decode, dense_decode, prefill, dense_prefill;
+  size_t shared_l3;                     // SharedL3Bytes(): sizes the evictions
+  int threads = 0;                      // -t, or all cores
+  std::vector<CacheType> index_types;   // one row per context each; f32 when none are given
+  CacheType kv_type = CacheType::kF32;
 };
 
 Plan MakePlan(const AttentionBenchOptions& o, size_t l3, size_t shared_l3) {
   Plan p;
+  p.shared_l3 = shared_l3;
   if (o.quick) {
     p.contexts = {512, kRatioContext};
     p.chunk = 16;
@@ -243,6 +248,17 @@ struct Row {
   // Filled in after all contexts.
   double best_read_gbps = 0;  // the run's best read sample
   std::optional<double> ratio_4k;
+};
+
+// What a run measured: the rows, the notes of what was skipped, the status (1 when a check
+// failed), and the cold reads' sizes and best sample for the report.
+struct Measured {
+  std::vector<Row> rows;
+  std::vector<std::string> notes;
+  int status = 0;
+  double load_start = 0;
+  size_t evict_bytes = 0, buffer_bytes = 0, probe_chunk = 0;
+  std::string best_read_pattern;
 };
 
 double LoadAverage() {
@@ -310,71 +326,70 @@ int RunGnuplot(const std::string& script, const std::string& err_path) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-// Writes the PNG; returns a note for the log (written where, or why not).
-std::string WritePlot(const std::vector<Row>& rows, const std::vector<CacheType>& types, int threads,
-                      const std::string& png) {
-  namespace fs = std::filesystem;
-  if (rows.empty()) return "no rows: plot not written";
-  std::error_code ec;
-  const fs::path target = fs::absolute(png, ec);
-  if (ec || !fs::is_directory(target.parent_path(), ec))
-    return "plot not written: no folder " + target.parent_path().string();
-  char dir_template[] = "/tmp/m3-attention-plot-XXXXXX";
-  if (!mkdtemp(dir_template)) return std::string("plot not written: cannot create a temporary folder: ") + std::strerror(errno);
-  const fs::path dir = dir_template;
-  std::string note;
-  {
-    // One data block per index-key type: context, indexer, attention, dense attention, prefill,
-    // dense prefill (ms).
-    std::ofstream data(dir / "attention.dat");
-    for (CacheType t : types) {
-      data << "# index keys " << simd::CacheTypeName(t) << "\n";
-      for (const Row& r : rows)
-        if (r.index_type == t)
-          data << r.context << ' ' << r.indexer_ms << ' ' << r.attention_ms << ' ' << r.dense_attention_ms << ' '
-               << r.prefill_ms << ' ' << r.dense_prefill_ms << '\n';
-      data << "\n\n";
-    }
-    std::ofstream gp(dir / "attention.gp");
-    gp << "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n  set terminal pngcairo size 1100,750 noenhanced\n"
-          "} else {\n  set terminal png size 1100,750 noenhanced\n}\n"
-       << "set output " << GnuplotString(target.string()) << "\n"
-       << "set title " << GnuplotString("m3 bench --attention: one MiniMax-M3 sparse layer (64 q / 4 kv heads x 128, "
-                                        "index 4 x 128, top-16 blocks of 128)")
-       << " . \"\\n\" . "
-       << GnuplotString("kv cache " + std::string(simd::CacheTypeName(rows[0].kv_type)) + ", prefill chunk " +
-                        std::to_string(std::max_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-                                         return a.chunk < b.chunk;
-                                       })->chunk) +
-                        ", " + std::to_string(threads) + " threads, " + CpuModel())
-       << "\nset logscale xy\nset grid\nset key left top\nset xlabel 'context (tokens)'\n"
-          "set ylabel 'ms per layer (median)'\nset xtics (";
-    std::vector<size_t> contexts;
-    for (const Row& r : rows) contexts.push_back(r.context);
-    std::sort(contexts.begin(), contexts.end());
-    contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
-    for (size_t i = 0; i < contexts.size(); ++i)
-      gp << (i ? ", " : "") << GnuplotString(ContextName(contexts[i])) << ' ' << contexts[i];
-    gp << ")\n";
-    gp << "set xrange [" << static_cast<double>(contexts.front()) / 1.5 << ":" << static_cast<double>(contexts.back()) * 1.5
-       << "]\n";
-    const std::string data_path = GnuplotString((dir / "attention.dat").string());
-    const char* series[] = {"indexer_ms", "attention_ms", "dense_attention_ms", "prefill_ms", "dense_prefill_ms"};
-    gp << "plot ";
-    bool first = true;
-    for (size_t ti = 0; ti < types.size(); ++ti) {
-      const std::string type = simd::CacheTypeName(types[ti]);
-      for (int s = 0; s < 5; ++s) {
-        // The dense figures and the attention do not depend on the index-key type: once.
-        if (ti > 0 && s != 0 && s != 3) continue;
-        gp << (first ? "" : ", \\\n     ") << data_path << " index " << ti << " using 1:" << s + 2
-           << " with linespoints lw 2 pt " << 5 + s << " lc " << s + 1 << (ti > 0 ? " dt " + std::to_string(ti + 1) : "")
-           << " title " << GnuplotString(std::string(series[s]) + (types.size() > 1 && (s == 0 || s == 3) ? " (" + type + ")" : ""));
-        first = false;
-      }
-    }
-    gp << "\n";
+namespace fs = std::filesystem;
+
+// The data: one block per index-key type: context, indexer, attention, dense attention, prefill,
+// dense prefill (ms).
+void WritePlotData(const fs::path& dir, const std::vector<Row>& rows, const std::vector<CacheType>& types) {
+  std::ofstream data(dir / "attention.dat");
+  for (CacheType t : types) {
+    data << "# index keys " << simd::CacheTypeName(t) << "\n";
+    for (const Row& r : rows)
+      if (r.index_type == t)
+        data << r.context << ' ' << r.indexer_ms << ' ' << r.attention_ms << ' ' << r.dense_attention_ms << ' '
+             << r.prefill_ms << ' ' << r.dense_prefill_ms << '\n';
+    data << "\n\n";
   }
+}
+
+// The gnuplot script: a log-log plot of each series against the context, to `target`.
+void WritePlotScript(const fs::path& dir, const fs::path& target, const std::vector<Row>& rows,
+                     const std::vector<CacheType>& types, int threads) {
+  std::ofstream gp(dir / "attention.gp");
+  gp << "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n  set terminal pngcairo size 1100,750 noenhanced\n"
+        "} else {\n  set terminal png size 1100,750 noenhanced\n}\n"
+     << "set output " << GnuplotString(target.string()) << "\n"
+     << "set title " << GnuplotString("m3 bench --attention: one MiniMax-M3 sparse layer (64 q / 4 kv heads x 128, "
+                                      "index 4 x 128, top-16 blocks of 128)")
+     << " . \"\\n\" . "
+     << GnuplotString("kv cache " + std::string(simd::CacheTypeName(rows[0].kv_type)) + ", prefill chunk " +
+                      std::to_string(std::max_element(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+                                       return a.chunk < b.chunk;
+                                     })->chunk) +
+                      ", " + std::to_string(threads) + " threads, " + CpuModel())
+     << "\nset logscale xy\nset grid\nset key left top\nset xlabel 'context (tokens)'\n"
+        "set ylabel 'ms per layer (median)'\nset xtics (";
+  std::vector<size_t> contexts;
+  for (const Row& r : rows) contexts.push_back(r.context);
+  std::sort(contexts.begin(), contexts.end());
+  contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
+  for (size_t i = 0; i < contexts.size(); ++i)
+    gp << (i ? ", " : "") << GnuplotString(ContextName(contexts[i])) << ' ' << contexts[i];
+  gp << ")\n";
+  gp << "set xrange [" << static_cast<double>(contexts.front()) / 1.5 << ":"
+     << static_cast<double>(contexts.back()) * 1.5 << "]\n";
+  const std::string data_path = GnuplotString((dir / "attention.dat").string());
+  const char* series[] = {"indexer_ms", "attention_ms", "dense_attention_ms", "prefill_ms", "dense_prefill_ms"};
+  gp << "plot ";
+  bool first = true;
+  for (size_t ti = 0; ti < types.size(); ++ti) {
+    const std::string type = simd::CacheTypeName(types[ti]);
+    for (int s = 0; s < 5; ++s) {
+      // The dense figures and the attention do not depend on the index-key type: once.
+      if (ti > 0 && s != 0 && s != 3) continue;
+      gp << (first ? "" : ", \\\n     ") << data_path << " index " << ti << " using 1:" << s + 2
+         << " with linespoints lw 2 pt " << 5 + s << " lc " << s + 1 << (ti > 0 ? " dt " + std::to_string(ti + 1) : "")
+         << " title "
+         << GnuplotString(std::string(series[s]) + (types.size() > 1 && (s == 0 || s == 3) ? " (" + type + ")" : ""));
+      first = false;
+    }
+  }
+  gp << "\n";
+}
+
+// Runs the script; returns the note: written where, or why not (gnuplot missing, or its errors).
+std::string RunPlotScript(const fs::path& dir, const fs::path& target) {
+  std::string note;
   const std::string err_path = (dir / "gnuplot.log").string();
   const int rc = RunGnuplot((dir / "attention.gp").string(), err_path);
   if (rc < 0 && errno == ENOENT) {
@@ -393,6 +408,24 @@ std::string WritePlot(const std::vector<Row>& rows, const std::vector<CacheType>
   } else {
     note = "plot written to " + target.string();
   }
+  return note;
+}
+
+// Writes the PNG (data and script in a temporary folder, removed after); returns a note for the
+// log (written where, or why not).
+std::string WritePlot(const std::vector<Row>& rows, const std::vector<CacheType>& types, int threads,
+                      const std::string& png) {
+  if (rows.empty()) return "no rows: plot not written";
+  std::error_code ec;
+  const fs::path target = fs::absolute(png, ec);
+  if (ec || !fs::is_directory(target.parent_path(), ec))
+    return "plot not written: no folder " + target.parent_path().string();
+  char dir_template[] = "/tmp/m3-attention-plot-XXXXXX";
+  if (!mkdtemp(dir_template)) return std::string("plot not written: cannot create a temporary folder: ") + std::strerror(errno);
+  const fs::path dir = dir_template;
+  WritePlotData(dir, rows, types);
+  WritePlotScript(dir, target, rows, types, threads);
+  const std::string note = RunPlotScript(dir, target);
   fs::remove_all(dir, ec);
   return note;
 }
@@ -415,9 +448,9 @@ std::string LimitCell(double scan_gbps, double limit) {
   return buf;
 }
 
-void PrintJson(const std::vector<Row>& rows, const ColdReads& cold, int threads, FILE* out) {
+void PrintJson(const Measured& m, int threads, FILE* out) {
   const std::string cpu = CpuModel(), target = simd::ActiveTargetName();
-  for (const Row& r : rows) {
+  for (const Row& r : m.rows) {
     const bool scanned = r.index_scan_bytes > 0;
     const double scan_gbps = scanned ? static_cast<double>(r.index_scan_bytes) / (r.indexer_ms * 1e-3) / 1e9 : 0;
     nlohmann::json j = {
@@ -450,7 +483,7 @@ void PrintJson(const std::vector<Row>& rows, const ColdReads& cold, int threads,
         {"fast_regime_pairs", r.scan_pairs.fast_pairs},
         {"fast_regime_ratio", Nullable(r.scan_pairs.fast_ratio, scanned && r.scan_pairs.fast_pairs > 0)},
         {"read_gbps_best", r.best_read_gbps},
-        {"read_pattern_best", cold.best().pattern},
+        {"read_pattern_best", m.best_read_pattern},
         {"index_scan_ratio_best", LimitJson(scan_gbps, r.best_read_gbps, scanned)},
         {"attention_ms_ratio_4k", Nullable(r.ratio_4k.value_or(0), r.ratio_4k.has_value())},
         {"decode_calls", r.decode_calls},
@@ -459,7 +492,7 @@ void PrintJson(const std::vector<Row>& rows, const ColdReads& cold, int threads,
         {"dense_prefill_calls", r.dense_prefill_calls},
         {"kv_bytes", r.kv_bytes},
         {"index_bytes", r.index_bytes},
-        {"evict_bytes", cold.evict_bytes()},
+        {"evict_bytes", m.evict_bytes},
         {"stat", "median (*_min_ms: fastest call)"},
         {"check", r.check},
         {"loadavg", r.loadavg},
@@ -500,247 +533,335 @@ void PrintTable(const std::vector<Row>& rows, const std::string& header, FILE* o
   }
 }
 
-}  // namespace
+// ---------------------------------------------------------------------------------------------
+// The plan: sizes and repetitions (MakePlan), the threads and the cache types.
 
-int RunAttentionBench(const AttentionBenchOptions& options, FILE* out, FILE* log) {
-  const size_t l3 = SharedL3Bytes();
-  const Plan plan = MakePlan(options, L3Bytes(), l3);
-  const int threads = ResolveThreadCount(options.threads);
-  const ThreadConfig tc{threads};
-  std::vector<CacheType> index_types = options.index_types;
-  if (index_types.empty()) index_types = {CacheType::kF32};
+// Checks the options and resolves them; on bad options says so on `log` and returns nothing.
+std::optional<Plan> PlanRun(const AttentionBenchOptions& options, FILE* log) {
+  Plan plan = MakePlan(options, L3Bytes(), SharedL3Bytes());
+  plan.threads = ResolveThreadCount(options.threads);
+  plan.index_types = options.index_types;
+  if (plan.index_types.empty()) plan.index_types = {CacheType::kF32};
+  plan.kv_type = options.kv_type;
   for (size_t c : plan.contexts)
     if (c == 0) {
       std::fprintf(log, "m3 bench --attention: contexts must be positive\n");
-      return 2;
+      return std::nullopt;
     }
   if (plan.chunk == 0) {
     std::fprintf(log, "m3 bench --attention: --chunk must be positive\n");
-    return 2;
+    return std::nullopt;
   }
-  const double load_start = LoadAverage();
+  return plan;
+}
 
+// ---------------------------------------------------------------------------------------------
+// The run: per context its K/V caches and dense figures, then per index-key type its sparse row.
+
+// Something the run could not measure: to the log as it happens, and to the table's notes.
+void Skip(const char* note, Measured* m, FILE* log) {
+  std::fprintf(log, "m3 bench --attention: %s\n", note);
+  m->notes.push_back(note);
+}
+
+// The layer (MiniMax-M3's sparse-attention shapes), its queries and output buffers: the same for
+// every context.
+struct Layer {
+  ThreadConfig tc;
   SparseParams sp;
-  sp.num_index_heads = static_cast<int>(kIndexHeads);
-  sp.index_dim = static_cast<int>(kIndexDim);
-  sp.block_size = static_cast<int>(kBlock);
-  sp.topk_blocks = static_cast<int>(kTopk);
-  sp.init_blocks = static_cast<int>(shapes::kInitBlocks);
-  sp.local_blocks = static_cast<int>(shapes::kLocalBlocks);
   AttentionParams ap;
-  ap.num_heads = static_cast<int>(kHeads);
-  ap.num_kv_heads = static_cast<int>(kKvHeads);
-  ap.head_dim = static_cast<int>(kHeadDim);
-  ap.num_index_heads = static_cast<int>(kIndexHeads);
-  ap.block_size = static_cast<int>(kBlock);
-  const size_t q_width = kHeads * kHeadDim, iq_width = kIndexHeads * kIndexDim, kv_width = kKvHeads * kHeadDim;
+  // kDecodeQueries decode queries (one per repetition in turn) and one prefill chunk's.
+  std::vector<float> decode_q, decode_iq, prefill_q, prefill_iq;
+  std::vector<float> attn_out, dense_out;
+};
 
-  ColdReads cold(plan.probe_bytes, plan.probe_chunk, plan.evict_bytes, threads);
-  cold.Probe(plan.probe_reps);
+constexpr size_t kQWidth = kHeads * kHeadDim, kIqWidth = kIndexHeads * kIndexDim, kKvWidth = kKvHeads * kHeadDim;
 
-  // Queries: kDecodeQueries for decode (one per repetition in turn), one prefill chunk.
+Layer MakeLayer(const Plan& plan) {
+  Layer L;
+  L.tc = ThreadConfig{plan.threads};
+  L.sp.num_index_heads = static_cast<int>(kIndexHeads);
+  L.sp.index_dim = static_cast<int>(kIndexDim);
+  L.sp.block_size = static_cast<int>(kBlock);
+  L.sp.topk_blocks = static_cast<int>(kTopk);
+  L.sp.init_blocks = static_cast<int>(shapes::kInitBlocks);
+  L.sp.local_blocks = static_cast<int>(shapes::kLocalBlocks);
+  L.ap.num_heads = static_cast<int>(kHeads);
+  L.ap.num_kv_heads = static_cast<int>(kKvHeads);
+  L.ap.head_dim = static_cast<int>(kHeadDim);
+  L.ap.num_index_heads = static_cast<int>(kIndexHeads);
+  L.ap.block_size = static_cast<int>(kBlock);
   const size_t max_chunk = std::min(plan.chunk, *std::max_element(plan.contexts.begin(), plan.contexts.end()));
-  const std::vector<float> decode_q = RandomRows(1, kDecodeQueries, q_width);
-  const std::vector<float> decode_iq = RandomRows(2, kDecodeQueries, iq_width);
-  const std::vector<float> prefill_q = RandomRows(3, max_chunk, q_width);
-  const std::vector<float> prefill_iq = RandomRows(4, max_chunk, iq_width);
-  std::vector<float> attn_out(max_chunk * q_width), dense_out(max_chunk * q_width);
+  L.decode_q = RandomRows(1, kDecodeQueries, kQWidth);
+  L.decode_iq = RandomRows(2, kDecodeQueries, kIqWidth);
+  L.prefill_q = RandomRows(3, max_chunk, kQWidth);
+  L.prefill_iq = RandomRows(4, max_chunk, kIqWidth);
+  L.attn_out.resize(max_chunk * kQWidth);
+  L.dense_out.resize(max_chunk * kQWidth);
+  return L;
+}
 
-  std::vector<Row> rows;
-  std::vector<std::string> notes;
-  int status = 0;
-  for (const size_t context : plan.contexts) {
-    const size_t chunk = std::min(plan.chunk, context);
-    const size_t pages = (context + kBlock - 1) / kBlock;
-    const size_t kv_bytes = 2 * pages * kBlock * KvPages::BytesPerRow(kKvHeads, kHeadDim, options.kv_type);
-    size_t max_index_bytes = 0;
-    for (CacheType t : index_types)
-      max_index_bytes = std::max(max_index_bytes, pages * kBlock * IndexKeyPages::BytesPerRow(kIndexDim, t));
-    // The index caches of the types are made one at a time; the probe buffer is already counted.
-    const uint64_t available = MemAvailable();
-    if (available > 0 && kv_bytes + max_index_bytes > available / 2) {
-      char note[256];
-      std::snprintf(note, sizeof note,
-                    "context %zu skipped: its caches need %.2f GB, more than half of MemAvailable (%.2f GB)", context,
-                    static_cast<double>(kv_bytes + max_index_bytes) / 1e9, static_cast<double>(available) / 1e9);
-      std::fprintf(log, "m3 bench --attention: %s\n", note);
-      notes.push_back(note);
-      continue;
-    }
+// One context: its positions (decode at context-1, the prefill chunk at the end), its K/V caches
+// and the dense figures, which do not depend on the index keys.
+struct Context {
+  size_t context = 0, chunk = 0, pages = 0, kv_bytes = 0;
+  int64_t pos = 0, pos0 = 0;
+  std::optional<KvPages> k, v;
+  std::vector<double> dense_decode, dense_prefill;  // seconds per call
+};
 
-    std::optional<KvPages> k, v;
-    try {
-      k.emplace(kKvHeads, kHeadDim, kBlock, options.kv_type, KvLayout::kTransposed);  // as KvCache stores K
-      v.emplace(kKvHeads, kHeadDim, kBlock, options.kv_type);
-      FillCache(*k, context, kv_width, 10, tc);
-      FillCache(*v, context, kv_width, 11, tc);
-    } catch (const std::bad_alloc&) {
-      char note[160];
-      std::snprintf(note, sizeof note, "context %zu skipped: out of memory for its K/V caches", context);
-      std::fprintf(log, "m3 bench --attention: %s\n", note);
-      notes.push_back(note);
-      continue;
-    }
-    const int64_t pos = static_cast<int64_t>(context) - 1, pos0 = static_cast<int64_t>(context - chunk);
-    cold.Probe(1);
+// The caches of a context, unless they need more than half of the available memory (the index
+// caches of the types are made one at a time; the probe buffer is already counted) or do not fit.
+bool MakeCaches(const Plan& plan, const Layer& L, size_t context, Context* c, Measured* m, FILE* log) {
+  c->context = context;
+  c->chunk = std::min(plan.chunk, context);
+  c->pages = (context + kBlock - 1) / kBlock;
+  c->kv_bytes = 2 * c->pages * kBlock * KvPages::BytesPerRow(kKvHeads, kHeadDim, plan.kv_type);
+  size_t max_index_bytes = 0;
+  for (CacheType t : plan.index_types)
+    max_index_bytes = std::max(max_index_bytes, c->pages * kBlock * IndexKeyPages::BytesPerRow(kIndexDim, t));
+  const uint64_t available = MemAvailable();
+  if (available > 0 && c->kv_bytes + max_index_bytes > available / 2) {
+    char note[256];
+    std::snprintf(note, sizeof note,
+                  "context %zu skipped: its caches need %.2f GB, more than half of MemAvailable (%.2f GB)", context,
+                  static_cast<double>(c->kv_bytes + max_index_bytes) / 1e9, static_cast<double>(available) / 1e9);
+    Skip(note, m, log);
+    return false;
+  }
+  try {
+    c->k.emplace(kKvHeads, kHeadDim, kBlock, plan.kv_type, KvLayout::kTransposed);  // as KvCache stores K
+    c->v.emplace(kKvHeads, kHeadDim, kBlock, plan.kv_type);
+    FillCache(*c->k, context, kKvWidth, 10, L.tc);
+    FillCache(*c->v, context, kKvWidth, 11, L.tc);
+  } catch (const std::bad_alloc&) {
+    char note[160];
+    std::snprintf(note, sizeof note, "context %zu skipped: out of memory for its K/V caches", context);
+    Skip(note, m, log);
+    return false;
+  }
+  c->pos = static_cast<int64_t>(context) - 1;
+  c->pos0 = static_cast<int64_t>(context - c->chunk);
+  return true;
+}
 
-    // Dense decode and prefill: they do not depend on the index keys, so once per context. One
-    // untimed call first reads all of K and V (on VMs the first read of fresh memory is slower).
-    Attention(tc, ap, decode_q.data(), *k, *v, pos, 1, nullptr, dense_out.data());
-    std::vector<double> dense_decode, dense_prefill;
-    plan.dense_decode.Run([&](size_t i) {
-      cold.Evict();
-      const auto t0 = Clock::now();
-      Attention(tc, ap, decode_q.data() + (i % kDecodeQueries) * q_width, *k, *v, pos, 1, nullptr, dense_out.data());
-      dense_decode.push_back(Seconds(t0, Clock::now()));
-    });
-    plan.dense_prefill.Run([&](size_t) {
-      cold.Evict();
-      const auto t0 = Clock::now();
-      Attention(tc, ap, prefill_q.data(), *k, *v, pos0, chunk, nullptr, dense_out.data());
-      dense_prefill.push_back(Seconds(t0, Clock::now()));
-    });
-    cold.TakePaired();
+// Dense decode and prefill: once per context. One untimed call first reads all of K and V (on VMs
+// the first read of fresh memory is slower).
+void MeasureDense(const Plan& plan, Layer* L, ColdReads* cold, Context* c) {
+  Attention(L->tc, L->ap, L->decode_q.data(), *c->k, *c->v, c->pos, 1, nullptr, L->dense_out.data());
+  plan.dense_decode.Run([&](size_t i) {
+    cold->Evict();
+    const auto t0 = Clock::now();
+    Attention(L->tc, L->ap, L->decode_q.data() + (i % kDecodeQueries) * kQWidth, *c->k, *c->v, c->pos, 1, nullptr,
+              L->dense_out.data());
+    c->dense_decode.push_back(Seconds(t0, Clock::now()));
+  });
+  plan.dense_prefill.Run([&](size_t) {
+    cold->Evict();
+    const auto t0 = Clock::now();
+    Attention(L->tc, L->ap, L->prefill_q.data(), *c->k, *c->v, c->pos0, c->chunk, nullptr, L->dense_out.data());
+    c->dense_prefill.push_back(Seconds(t0, Clock::now()));
+  });
+  cold->TakePaired();
+}
 
-    for (CacheType index_type : index_types) {
-      Row row;
-      row.context = context;
-      row.chunk = chunk;
-      row.index_type = index_type;
-      row.kv_type = options.kv_type;
-      row.kv_bytes = kv_bytes;
-      row.dense_attention_ms = Ms(dense_decode);
-      row.dense_attention_min_ms = MinMs(dense_decode);
-      row.dense_prefill_ms = Ms(dense_prefill);
-      row.dense_decode_calls = dense_decode.size();
-      row.dense_prefill_calls = dense_prefill.size();
-      std::optional<IndexKeyPages> index_keys;
-      try {
-        index_keys.emplace(kIndexDim, kBlock, index_type);
-        FillCache(*index_keys, context, kIndexDim, 12, tc);
-      } catch (const std::bad_alloc&) {
-        char note[160];
-        std::snprintf(note, sizeof note, "context %zu, index keys %s skipped: out of memory", context,
-                      simd::CacheTypeName(index_type));
-        std::fprintf(log, "m3 bench --attention: %s\n", note);
-        notes.push_back(note);
-        continue;
-      }
-      row.index_bytes = index_keys->bytes();
-      // Below topk * block visible keys every block is selected and SelectBlocks reads no key.
-      row.index_scan_bytes = context > kTopk * kBlock ? IndexKeyPages::BytesPerRow(kIndexDim, index_type) * context : 0;
+// A row's fields from its context: sizes and the dense figures.
+Row ContextRow(const Plan& plan, const Context& c, CacheType index_type) {
+  Row row;
+  row.context = c.context;
+  row.chunk = c.chunk;
+  row.index_type = index_type;
+  row.kv_type = plan.kv_type;
+  row.kv_bytes = c.kv_bytes;
+  row.dense_attention_ms = Ms(c.dense_decode);
+  row.dense_attention_min_ms = MinMs(c.dense_decode);
+  row.dense_prefill_ms = Ms(c.dense_prefill);
+  row.dense_decode_calls = c.dense_decode.size();
+  row.dense_prefill_calls = c.dense_prefill.size();
+  return row;
+}
 
-      BlockSelection sel;
-      SelectBlocks(tc, sp, decode_iq.data(), *index_keys, pos, 1, &sel);  // untimed: first read
-      if (!SelectionOk(sel, pos, 1)) row.check = "decode selection";
-      if (pages <= kTopk) {  // everything selected: the sparse result is the dense one
-        Attention(tc, ap, decode_q.data(), *k, *v, pos, 1, nullptr, dense_out.data());
-        Attention(tc, ap, decode_q.data(), *k, *v, pos, 1, &sel, attn_out.data());
-        if (!Close(attn_out.data(), dense_out.data(), q_width))
-          row.check = "sparse decode != dense";
-      }
+// Sparse decode, cold: SelectBlocks then Attention on its selection, a new query each call. Each
+// scan that reads keys is paired with a timed read of as many cold bytes right before it.
+void MeasureSparseDecode(const Plan& plan, const Context& c, const IndexKeyPages& index_keys, Layer* L,
+                         ColdReads* cold, BlockSelection* sel, Row* row) {
+  std::vector<double> indexer, attention;
+  plan.decode.Run([&](size_t i) {
+    const size_t qi = i % kDecodeQueries;
+    cold->Evict();
+    if (row->index_scan_bytes > 0) cold->ReadLike(row->index_scan_bytes);
+    const auto t0 = Clock::now();
+    SelectBlocks(L->tc, L->sp, L->decode_iq.data() + qi * kIqWidth, index_keys, c.pos, 1, sel);
+    const auto t1 = Clock::now();
+    if (row->index_scan_bytes > 0) cold->Pair(static_cast<double>(row->index_scan_bytes) / Seconds(t0, t1) / 1e9);
+    cold->Evict();
+    const auto t2 = Clock::now();
+    Attention(L->tc, L->ap, L->decode_q.data() + qi * kQWidth, *c.k, *c.v, c.pos, 1, sel, L->attn_out.data());
+    const auto t3 = Clock::now();
+    indexer.push_back(Seconds(t0, t1));
+    attention.push_back(Seconds(t2, t3));
+  });
+  row->scan_pairs = cold->TakePaired();
+  row->indexer_ms = Ms(indexer);
+  row->attention_ms = Ms(attention);
+  row->indexer_min_ms = MinMs(indexer);
+  row->attention_min_ms = MinMs(attention);
+  row->decode_calls = indexer.size();
+}
 
-      std::vector<double> indexer, attention;
-      plan.decode.Run([&](size_t i) {
-        const size_t qi = i % kDecodeQueries;
-        cold.Evict();
-        if (row.index_scan_bytes > 0) cold.ReadLike(row.index_scan_bytes);
-        const auto t0 = Clock::now();
-        SelectBlocks(tc, sp, decode_iq.data() + qi * iq_width, *index_keys, pos, 1, &sel);
-        const auto t1 = Clock::now();
-        if (row.index_scan_bytes > 0) cold.Pair(static_cast<double>(row.index_scan_bytes) / Seconds(t0, t1) / 1e9);
-        cold.Evict();
-        const auto t2 = Clock::now();
-        Attention(tc, ap, decode_q.data() + qi * q_width, *k, *v, pos, 1, &sel, attn_out.data());
-        const auto t3 = Clock::now();
-        indexer.push_back(Seconds(t0, t1));
-        attention.push_back(Seconds(t2, t3));
-      });
-      row.scan_pairs = cold.TakePaired();
+// Sparse prefill of the chunk, cold: SelectBlocks then Attention on the selection.
+void MeasureSparsePrefill(const Plan& plan, const Context& c, const IndexKeyPages& index_keys, Layer* L,
+                          ColdReads* cold, BlockSelection* sel, Row* row) {
+  std::vector<double> pf_indexer, pf_attention, pf_total;
+  plan.prefill.Run([&](size_t) {
+    cold->Evict();
+    const auto t0 = Clock::now();
+    SelectBlocks(L->tc, L->sp, L->prefill_iq.data(), index_keys, c.pos0, c.chunk, sel);
+    const auto t1 = Clock::now();
+    Attention(L->tc, L->ap, L->prefill_q.data(), *c.k, *c.v, c.pos0, c.chunk, sel, L->attn_out.data());
+    const auto t2 = Clock::now();
+    pf_indexer.push_back(Seconds(t0, t1));
+    pf_attention.push_back(Seconds(t1, t2));
+    pf_total.push_back(Seconds(t0, t2));
+  });
+  cold->TakePaired();
+  row->prefill_indexer_ms = Ms(pf_indexer);
+  row->prefill_attention_ms = Ms(pf_attention);
+  row->prefill_ms = Ms(pf_total);
+  row->prefill_calls = pf_total.size();
+}
 
-      std::vector<double> pf_indexer, pf_attention, pf_total;
-      plan.prefill.Run([&](size_t) {
-        cold.Evict();
-        const auto t0 = Clock::now();
-        SelectBlocks(tc, sp, prefill_iq.data(), *index_keys, pos0, chunk, &sel);
-        const auto t1 = Clock::now();
-        Attention(tc, ap, prefill_q.data(), *k, *v, pos0, chunk, &sel, attn_out.data());
-        const auto t2 = Clock::now();
-        pf_indexer.push_back(Seconds(t0, t1));
-        pf_attention.push_back(Seconds(t1, t2));
-        pf_total.push_back(Seconds(t0, t2));
-      });
-      cold.TakePaired();
-      if (!SelectionOk(sel, pos0, chunk)) row.check = "prefill selection";
-      if (pages <= kTopk) {
-        Attention(tc, ap, prefill_q.data(), *k, *v, pos0, chunk, nullptr, dense_out.data());
-        if (!Close(attn_out.data(), dense_out.data(), chunk * q_width))
-          row.check = "sparse prefill != dense";
-      }
+// The row of one index-key type at a context: its index keys filled (skipped when they do not
+// fit), the decode selection checked (and the sparse result against the dense one where every
+// block is selected), decode and prefill timed, then the prefill checked likewise. A failed
+// check is logged and makes the run's status 1.
+void MeasureSparse(const Plan& plan, const Context& c, CacheType index_type, Layer* L, ColdReads* cold, Measured* m,
+                   FILE* log) {
+  Row row = ContextRow(plan, c, index_type);
+  std::optional<IndexKeyPages> index_keys;
+  try {
+    index_keys.emplace(kIndexDim, kBlock, index_type);
+    FillCache(*index_keys, c.context, kIndexDim, 12, L->tc);
+  } catch (const std::bad_alloc&) {
+    char note[160];
+    std::snprintf(note, sizeof note, "context %zu, index keys %s skipped: out of memory", c.context,
+                  simd::CacheTypeName(index_type));
+    Skip(note, m, log);
+    return;
+  }
+  row.index_bytes = index_keys->bytes();
+  // Below topk * block visible keys every block is selected and SelectBlocks reads no key.
+  row.index_scan_bytes = c.context > kTopk * kBlock ? IndexKeyPages::BytesPerRow(kIndexDim, index_type) * c.context : 0;
 
-      row.indexer_ms = Ms(indexer);
-      row.attention_ms = Ms(attention);
-      row.indexer_min_ms = MinMs(indexer);
-      row.attention_min_ms = MinMs(attention);
-      row.decode_calls = indexer.size();
-      row.prefill_indexer_ms = Ms(pf_indexer);
-      row.prefill_attention_ms = Ms(pf_attention);
-      row.prefill_ms = Ms(pf_total);
-      row.prefill_calls = pf_total.size();
-      row.loadavg = LoadAverage();
-      if (row.check != "ok") {
-        std::fprintf(log, "m3 bench --attention: context %zu, index keys %s: check failed: %s\n", context,
-                     simd::CacheTypeName(index_type), row.check.c_str());
-        status = 1;
-      }
-      rows.push_back(row);
-    }
+  BlockSelection sel;
+  SelectBlocks(L->tc, L->sp, L->decode_iq.data(), *index_keys, c.pos, 1, &sel);  // untimed: first read
+  if (!SelectionOk(sel, c.pos, 1)) row.check = "decode selection";
+  if (c.pages <= kTopk) {  // everything selected: the sparse result is the dense one
+    Attention(L->tc, L->ap, L->decode_q.data(), *c.k, *c.v, c.pos, 1, nullptr, L->dense_out.data());
+    Attention(L->tc, L->ap, L->decode_q.data(), *c.k, *c.v, c.pos, 1, &sel, L->attn_out.data());
+    if (!Close(L->attn_out.data(), L->dense_out.data(), kQWidth))
+      row.check = "sparse decode != dense";
   }
 
-  // The run's best read sample for every row; attention time relative to 4K of the same type.
-  for (Row& r : rows) {
+  MeasureSparseDecode(plan, c, *index_keys, L, cold, &sel, &row);
+  MeasureSparsePrefill(plan, c, *index_keys, L, cold, &sel, &row);
+  if (!SelectionOk(sel, c.pos0, c.chunk)) row.check = "prefill selection";
+  if (c.pages <= kTopk) {
+    Attention(L->tc, L->ap, L->prefill_q.data(), *c.k, *c.v, c.pos0, c.chunk, nullptr, L->dense_out.data());
+    if (!Close(L->attn_out.data(), L->dense_out.data(), c.chunk * kQWidth))
+      row.check = "sparse prefill != dense";
+  }
+
+  row.loadavg = LoadAverage();
+  if (row.check != "ok") {
+    std::fprintf(log, "m3 bench --attention: context %zu, index keys %s: check failed: %s\n", c.context,
+                 simd::CacheTypeName(index_type), row.check.c_str());
+    m->status = 1;
+  }
+  m->rows.push_back(row);
+}
+
+// Every context of the plan in turn, cold, then the figures that relate the rows: the run's best
+// read sample for every row, and attention time relative to 4K of the same index-key type.
+Measured Measure(const Plan& plan, FILE* log) {
+  Measured m;
+  m.load_start = LoadAverage();
+  ColdReads cold(plan.probe_bytes, plan.probe_chunk, plan.evict_bytes, plan.threads);
+  cold.Probe(plan.probe_reps);
+  Layer L = MakeLayer(plan);
+  for (const size_t context : plan.contexts) {
+    Context c;
+    if (!MakeCaches(plan, L, context, &c, &m, log)) continue;
+    cold.Probe(1);
+    MeasureDense(plan, &L, &cold, &c);
+    for (CacheType index_type : plan.index_types) MeasureSparse(plan, c, index_type, &L, &cold, &m, log);
+  }
+  for (Row& r : m.rows) {
     r.best_read_gbps = cold.best().best;
-    for (const Row& base : rows)
+    for (const Row& base : m.rows)
       if (base.context == kRatioContext && base.index_type == r.index_type && base.attention_ms > 0)
         r.ratio_4k = r.attention_ms / base.attention_ms;
   }
+  m.evict_bytes = cold.evict_bytes();
+  m.buffer_bytes = cold.buffer_bytes();
+  m.probe_chunk = cold.probe_chunk();
+  m.best_read_pattern = cold.best().pattern;
+  return m;
+}
 
+// ---------------------------------------------------------------------------------------------
+// The report: the plot where asked, then JSON lines or the header, the table and the notes.
+
+std::string Header(const AttentionBenchOptions& options, const Plan& plan, const Measured& m) {
+  char header[4096];
+  std::snprintf(
+      header, sizeof header,
+      "m3 bench --attention%s\ncpu %s | simd %s | commit %s | %d threads | L3 %.1f MiB | load at start %.2f\n"
+      "one sparse layer: 64 q heads, 4 kv heads x 128, indexer 4 heads x 128, blocks of 128, top-16 (init 0, local 1); "
+      "random caches, kv %s\n"
+      "decode: 1 token at position context-1 (median of >= %d calls, a new random query each); prefill: %zu queries "
+      "at the end of the context (median of >= %d calls; dense fewer when slow)\n"
+      "cold: before every timed call an untimed read of %zu MiB evicts the caches, as the weights and the other "
+      "sparse layers of a real decode step do\n"
+      "indexer = SelectBlocks | attn = Attention on the selection | dense = Attention over every key | speedup = "
+      "dense / (indexer + attn), dense prefill / prefill\n"
+      "scan = index-key bytes of the decode scan / indexer time (- : <= 16 blocks, nothing scanned) | read = median "
+      "of cold reads of as many bytes, one right before each decode scan (the limit, as --kernels pairs a GEMV; the "
+      "host's bandwidth switches between regimes, so the read at the moment of the work is its yardstick; rows "
+      "without a scan: the eviction reads) | ratio = scan / read | fast = median scan / read over the calls whose "
+      "read was >= %.1fx read (the host's fast regime) and their number | best = best read sample of the run (%zu "
+      "MiB buffer, %zu MiB chunks, as --kernels read_bw) | /best = scan / best\n"
+      "attn/4K = attn / attn at 4K (same index-key type)\n",
+      options.quick ? " --quick (small contexts, few calls: figures are not meaningful)" : "", CpuModel().c_str(),
+      simd::ActiveTargetName().c_str(), M3_COMMIT, plan.threads, static_cast<double>(plan.shared_l3) / (1 << 20),
+      m.load_start, simd::CacheTypeName(options.kv_type), plan.decode.min_calls, plan.chunk, plan.prefill.min_calls,
+      m.evict_bytes >> 20, PairedSamples::kFastRegime, m.buffer_bytes >> 20, m.probe_chunk >> 20);
+  return header;
+}
+
+void PrintReport(const AttentionBenchOptions& options, const Plan& plan, const Measured& m, FILE* out, FILE* log) {
   std::string plot_note;
-  if (!options.plot.empty()) plot_note = WritePlot(rows, index_types, threads, options.plot);
+  if (!options.plot.empty()) plot_note = WritePlot(m.rows, plan.index_types, plan.threads, options.plot);
 
   if (options.json) {
-    PrintJson(rows, cold, threads, out);
+    PrintJson(m, plan.threads, out);
   } else {
-    char header[4096];
-    std::snprintf(
-        header, sizeof header,
-        "m3 bench --attention%s\ncpu %s | simd %s | commit %s | %d threads | L3 %.1f MiB | load at start %.2f\n"
-        "one sparse layer: 64 q heads, 4 kv heads x 128, indexer 4 heads x 128, blocks of 128, top-16 (init 0, local 1); "
-        "random caches, kv %s\n"
-        "decode: 1 token at position context-1 (median of >= %d calls, a new random query each); prefill: %zu queries "
-        "at the end of the context (median of >= %d calls; dense fewer when slow)\n"
-        "cold: before every timed call an untimed read of %zu MiB evicts the caches, as the weights and the other "
-        "sparse layers of a real decode step do\n"
-        "indexer = SelectBlocks | attn = Attention on the selection | dense = Attention over every key | speedup = "
-        "dense / (indexer + attn), dense prefill / prefill\n"
-        "scan = index-key bytes of the decode scan / indexer time (- : <= 16 blocks, nothing scanned) | read = median "
-        "of cold reads of as many bytes, one right before each decode scan (the limit, as --kernels pairs a GEMV; the "
-        "host's bandwidth switches between regimes, so the read at the moment of the work is its yardstick; rows "
-        "without a scan: the eviction reads) | ratio = scan / read | fast = median scan / read over the calls whose "
-        "read was >= %.1fx read (the host's fast regime) and their number | best = best read sample of the run (%zu "
-        "MiB buffer, %zu MiB chunks, as --kernels read_bw) | /best = scan / best\n"
-        "attn/4K = attn / attn at 4K (same index-key type)\n",
-        options.quick ? " --quick (small contexts, few calls: figures are not meaningful)" : "", CpuModel().c_str(),
-        simd::ActiveTargetName().c_str(), M3_COMMIT, threads, static_cast<double>(l3) / (1 << 20), load_start,
-        simd::CacheTypeName(options.kv_type), plan.decode.min_calls, plan.chunk, plan.prefill.min_calls,
-        cold.evict_bytes() >> 20, PairedSamples::kFastRegime, cold.buffer_bytes() >> 20, cold.probe_chunk() >> 20);
-    PrintTable(rows, header, out);
-    for (const std::string& n : notes) std::fprintf(out, "note: %s\n", n.c_str());
+    PrintTable(m.rows, Header(options, plan, m), out);
+    for (const std::string& n : m.notes) std::fprintf(out, "note: %s\n", n.c_str());
     if (!plot_note.empty()) std::fprintf(out, "%s\n", plot_note.c_str());
   }
   std::fflush(out);  // before the note, so that the two streams do not interleave in one file
   if (!plot_note.empty() && options.json) std::fprintf(log, "m3 bench --attention: %s\n", plot_note.c_str());
-  return status;
+}
+
+}  // namespace
+
+int RunAttentionBench(const AttentionBenchOptions& options, FILE* out, FILE* log) {
+  const std::optional<Plan> plan = PlanRun(options, log);
+  if (!plan) return 2;
+  const Measured m = Measure(*plan, log);
+  PrintReport(options, *plan, m, out, log);
+  return m.status;
 }
 
 }  // namespace m3::bench

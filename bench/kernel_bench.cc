@@ -251,6 +251,8 @@ std::vector<double> TimeCalls(const CallPolicy& p, Fn&& fn) {
 // Sizes and repetitions.
 
 struct Plan {
+  std::vector<int> thread_counts;   // ascending, each once
+  size_t l3;                        // L3Bytes(): sizes the cold buffers
   size_t read_bytes;                // bandwidth probe buffer
   size_t read_chunk;                // timed unit of the probe (about one weight matrix)
   int read_reps;
@@ -268,6 +270,7 @@ struct Plan {
 
 Plan MakePlan(bool quick, size_t l3) {
   Plan p;
+  p.l3 = l3;
   if (quick) {
     p.read_bytes = size_t{8} << 20;
     p.read_chunk = size_t{1} << 20;
@@ -299,6 +302,26 @@ Plan MakePlan(bool quick, size_t l3) {
   p.gemv = {2, 30, 100000, 0.3, 10.0};
   p.gemm = {1, 5, 15, 1.0, 10.0};
   return p;
+}
+
+// The thread counts to measure: those given, else 1 and all cores; ascending, each once.
+std::vector<int> ThreadCounts(const KernelBenchOptions& options) {
+  std::vector<int> thread_counts = options.threads;
+  if (thread_counts.empty()) {
+    thread_counts = {1};
+    if (DefaultThreadCount() > 1) thread_counts.push_back(DefaultThreadCount());
+  }
+  std::sort(thread_counts.begin(), thread_counts.end());
+  thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
+  return thread_counts;
+}
+
+// What a run measures: the sizes and repetitions of --quick or of the real shapes, at this
+// machine's L3, on the thread counts.
+Plan PlanRun(const KernelBenchOptions& options) {
+  Plan plan = MakePlan(options.quick, L3Bytes());
+  plan.thread_counts = ThreadCounts(options);
+  return plan;
 }
 
 // Matrices of this geometry that fill the plan's working set: cycled through, every call's
@@ -398,8 +421,8 @@ double LoadAverage() {
   return getloadavg(load, 1) == 1 ? load[0] : -1;
 }
 
-// Collects the rows; Print() fills in the limits from the probes (the best of the whole run) and
-// writes JSON lines or the table.
+// Collects the rows; ResolveLimits() fills in the limits from the probes (the best of the whole
+// run) once all are measured; then PrintJson() or PrintTable() writes them.
 class Report {
  public:
   void Add(Row row) {
@@ -407,8 +430,7 @@ class Report {
     rows_.push_back(std::move(row));
   }
 
-  void Print(const LimitProbes& probes, const std::string& header, bool json, FILE* out) {
-    const std::string cpu = CpuModel(), simd_target = simd::ActiveTargetName();
+  void ResolveLimits(const LimitProbes& probes) {
     for (Row& r : rows_) {
       if (r.extra.contains("peak_kind")) {  // GEMV: its compute against the peak too
         // A few tokens can make a GEMV compute bound: at the peak its products take longer than
@@ -428,27 +450,33 @@ class Report {
       }
       r.limit = PeakOf(probes, r.limit_kind, r.threads);
     }
-    if (json) {
-      for (const Row& r : rows_) {
-        nlohmann::json j = {{"kernel", r.kernel},         {"type", r.type},
-                            {"shape", r.shape},           {"tokens", r.tokens},
-                            {"threads", r.threads},       {"value", r.value},
-                            {"unit", r.unit},             {"limit", r.limit},
-                            {"limit_kind", r.limit_kind}, {"ratio", nullptr},
-                            {"cpu", cpu},                 {"simd_target", simd_target},
-                            {"kernel_impl", r.impl},      {"commit", M3_COMMIT}};
-        const LimitRatio judged = Judge(r);
-        if (judged.valid) j["ratio"] = judged.ratio;
-        else j["limit_note"] = judged.note;
-        for (auto& [k, v] : r.extra.items()) j[k] = v;
-        std::fprintf(out, "%s\n", j.dump().c_str());
-      }
-      return;
+  }
+
+  // One JSON line per row, in measured order.
+  void PrintJson(FILE* out) const {
+    const std::string cpu = CpuModel(), simd_target = simd::ActiveTargetName();
+    for (const Row& r : rows_) {
+      nlohmann::json j = {{"kernel", r.kernel},         {"type", r.type},
+                          {"shape", r.shape},           {"tokens", r.tokens},
+                          {"threads", r.threads},       {"value", r.value},
+                          {"unit", r.unit},             {"limit", r.limit},
+                          {"limit_kind", r.limit_kind}, {"ratio", nullptr},
+                          {"cpu", cpu},                 {"simd_target", simd_target},
+                          {"kernel_impl", r.impl},      {"commit", M3_COMMIT}};
+      const LimitRatio judged = Judge(r);
+      if (judged.valid) j["ratio"] = judged.ratio;
+      else j["limit_note"] = judged.note;
+      for (auto& [k, v] : r.extra.items()) j[k] = v;
+      std::fprintf(out, "%s\n", j.dump().c_str());
     }
+  }
+
+  // The header, then the rows grouped by section (limits, GEMV, GEMM, oneDNN, GEMM vs oneDNN), in
+  // measured order within.
+  void PrintTable(const std::string& header, FILE* out) const {
     std::fprintf(out, "%s\n", header.c_str());
     std::fprintf(out, "%-12s %-5s %-10s %4s %4s %10s %-6s %10s %-12s %6s %5s  %s\n", "kernel", "type", "shape", "tok",
                  "thr", "value", "unit", "limit", "limit kind", "ratio", "load", "impl");
-    // Grouped by section (limits, GEMV, GEMM, oneDNN, GEMM vs oneDNN), in measured order within.
     std::vector<const Row*> sorted;
     for (const Row& r : rows_) sorted.push_back(&r);
     std::stable_sort(sorted.begin(), sorted.end(), [](const Row* a, const Row* b) { return Section(*a) < Section(*b); });
@@ -520,226 +548,236 @@ const char* TypeName(WeightFormat f) {
 }
 std::string ShapeName(size_t rows, size_t cols) { return std::to_string(rows) + "x" + std::to_string(cols); }
 
-}  // namespace
+// ---------------------------------------------------------------------------------------------
+// The run: limits, then per shape the kernel rows of each type and oneDNN's, then the limit rows.
 
-int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
-  std::vector<int> thread_counts = options.threads;
-  if (thread_counts.empty()) {
-    thread_counts = {1};
-    if (DefaultThreadCount() > 1) thread_counts.push_back(DefaultThreadCount());
+// One weight type at one shape: its cold matrices (enough to fill the plan's working set), the
+// runner, and the cursor that takes the matrices round robin across the GEMV rows and the expert
+// GEMM rows, so that each read is cold.
+struct TypeBench {
+  TypeBench(const Plan& plan, const shapes::MatShape& shape_in, WeightFormat format, int max_threads)
+      : ms(shape_in),
+        f(format),
+        geometry(simd::TiledShape(format, shape_in.rows, shape_in.cols)),
+        bytes(MatrixBytes(geometry)),
+        count(ColdCount(plan, geometry)),
+        set(geometry, count, ThreadConfig{max_threads}),
+        runner(geometry, std::max(plan.gemm_tokens, plan.gemv_tokens.back())),
+        shape(ShapeName(shape_in.rows, shape_in.cols)),
+        type(TypeName(format)) {}
+  std::string Impl(size_t n_tok) const {
+    return f == WeightFormat::kBF16Tiled ? simd::BestKernels().bf16_name.c_str()
+                                         : simd::BestKernels().QuantName(geometry, n_tok);
   }
-  std::sort(thread_counts.begin(), thread_counts.end());
-  thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
-  const int max_threads = thread_counts.back();
-  const size_t l3 = L3Bytes();
-  const Plan plan = MakePlan(options.quick, l3);
-  Report report;
-  int status = 0;
-  const double load_start = LoadAverage();
 
-  // 1. Limits for every thread count; probed again before each block below.
-  LimitProbes probes(plan, thread_counts);
-  probes.Probe(LimitProbes::kReadBw, plan.read_reps);
-  probes.Probe(LimitProbes::kInt8Peak, plan.peak_reps);
-  probes.Probe(LimitProbes::kFmaPeak, plan.peak_reps);
-  const bool amx = simd::AmxInt8PeakLoop(1) > 0;
-  if (amx) probes.Probe(LimitProbes::kAmxPeak, plan.peak_reps);
+  const shapes::MatShape ms;
+  const WeightFormat f;
+  const WeightRef geometry;
+  const size_t bytes, count;
+  MatrixSet set;
+  MatMulRunner runner;
+  const std::string shape;
+  const char* const type;
+  size_t next = 0;           // the next matrix of the round robin
+  const char* check = "ok";  // or "mismatch" (CheckAgainstReference)
+};
 
-  // 2. GEMV and GEMM per shape and type.
-  const bool bf16_dot = std::string(simd::BestKernels().bf16_name.c_str()).find("bf16") != std::string::npos;
-  for (const shapes::MatShape& ms : plan.shapes) {
-    const std::string shape = ShapeName(ms.rows, ms.cols);
-    for (WeightFormat f : {WeightFormat::kQ4, WeightFormat::kQ8, WeightFormat::kBF16Tiled}) {
-      const WeightRef geometry = simd::TiledShape(f, ms.rows, ms.cols);
-      const size_t bytes = MatrixBytes(geometry);
-      const size_t count = ColdCount(plan, geometry);
-      MatrixSet set(geometry, count, ThreadConfig{max_threads});
-      const size_t max_tokens = std::max(plan.gemm_tokens, plan.gemv_tokens.back());
-      MatMulRunner runner(geometry, max_tokens);
-      const auto impl_for = [&](size_t n_tok) -> std::string {
-        return f == WeightFormat::kBF16Tiled ? simd::BestKernels().bf16_name.c_str() : simd::BestKernels().QuantName(geometry, n_tok);
-      };
-      const char* type = TypeName(f);
+// Correctness first (a fast wrong kernel is no result): 1 token on all rows, and the GEMM on its
+// first and last row tiles, against the scalar reference. A mismatch is logged and makes the
+// run's status 1.
+void CheckAgainstReference(const Plan& plan, int max_threads, TypeBench* b, int* status, FILE* log) {
+  const double tol = b->f == WeightFormat::kBF16Tiled ? 1e-3 : 1e-5;
+  b->runner.Run(ThreadConfig{max_threads}, b->set.at(0), 1);
+  const double gemv_err = b->runner.CompareWithReference(b->set.at(0), 1, 0, b->geometry.row_tiles());
+  b->runner.Run(ThreadConfig{max_threads}, b->set.at(0), plan.gemm_tokens);
+  const size_t last = b->geometry.row_tiles() - 1;
+  const double gemm_err = std::max(b->runner.CompareWithReference(b->set.at(0), plan.gemm_tokens, 0, 1),
+                                   b->runner.CompareWithReference(b->set.at(0), plan.gemm_tokens, last, last + 1));
+  b->check = gemv_err <= tol && gemm_err <= tol ? "ok" : "mismatch";
+  if (std::string(b->check) != "ok") {
+    std::fprintf(log, "m3 bench: %s %s differs from the scalar reference (relative error gemv %.3g, gemm %.3g)\n",
+                 b->type, b->shape.c_str(), gemv_err, gemm_err);
+    *status = 1;
+  }
+}
 
-      // Correctness first (a fast wrong kernel is no result): 1 token on all rows, and the GEMM
-      // on its first and last row tiles, against the scalar reference.
-      const double tol = f == WeightFormat::kBF16Tiled ? 1e-3 : 1e-5;
-      runner.Run(ThreadConfig{max_threads}, set.at(0), 1);
-      const double gemv_err = runner.CompareWithReference(set.at(0), 1, 0, geometry.row_tiles());
-      runner.Run(ThreadConfig{max_threads}, set.at(0), plan.gemm_tokens);
-      const size_t last = geometry.row_tiles() - 1;
-      const double gemm_err = std::max(runner.CompareWithReference(set.at(0), plan.gemm_tokens, 0, 1),
-                                       runner.CompareWithReference(set.at(0), plan.gemm_tokens, last, last + 1));
-      const char* check = gemv_err <= tol && gemm_err <= tol ? "ok" : "mismatch";
-      if (std::string(check) != "ok") {
-        std::fprintf(log, "m3 bench: %s %s differs from the scalar reference (relative error gemv %.3g, gemm %.3g)\n",
-                     type, shape.c_str(), gemv_err, gemm_err);
-        status = 1;
-      }
+// One GEMV row: `n_tok` tokens on `t` threads. Each call is followed by a probe read of as many
+// cold bytes, the read patterns alternating, so that the kernel and its limit meet the same noise
+// from the other tenants of the machine; the limit is the faster pattern's median.
+void MeasureGemvRow(const Plan& plan, int t, size_t n_tok, bool bf16_dot, TypeBench* b, LimitProbes* probes,
+                    Report* report) {
+  const ThreadConfig tc{t};
+  CallPolicy policy = plan.gemv;
+  policy.min_calls = std::max(policy.min_calls, static_cast<int>(b->count));
+  std::vector<double> secs;
+  PairedSamples pairs;
+  const double gb = static_cast<double>(b->bytes) / 1e9;
+  TimeCalls(policy, [&] {
+    const auto t0 = Clock::now();
+    b->runner.Run(tc, b->set.at(b->next % b->count), n_tok);
+    secs.push_back(Seconds(t0, Clock::now()));
+    const ReadPattern pattern = ReadPatternAt(b->next);
+    const double read_s = probes->PairedRead(b->bytes, t, pattern);
+    if (secs.size() > static_cast<size_t>(policy.warmup)) pairs.Add(pattern, gb / read_s, gb / secs.back());
+    ++b->next;
+  });
+  const size_t skip = std::min<size_t>(static_cast<size_t>(policy.warmup), secs.size() - 1);
+  secs.erase(secs.begin(), secs.begin() + static_cast<std::ptrdiff_t>(skip));
+  const PairedSamples::Summary paired = pairs.Summarize();
+  const double s = Median(secs);
+  report->Add({"gemv", b->type, b->shape, n_tok, t, gb / s, "GB/s", paired.read_gbps, "read_bw", b->Impl(n_tok),
+               {{"seconds", s},
+                {"ops", MatMulOps(b->ms, n_tok)},
+                {"peak_kind", PeakKind(b->f, bf16_dot, b->Impl(n_tok))},
+                {"best_seconds", *std::min_element(secs.begin(), secs.end())},
+                {"calls", secs.size()},
+                {"bytes", b->bytes},
+                {"matrices", b->count},
+                {"working_set", b->bytes * b->count},
+                {"limit_stat", "median of paired probe reads"},
+                {"limit_pattern", paired.pattern},
+                {"pair_ratio_median", paired.ratio},
+                {"fast_regime_pairs", paired.fast_pairs},
+                {"fast_regime_ratio", paired.fast_ratio},
+                {"check", b->check}}});
+}
 
-      // One untimed pass over every matrix: on VMs the first read of freshly written memory is
-      // several times slower than later ones.
-      for (size_t i = 0; i < count; ++i) runner.Run(ThreadConfig{max_threads}, set.at(i), 1);
-      probes.Probe(LimitProbes::kReadBw, plan.reprobe_reps);
-      size_t next = 0;  // matrices are used round robin across all GEMV rows: each read is cold
-      // One discarded cycle of GEMV / probe pairs as the rows run them: on a Sapphire Rapids
-      // guest the first row after the probe, whatever its token count, ran in another state
-      // (kernel ~20% slower, its paired probe ~10% faster: 0.69-0.77 of it; the same row placed
-      // second 0.92-0.97).
-      for (size_t i = 0; i < count; ++i, ++next) {
-        runner.Run(ThreadConfig{thread_counts.front()}, set.at(next % count), 1);
-        probes.PairedRead(bytes, thread_counts.front(), ReadPatternAt(next));
-      }
-      for (int t : thread_counts) {
-        const ThreadConfig tc{t};
-        for (size_t n_tok : plan.gemv_tokens) {
-          CallPolicy policy = plan.gemv;
-          policy.min_calls = std::max(policy.min_calls, static_cast<int>(count));
-          // Each call is followed by a probe read of as many cold bytes, the read patterns
-          // alternating, so that the kernel and its limit meet the same noise from the other
-          // tenants of the machine; the limit is the faster pattern's median.
-          std::vector<double> secs;
-          PairedSamples pairs;
-          const double gb = static_cast<double>(bytes) / 1e9;
-          TimeCalls(policy, [&] {
-            const auto t0 = Clock::now();
-            runner.Run(tc, set.at(next % count), n_tok);
-            secs.push_back(Seconds(t0, Clock::now()));
-            const ReadPattern pattern = ReadPatternAt(next);
-            const double read_s = probes.PairedRead(bytes, t, pattern);
-            if (secs.size() > static_cast<size_t>(policy.warmup)) pairs.Add(pattern, gb / read_s, gb / secs.back());
-            ++next;
-          });
-          const size_t skip = std::min<size_t>(static_cast<size_t>(policy.warmup), secs.size() - 1);
-          secs.erase(secs.begin(), secs.begin() + static_cast<std::ptrdiff_t>(skip));
-          const PairedSamples::Summary paired = pairs.Summarize();
-          const double s = Median(secs);
-          report.Add({"gemv", type, shape, n_tok, t, gb / s, "GB/s", paired.read_gbps, "read_bw", impl_for(n_tok),
-                      {{"seconds", s},
-                       {"ops", MatMulOps(ms, n_tok)},
-                       {"peak_kind", PeakKind(f, bf16_dot, impl_for(n_tok))},
-                       {"best_seconds", *std::min_element(secs.begin(), secs.end())},
-                       {"calls", secs.size()},
-                       {"bytes", bytes},
-                       {"matrices", count},
-                       {"working_set", bytes * count},
-                       {"limit_stat", "median of paired probe reads"},
-                       {"limit_pattern", paired.pattern},
-                       {"pair_ratio_median", paired.ratio},
-                       {"fast_regime_pairs", paired.fast_pairs},
-                       {"fast_regime_ratio", paired.fast_ratio},
-                       {"check", check}}});
-        }
-      }
+// The GEMV rows of a type: every token count on every thread count, the matrices cold.
+void MeasureGemv(const Plan& plan, int max_threads, bool bf16_dot, TypeBench* b, LimitProbes* probes, Report* report) {
+  // One untimed pass over every matrix: on VMs the first read of freshly written memory is
+  // several times slower than later ones.
+  for (size_t i = 0; i < b->count; ++i) b->runner.Run(ThreadConfig{max_threads}, b->set.at(i), 1);
+  probes->Probe(LimitProbes::kReadBw, plan.reprobe_reps);
+  // One discarded cycle of GEMV / probe pairs as the rows run them: on a Sapphire Rapids guest
+  // the first row after the probe, whatever its token count, ran in another state (kernel ~20%
+  // slower, its paired probe ~10% faster: 0.69-0.77 of it; the same row placed second 0.92-0.97).
+  for (size_t i = 0; i < b->count; ++i, ++b->next) {
+    b->runner.Run(ThreadConfig{plan.thread_counts.front()}, b->set.at(b->next % b->count), 1);
+    probes->PairedRead(b->bytes, plan.thread_counts.front(), ReadPatternAt(b->next));
+  }
+  for (int t : plan.thread_counts)
+    for (size_t n_tok : plan.gemv_tokens) MeasureGemvRow(plan, t, n_tok, bf16_dot, b, probes, report);
+}
 
-      probes.Probe(f == WeightFormat::kBF16Tiled ? LimitProbes::kFmaPeak : LimitProbes::kInt8Peak, plan.reprobe_reps);
-      if (amx && simd::IsQuantized(f)) probes.Probe(LimitProbes::kAmxPeak, plan.reprobe_reps);
-      // The prompt's GEMM on one matrix, then an expert's share of it on the GEMV set's matrices
-      // round robin, each call's weights cold as a chosen expert's are.
-      for (const bool expert : {false, true}) {
-        const size_t n_tok = expert ? plan.expert_tokens : plan.gemm_tokens;
-        const double n_ops = MatMulOps(ms, n_tok);
-        const CallPolicy policy = GemmPolicy(plan, expert, count);
-        for (int t : thread_counts) {
-          const ThreadConfig tc{t};
-          const std::vector<double> secs =
-              TimeCalls(policy, [&] { runner.Run(tc, set.at(expert ? next++ % count : 0), n_tok); });
-          const double s = Median(secs);
-          const double gops = n_ops / s / 1e9;
-          report.Add({"gemm", type, shape, n_tok, t, gops, "GOP/s", 0, PeakKind(f, bf16_dot, impl_for(n_tok)), impl_for(n_tok),
-                      {{"seconds", s},
-                       {"best_seconds", *std::min_element(secs.begin(), secs.end())},
-                       {"calls", secs.size()},
-                       {"ops", n_ops},
-                       {"weights", expert ? "cold, round robin over the GEMV matrices" : "one matrix"},
-                       {"check", check}}});
-        }
-      }
-    }
-
-    // 3. oneDNN's int8 matmul on the same shapes and thread counts: the prompt on one matrix, and
-    // an expert's share with every call's weights cold, ours and oneDNN's each round robin over
-    // copies of their own (as many as the GEMV set: >= 8x L3).
-    if (!OneDnnAvailable()) continue;
-    const WeightRef q8_shape = simd::TiledShape(WeightFormat::kQ8, ms.rows, ms.cols);
-    MatMulRunner q8_runner(q8_shape, plan.gemm_tokens);
-    for (const bool expert : {false, true}) {
-      const size_t n_tok = expert ? plan.expert_tokens : plan.gemm_tokens;
-      const size_t copies = expert ? ColdCount(plan, q8_shape) : 1;
-      // Ours and oneDNN's copies side by side (the probe buffer is already counted).
-      const size_t copy_bytes = MatrixBytes(q8_shape) + ms.rows * ms.cols;
-      const double need = static_cast<double>(copies) * static_cast<double>(copy_bytes);
-      const uint64_t available = MemAvailable();
-      if (available > 0 && need > static_cast<double>(available) / 2) {
-        std::fprintf(log,
-                     "m3 bench: gemm vs onednn %s, %zu tokens skipped: %zu weight copies need %.2f GB, more than "
-                     "half of MemAvailable (%.2f GB)\n",
-                     shape.c_str(), n_tok, copies, need / 1e9, static_cast<double>(available) / 1e9);
-        continue;
-      }
-      const double n_ops = MatMulOps(ms, n_tok);
-      MatrixSet q8_set(q8_shape, copies, ThreadConfig{max_threads});
-      for (int t : thread_counts) {
-        std::string error;
-        const std::unique_ptr<OneDnnInt8MatMul> od =
-            OneDnnInt8MatMul::Create(n_tok, ms.cols, ms.rows, t, copies, &error);
-        if (!od) {
-          std::fprintf(log, "m3 bench: onednn_int8 %s, %d threads: %s\n", shape.c_str(), t, error.c_str());
-          continue;
-        }
-        // Ours and oneDNN's alternately, call by call, so that noise from other processes hits
-        // both alike; both rows report the medians of these paired calls. Ours is timed in two
-        // parts: the activation quantization and the int8 matmul itself, which starts from int8
-        // activations as oneDNN's does.
-        const ThreadConfig tc{t};
-        std::vector<double> quant, matmul, ours, peer;
-        size_t next_copy = 0;
-        const CallPolicy policy = GemmPolicy(plan, expert, copies);
-        TimeCalls(policy, [&] {
-          const auto t0 = Clock::now();
-          q8_runner.Quantize(tc, n_tok);
-          const auto t1 = Clock::now();
-          q8_runner.Multiply(tc, q8_set.at(next_copy++ % copies), n_tok);
-          const auto t2 = Clock::now();
-          od->Run();
-          quant.push_back(Seconds(t0, t1));
-          matmul.push_back(Seconds(t1, t2));
-          ours.push_back(Seconds(t0, t2));
-          peer.push_back(Seconds(t2, Clock::now()));
-        });
-        const size_t skip = std::min<size_t>(static_cast<size_t>(policy.warmup), ours.size() - 1);
-        for (auto* v : {&quant, &matmul, &ours, &peer})
-          v->erase(v->begin(), v->begin() + static_cast<std::ptrdiff_t>(skip));
-        const double gops = n_ops / Median(peer) / 1e9, ours_gops = n_ops / Median(ours) / 1e9;
-        const double matmul_gops = n_ops / Median(matmul) / 1e9;
-        const std::string weights =
-            expert ? "cold, round robin over " + std::to_string(copies) + " copies each" : "one matrix";
-        const bool od_amx = amx && od->impl().find("amx") != std::string::npos;
-        report.Add({"onednn_int8", "q8", shape, n_tok, t, gops, "GOP/s", 0, od_amx ? "amx_int8_peak" : "int8_peak",
-                    od->impl(),
-                    {{"seconds", Median(peer)},
-                     {"calls", peer.size()},
-                     {"ops", n_ops},
-                     {"src", "u8"},
-                     {"wei", "s8"},
-                     {"weights", weights}}});
-        report.Add({"gemm", "q8", shape, n_tok, t, ours_gops, "GOP/s", gops, "onednn",
-                    simd::BestKernels().QuantName(q8_shape, n_tok),
-                    {{"peer", od->impl()},
-                     {"paired_calls", ours.size()},
-                     {"seconds", Median(ours)},
-                     {"includes", "activation quantization (oneDNN gets int8 input)"},
-                     {"quantize_seconds", Median(quant)},
-                     {"matmul_seconds", Median(matmul)},
-                     {"matmul_gops", matmul_gops},
-                     {"matmul_ratio", matmul_gops / gops},
-                     {"weights", weights}}});
-      }
+// The GEMM rows of a type, after the compute peaks are probed again: the prompt's GEMM on one
+// matrix, then an expert's share of it on the GEMV set's matrices round robin, each call's weights
+// cold as a chosen expert's are.
+void MeasureGemm(const Plan& plan, bool amx, bool bf16_dot, TypeBench* b, LimitProbes* probes, Report* report) {
+  probes->Probe(b->f == WeightFormat::kBF16Tiled ? LimitProbes::kFmaPeak : LimitProbes::kInt8Peak, plan.reprobe_reps);
+  if (amx && simd::IsQuantized(b->f)) probes->Probe(LimitProbes::kAmxPeak, plan.reprobe_reps);
+  for (const bool expert : {false, true}) {
+    const size_t n_tok = expert ? plan.expert_tokens : plan.gemm_tokens;
+    const double n_ops = MatMulOps(b->ms, n_tok);
+    const CallPolicy policy = GemmPolicy(plan, expert, b->count);
+    for (int t : plan.thread_counts) {
+      const ThreadConfig tc{t};
+      const std::vector<double> secs =
+          TimeCalls(policy, [&] { b->runner.Run(tc, b->set.at(expert ? b->next++ % b->count : 0), n_tok); });
+      const double s = Median(secs);
+      const double gops = n_ops / s / 1e9;
+      report->Add({"gemm", b->type, b->shape, n_tok, t, gops, "GOP/s", 0, PeakKind(b->f, bf16_dot, b->Impl(n_tok)),
+                   b->Impl(n_tok),
+                   {{"seconds", s},
+                    {"best_seconds", *std::min_element(secs.begin(), secs.end())},
+                    {"calls", secs.size()},
+                    {"ops", n_ops},
+                    {"weights", expert ? "cold, round robin over the GEMV matrices" : "one matrix"},
+                    {"check", b->check}}});
     }
   }
-  if (!OneDnnAvailable()) std::fprintf(log, "m3 bench: %s: onednn rows skipped\n", OneDnnDescription().c_str());
+}
 
-  // The limit rows: best sample of the run (ratio 1 by definition); median and count alongside.
+// Our q8 GEMM and oneDNN's int8 matmul of `n_tok` tokens on `t` threads, alternately call by call,
+// so that noise from other processes hits both alike; both rows report the medians of these
+// paired calls. Ours is timed in two parts: the activation quantization and the int8 matmul
+// itself, which starts from int8 activations as oneDNN's does.
+void PairWithOneDnn(const Plan& plan, const shapes::MatShape& ms, bool expert, size_t n_tok, size_t copies, int t,
+                    bool amx, MatMulRunner* q8_runner, MatrixSet* q8_set, Report* report, FILE* log) {
+  const std::string shape = ShapeName(ms.rows, ms.cols);
+  const WeightRef q8_shape = simd::TiledShape(WeightFormat::kQ8, ms.rows, ms.cols);
+  const double n_ops = MatMulOps(ms, n_tok);
+  std::string error;
+  const std::unique_ptr<OneDnnInt8MatMul> od = OneDnnInt8MatMul::Create(n_tok, ms.cols, ms.rows, t, copies, &error);
+  if (!od) {
+    std::fprintf(log, "m3 bench: onednn_int8 %s, %d threads: %s\n", shape.c_str(), t, error.c_str());
+    return;
+  }
+  const ThreadConfig tc{t};
+  std::vector<double> quant, matmul, ours, peer;
+  size_t next_copy = 0;
+  const CallPolicy policy = GemmPolicy(plan, expert, copies);
+  TimeCalls(policy, [&] {
+    const auto t0 = Clock::now();
+    q8_runner->Quantize(tc, n_tok);
+    const auto t1 = Clock::now();
+    q8_runner->Multiply(tc, q8_set->at(next_copy++ % copies), n_tok);
+    const auto t2 = Clock::now();
+    od->Run();
+    quant.push_back(Seconds(t0, t1));
+    matmul.push_back(Seconds(t1, t2));
+    ours.push_back(Seconds(t0, t2));
+    peer.push_back(Seconds(t2, Clock::now()));
+  });
+  const size_t skip = std::min<size_t>(static_cast<size_t>(policy.warmup), ours.size() - 1);
+  for (auto* v : {&quant, &matmul, &ours, &peer})
+    v->erase(v->begin(), v->begin() + static_cast<std::ptrdiff_t>(skip));
+  const double gops = n_ops / Median(peer) / 1e9, ours_gops = n_ops / Median(ours) / 1e9;
+  const double matmul_gops = n_ops / Median(matmul) / 1e9;
+  const std::string weights =
+      expert ? "cold, round robin over " + std::to_string(copies) + " copies each" : "one matrix";
+  const bool od_amx = amx && od->impl().find("amx") != std::string::npos;
+  report->Add({"onednn_int8", "q8", shape, n_tok, t, gops, "GOP/s", 0, od_amx ? "amx_int8_peak" : "int8_peak",
+               od->impl(),
+               {{"seconds", Median(peer)},
+                {"calls", peer.size()},
+                {"ops", n_ops},
+                {"src", "u8"},
+                {"wei", "s8"},
+                {"weights", weights}}});
+  report->Add({"gemm", "q8", shape, n_tok, t, ours_gops, "GOP/s", gops, "onednn",
+               simd::BestKernels().QuantName(q8_shape, n_tok),
+               {{"peer", od->impl()},
+                {"paired_calls", ours.size()},
+                {"seconds", Median(ours)},
+                {"includes", "activation quantization (oneDNN gets int8 input)"},
+                {"quantize_seconds", Median(quant)},
+                {"matmul_seconds", Median(matmul)},
+                {"matmul_gops", matmul_gops},
+                {"matmul_ratio", matmul_gops / gops},
+                {"weights", weights}}});
+}
+
+// oneDNN's int8 matmul on the same shape and thread counts: the prompt on one matrix, and an
+// expert's share with every call's weights cold, ours and oneDNN's each round robin over copies
+// of their own (as many as the GEMV set: >= 8x L3). Skipped, with a note, where the copies need
+// more than half of the available memory.
+void MeasureOneDnn(const Plan& plan, const shapes::MatShape& ms, int max_threads, bool amx, Report* report,
+                   FILE* log) {
+  const std::string shape = ShapeName(ms.rows, ms.cols);
+  const WeightRef q8_shape = simd::TiledShape(WeightFormat::kQ8, ms.rows, ms.cols);
+  MatMulRunner q8_runner(q8_shape, plan.gemm_tokens);
+  for (const bool expert : {false, true}) {
+    const size_t n_tok = expert ? plan.expert_tokens : plan.gemm_tokens;
+    const size_t copies = expert ? ColdCount(plan, q8_shape) : 1;
+    // Ours and oneDNN's copies side by side (the probe buffer is already counted).
+    const size_t copy_bytes = MatrixBytes(q8_shape) + ms.rows * ms.cols;
+    const double need = static_cast<double>(copies) * static_cast<double>(copy_bytes);
+    const uint64_t available = MemAvailable();
+    if (available > 0 && need > static_cast<double>(available) / 2) {
+      std::fprintf(log,
+                   "m3 bench: gemm vs onednn %s, %zu tokens skipped: %zu weight copies need %.2f GB, more than "
+                   "half of MemAvailable (%.2f GB)\n",
+                   shape.c_str(), n_tok, copies, need / 1e9, static_cast<double>(available) / 1e9);
+      continue;
+    }
+    MatrixSet q8_set(q8_shape, copies, ThreadConfig{max_threads});
+    for (int t : plan.thread_counts)
+      PairWithOneDnn(plan, ms, expert, n_tok, copies, t, amx, &q8_runner, &q8_set, report, log);
+  }
+}
+
+// The limit rows: best sample of the run (ratio 1 by definition); median and count alongside.
+void AddLimitRows(const Plan& plan, const LimitProbes& probes, bool amx, Report* report) {
   struct LimitRow {
     LimitProbes::Kind kind;
     const char *kernel, *type, *unit;
@@ -753,29 +791,89 @@ int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
       {LimitProbes::kAmxPeak, "amx_int8_peak", "int8", "GOP/s", "-", "amx-int8"},
   };
   for (const LimitRow& lr : limit_rows)
-    for (int t : thread_counts) {
+    for (int t : plan.thread_counts) {
       if (lr.kind == LimitProbes::kAmxPeak && !amx) continue;
-      report.Add({lr.kernel, lr.type, lr.shape, 0, t, probes.Best(lr.kind, t), lr.unit, 0, lr.kernel, lr.impl,
-                  {{"median", probes.MedianOf(lr.kind, t)},
-                   {"pattern", lr.kind == LimitProbes::kReadBw ? probes.BestPattern(t) : "-"},
-                   {"samples", probes.Samples(lr.kind, t)},
-                   {"stat", "best"},
-                   {"sample_bytes", lr.kind == LimitProbes::kReadBw ? plan.read_chunk : 0}}});
+      report->Add({lr.kernel, lr.type, lr.shape, 0, t, probes.Best(lr.kind, t), lr.unit, 0, lr.kernel, lr.impl,
+                   {{"median", probes.MedianOf(lr.kind, t)},
+                    {"pattern", lr.kind == LimitProbes::kReadBw ? probes.BestPattern(t) : "-"},
+                    {"samples", probes.Samples(lr.kind, t)},
+                    {"stat", "best"},
+                    {"sample_bytes", lr.kind == LimitProbes::kReadBw ? plan.read_chunk : 0}}});
     }
+}
 
+// What a run measured: the rows with their limits filled in, the load at the start, and the
+// status (1 when a kernel disagreed with its scalar reference).
+struct Measured {
+  Report report;
+  double load_start = 0;
+  int status = 0;
+};
+
+Measured Measure(const Plan& plan, FILE* log) {
+  Measured m;
+  m.load_start = LoadAverage();
+  const int max_threads = plan.thread_counts.back();
+
+  // 1. Limits for every thread count; probed again before each block below.
+  LimitProbes probes(plan, plan.thread_counts);
+  probes.Probe(LimitProbes::kReadBw, plan.read_reps);
+  probes.Probe(LimitProbes::kInt8Peak, plan.peak_reps);
+  probes.Probe(LimitProbes::kFmaPeak, plan.peak_reps);
+  const bool amx = simd::AmxInt8PeakLoop(1) > 0;
+  if (amx) probes.Probe(LimitProbes::kAmxPeak, plan.peak_reps);
+
+  // 2. GEMV and GEMM per shape and type; 3. oneDNN's on the shape, where it is built in.
+  const bool bf16_dot = std::string(simd::BestKernels().bf16_name.c_str()).find("bf16") != std::string::npos;
+  for (const shapes::MatShape& ms : plan.shapes) {
+    for (WeightFormat f : {WeightFormat::kQ4, WeightFormat::kQ8, WeightFormat::kBF16Tiled}) {
+      TypeBench b(plan, ms, f, max_threads);
+      CheckAgainstReference(plan, max_threads, &b, &m.status, log);
+      MeasureGemv(plan, max_threads, bf16_dot, &b, &probes, &m.report);
+      MeasureGemm(plan, amx, bf16_dot, &b, &probes, &m.report);
+    }
+    if (OneDnnAvailable()) MeasureOneDnn(plan, ms, max_threads, amx, &m.report, log);
+  }
+  if (!OneDnnAvailable()) std::fprintf(log, "m3 bench: %s: onednn rows skipped\n", OneDnnDescription().c_str());
+
+  AddLimitRows(plan, probes, amx, &m.report);
+  m.report.ResolveLimits(probes);
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The report: JSON lines, or the header and the table.
+
+std::string Header(const KernelBenchOptions& options, const Plan& plan, double load_start) {
   char header[1024];
   std::snprintf(header, sizeof header,
                 "m3 bench --kernels%s\ncpu %s | simd %s | quant kernels %s | bf16 kernels %s | commit %s\n"
-                "L3 %.1f MiB | read_bw: %zu MiB buffer timed in %zu MiB chunks | GEMV weights cycled through >= %zu MiB per type and shape "
-                "(every call cold)\nkernel rows: median call | gemv limit: median of probe reads paired call by call with the kernel "
-                "(same bytes, cold) | other limits: best sample of the run | load: 1-min load "
-                "average when measured (%d CPUs; start %.2f)\n",
+                "L3 %.1f MiB | read_bw: %zu MiB buffer timed in %zu MiB chunks | GEMV weights cycled through >= %zu "
+                "MiB per type and shape (every call cold)\nkernel rows: median call | gemv limit: median of probe "
+                "reads paired call by call with the kernel (same bytes, cold) | other limits: best sample of the run | "
+                "load: 1-min load average when measured (%d CPUs; start %.2f)\n",
                 options.quick ? " --quick (tiny sizes: figures are not meaningful)" : "", CpuModel().c_str(),
-                simd::ActiveTargetName().c_str(), simd::BestKernels().quant_name.c_str(), simd::BestKernels().bf16_name.c_str(), M3_COMMIT,
-                static_cast<double>(l3) / (1 << 20), plan.read_bytes >> 20, plan.read_chunk >> 20, plan.working_set >> 20,
-                DefaultThreadCount(), load_start);
-  report.Print(probes, header, options.json, out);
-  return status;
+                simd::ActiveTargetName().c_str(), simd::BestKernels().quant_name.c_str(),
+                simd::BestKernels().bf16_name.c_str(), M3_COMMIT, static_cast<double>(plan.l3) / (1 << 20),
+                plan.read_bytes >> 20, plan.read_chunk >> 20, plan.working_set >> 20, DefaultThreadCount(), load_start);
+  return header;
+}
+
+void PrintReport(const KernelBenchOptions& options, const Plan& plan, const Measured& m, FILE* out) {
+  if (options.json) {
+    m.report.PrintJson(out);
+  } else {
+    m.report.PrintTable(Header(options, plan, m.load_start), out);
+  }
+}
+
+}  // namespace
+
+int RunKernelBench(const KernelBenchOptions& options, FILE* out, FILE* log) {
+  const Plan plan = PlanRun(options);
+  const Measured m = Measure(plan, log);
+  PrintReport(options, plan, m, out);
+  return m.status;
 }
 
 }  // namespace m3::bench

@@ -327,7 +327,7 @@ class PairedWeightReads {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The run.
+// The result: every figure of a run, as the report prints it.
 
 struct Result {
   std::string model_dir, model_kind;
@@ -392,10 +392,33 @@ struct Result {
   double loadavg_start = 0, loadavg_end = 0;
 };
 
-constexpr size_t kPrefillRuns = 3;
-constexpr double kPrefillRepeatS = 10;
+// ---------------------------------------------------------------------------------------------
+// The plan: what a run measures, decided from the options before anything runs.
 
-StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
+struct Plan {
+  int threads = 0;                // -t, or all cores
+  std::string model_dir;          // -m; empty: the synthetic model
+  SyntheticModelOptions synthetic;
+  std::string model_kind, pack_type;  // as Result reports them (pack_type: the generated model's)
+  EngineOptions engine;
+  int prompt_tokens = 0, decode_tokens = 0;
+  // Probes before and after the run: read-bandwidth passes, int8 peak loops of peak_seconds.
+  int probe_reps = 2;
+  double peak_seconds = 0.2;
+  // Timed prefills: up to prefill_runs while each takes under prefill_repeat_s (one prefill
+  // moves by +-10% from run to run on a shared VM; the median is the figure).
+  size_t prefill_runs = 3;
+  double prefill_repeat_s = 10;
+  // The batched and lookup phases: their prompts' length (a shorter one than the prefill's, to
+  // keep them cheap), sequences (1: no batched phase), guesses (0: no lookup phase), steps.
+  size_t phase_context = 0;
+  int batch = 1, batch_steps = 0;
+  int lookup = 0, lookup_steps = 0;
+  bool json = false;
+};
+
+// Checks the options and resolves them into a plan; the errors name the flags.
+StatusOr<Plan> PlanRun(const ModelBenchOptions& o) {
   if (o.prompt_tokens < 1) return InvalidArgument("-p must be >= 1 prompt token, got ", o.prompt_tokens);
   if (o.decode_tokens < 1) return InvalidArgument("-n must be >= 1 decode token, got ", o.decode_tokens);
   if (o.engine.threads < 0) return InvalidArgument("-t must be >= 1 thread, got ", o.engine.threads);
@@ -404,109 +427,169 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
   if (o.layers && (*o.layers < 1 || *o.layers > static_cast<int>(shapes::kLayers)))
     return InvalidArgument("--layers must be 1..", shapes::kLayers, " (the real model has ", shapes::kLayers,
                            " layers), got ", *o.layers);
-  Result r;
-  r.loadavg_start = LoadAverage();
-  r.threads = ResolveThreadCount(o.engine.threads);
-  const ThreadConfig tc{r.threads};
-
-  // 1. The model: given, or the synthetic one (generated once).
+  Plan p;
+  p.threads = ResolveThreadCount(o.engine.threads);
+  // The model: given, or the synthetic one (generated once).
   if (!o.model_dir.empty()) {
     if (o.layers || o.tiny || !o.cache_dir.empty() || o.type_given)
       return InvalidArgument(
           "--layers, --type, --tiny and --cache-dir describe the generated model; they cannot be used with -m");
     std::error_code ec;
     if (!fs::is_directory(o.model_dir, ec)) return NotFound(o.model_dir, ": no such model folder");
-    r.model_dir = o.model_dir;
-    r.model_kind = "given";
+    p.model_dir = o.model_dir;
+    p.model_kind = "given";
   } else {
-    SyntheticModelOptions so;
-    so.layers = o.layers.value_or(0);
-    so.tiny = o.tiny;
-    so.type = o.type;
-    so.cache_dir = o.cache_dir;
-    so.threads = r.threads;
-    M3_ASSIGN_OR_RETURN(SyntheticModel sm, EnsureSyntheticModel(so, log));
-    r.model_dir = sm.dir;
-    r.generated = sm.generated;
-    r.generation_s = sm.seconds;
-    r.model_kind = o.tiny ? "synthetic-tiny" : "synthetic";
-    r.pack_type = PackTypeName(o.type);
+    p.synthetic.layers = o.layers.value_or(0);
+    p.synthetic.tiny = o.tiny;
+    p.synthetic.type = o.type;
+    p.synthetic.cache_dir = o.cache_dir;
+    p.synthetic.threads = p.threads;
+    p.model_kind = o.tiny ? "synthetic-tiny" : "synthetic";
+    p.pack_type = PackTypeName(o.type);
   }
-  auto t0 = Clock::now();
-  EngineOptions engine_options = o.engine;
-  engine_options.threads = r.threads;
-  M3_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Open(r.model_dir, engine_options));
-  r.load_s = Seconds(t0, Clock::now());
-  r.numa = NumaModeName(engine_options.numa);
-  const Model& model = engine->model();
-  const ModelConfig& cfg = model.config();
-  r.layers = cfg.num_layers;
-  r.prompt_tokens = o.prompt_tokens;
-  r.decode_tokens = o.decode_tokens;
-  Session session(*engine);
-  const size_t need = static_cast<size_t>(o.prompt_tokens) + static_cast<size_t>(o.decode_tokens);
-  if (need > session.max_context())
-    return OutOfRange("-p ", o.prompt_tokens, " + -n ", o.decode_tokens, " = ", need,
-                      " tokens exceed the model's context of ", session.max_context(), " tokens");
+  p.engine = o.engine;
+  p.engine.threads = p.threads;
+  p.prompt_tokens = o.prompt_tokens;
+  p.decode_tokens = o.decode_tokens;
+  p.phase_context = std::min<size_t>(static_cast<size_t>(o.prompt_tokens), 64);
+  p.batch = o.batch;
+  if (o.batch > 1) p.batch_steps = std::max(1, std::min(o.decode_tokens, 64));
+  p.lookup = o.lookup;
+  if (o.lookup > 0) p.lookup_steps = std::max(1, std::min(o.decode_tokens, 32));
+  p.json = o.json;
+  return p;
+}
 
-  // 2. The limits, before the weights are in memory (opening maps them but reads none): the
-  // probe buffer is freed and forgotten by the peak RSS. Probed again after the decode; each
-  // limit is the best sample of the run.
-  if (log) std::fprintf(log, "m3 bench: probing the read bandwidth and int8 peak (%d threads)\n", r.threads);
-  r.read_bw = ProbeReadBandwidth(r.threads, 2);
-  r.int8_peak = ProbeInt8Peak(r.threads, 0.2, 2);
-  r.peak_rss_reset = ResetPeakRss();
+// ---------------------------------------------------------------------------------------------
+// The run, phase by phase; each fills its part of the Result.
 
-  // 3. Weights into memory, when they fit (a server keeps them resident).
-  const Footprint fp = MeasureFootprint(model);
-  r.weight_bytes = fp.range_bytes;
-  r.active_params = fp.layer_params + fp.lm_head_params + fp.embed_row_params;
+// Random ids from one fixed-seed stream (prefill, then the batched and lookup phases' prompts).
+class RandomIds {
+ public:
+  explicit RandomIds(int vocab_size) : vocab_size_(vocab_size) {}
+  std::vector<int32_t> Next(size_t n) {
+    std::vector<int32_t> ids(n);
+    for (int32_t& id : ids) {
+      s_ = s_ * 6364136223846793005ull + 1442695040888963407ull;
+      id = static_cast<int32_t>((s_ >> 33) % static_cast<uint64_t>(vocab_size_));
+    }
+    return ids;
+  }
+
+ private:
+  int vocab_size_;
+  uint64_t s_ = 0x5EED;
+};
+
+// What the phases share: the engine and the decode session (prefilled by the prefill phase), the
+// weights' footprint, the id stream, the prompt, the last logits and the layer clock.
+struct Bench {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Session> session;
+  Footprint fp;
+  std::unique_ptr<RandomIds> ids;
+  std::vector<int32_t> prompt;
+  std::vector<float> logits;
+  std::unique_ptr<LayerClock> clock;
+};
+
+// A layer's share of the active parameters per token.
+double PerLayerParams(const Footprint& fp, int layers) {
+  return static_cast<double>(fp.layer_params) / std::max(1, layers);
+}
+// What a decode token reads outside the layers (an embedding row, final norm and lm_head).
+double OutsideLayerBytes(const Footprint& fp) { return static_cast<double>(fp.fixed_bytes - fp.layers_fixed_bytes); }
+// Bytes per step of the full model: this model's layers' bytes x 60 / layers + the rest.
+double ProjectBytes(double bytes, double outside_layers, int layers) {
+  return (bytes - outside_layers) / std::max(1, layers) * static_cast<double>(shapes::kLayers) + outside_layers;
+}
+
+// The model folder: the given one, or the synthetic model, generated when not cached.
+Status PrepareModel(const Plan& p, Result* r, FILE* log) {
+  r->model_kind = p.model_kind;
+  r->pack_type = p.pack_type;
+  if (!p.model_dir.empty()) {
+    r->model_dir = p.model_dir;
+    return Status::Ok();
+  }
+  M3_ASSIGN_OR_RETURN(SyntheticModel sm, EnsureSyntheticModel(p.synthetic, log));
+  r->model_dir = sm.dir;
+  r->generated = sm.generated;
+  r->generation_s = sm.seconds;
+  return Status::Ok();
+}
+
+// Opens the engine and the decode session; the prompt and the decode must fit its context.
+Status OpenEngine(const Plan& p, Bench* b, Result* r) {
+  const auto t0 = Clock::now();
+  M3_ASSIGN_OR_RETURN(b->engine, Engine::Open(r->model_dir, p.engine));
+  r->load_s = Seconds(t0, Clock::now());
+  r->numa = NumaModeName(p.engine.numa);
+  r->layers = b->engine->model().config().num_layers;
+  r->prompt_tokens = p.prompt_tokens;
+  r->decode_tokens = p.decode_tokens;
+  b->session = std::make_unique<Session>(*b->engine);
+  const size_t need = static_cast<size_t>(p.prompt_tokens) + static_cast<size_t>(p.decode_tokens);
+  if (need > b->session->max_context())
+    return OutOfRange("-p ", p.prompt_tokens, " + -n ", p.decode_tokens, " = ", need,
+                      " tokens exceed the model's context of ", b->session->max_context(), " tokens");
+  return Status::Ok();
+}
+
+// The limits, before the weights are in memory (opening maps them but reads none): the probe
+// buffer is freed and forgotten by the peak RSS. Probed again after the run (ProbeLimitsAgain);
+// each limit is the best sample of the run.
+void ProbeLimits(const Plan& p, Result* r, FILE* log) {
+  if (log) std::fprintf(log, "m3 bench: probing the read bandwidth and int8 peak (%d threads)\n", r->threads);
+  r->read_bw = ProbeReadBandwidth(r->threads, p.probe_reps);
+  r->int8_peak = ProbeInt8Peak(r->threads, p.peak_seconds, p.probe_reps);
+  r->peak_rss_reset = ResetPeakRss();
+}
+
+// The weights' footprint, and the weights read into memory when they fit (a server keeps them
+// resident); else they stream from storage.
+void ReadWeightsIn(Bench* b, Result* r, FILE* log) {
+  b->fp = MeasureFootprint(b->engine->model());
+  const Footprint& fp = b->fp;
+  r->weight_bytes = fp.range_bytes;
+  r->active_params = fp.layer_params + fp.lm_head_params + fp.embed_row_params;
   const uint64_t available = MemAvailable();
   if (available == 0 || fp.range_bytes < available / 10 * 8) {
     if (log) std::fprintf(log, "m3 bench: reading %s of weights into memory\n", Bytes(static_cast<double>(fp.range_bytes)).c_str());
-    t0 = Clock::now();
-    ReadIn(tc, fp.ranges);
-    r.read_in_s = Seconds(t0, Clock::now());
-    r.read_in = true;
+    const auto t0 = Clock::now();
+    ReadIn(ThreadConfig{r->threads}, fp.ranges);
+    r->read_in_s = Seconds(t0, Clock::now());
+    r->read_in = true;
   } else if (log) {
     std::fprintf(log, "m3 bench: the weights (%s) do not fit in available memory (%s): they stream from storage\n",
                  Bytes(static_cast<double>(fp.range_bytes)).c_str(), Bytes(static_cast<double>(available)).c_str());
   }
+}
 
-  // 4. Prefill: one Eval of random ids (fixed seed), last-row logits.
-  // Random ids from one fixed-seed stream (prefill, then the batched and lookup phases' prompts).
-  uint64_t s = 0x5EED;
-  auto random_ids = [&](size_t n) {
-    std::vector<int32_t> ids(n);
-    for (int32_t& id : ids) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      id = static_cast<int32_t>((s >> 33) % static_cast<uint64_t>(cfg.vocab_size));
-    }
-    return ids;
-  };
-  const std::vector<int32_t> prompt = random_ids(static_cast<size_t>(o.prompt_tokens));
+// Prefill: Evals of random ids (fixed seed), last-row logits. An untimed warm-up, then the decode
+// session's prefill and more on fresh sessions as the plan allows; the medians are the figures.
+// Each run is timed layer by layer as well (LayerClock): the layers but the last run every row
+// through attention and MoE; the last layer only the row that gives logits (the others need
+// only their keys and values), as in any prompt.
+Status MeasurePrefill(const Plan& p, Bench* b, Result* r, FILE* log) {
+  b->ids = std::make_unique<RandomIds>(b->engine->model().config().vocab_size);
+  b->prompt = b->ids->Next(static_cast<size_t>(p.prompt_tokens));
   if (log)
-    std::fprintf(log, "m3 bench: prefill of %d tokens (a warm-up, then up to %zu timed), %d threads\n", o.prompt_tokens,
-                 kPrefillRuns, r.threads);
-  std::vector<float> logits;
+    std::fprintf(log, "m3 bench: prefill of %d tokens (a warm-up, then up to %zu timed), %d threads\n", p.prompt_tokens,
+                 p.prefill_runs, r->threads);
   {  // untimed: first-call allocations and page faults of the activation buffers
-    Session warm_up(*engine);
-    M3_RETURN_IF_ERROR(warm_up.Eval(prompt, LogitsMode::kLastRow, &logits));
+    Session warm_up(*b->engine);
+    M3_RETURN_IF_ERROR(warm_up.Eval(b->prompt, LogitsMode::kLastRow, &b->logits));
   }
-  // Timed: the decode session's prefill, then up to kPrefillRuns - 1 more on fresh sessions while
-  // they take under kPrefillRepeatS each; the median is the figure (one prefill moves by +-10%
-  // from run to run on a shared VM).
-  // Each run is timed layer by layer as well (LayerClock): the layers but the last run every row
-  // through attention and MoE; the last layer only the row that gives logits (the others need
-  // only their keys and values), as in any prompt.
-  LayerClock clock(r.layers, fp.expert_bytes);
+  b->clock = std::make_unique<LayerClock>(r->layers, b->fp.expert_bytes);
+  LayerClock& clock = *b->clock;
   std::vector<double> full_layer_s, last_layer_s, prefill_rest_s;  // per run
   auto prefill_run = [&](Session& target, std::vector<float>* out) {
     clock.Start();
-    t0 = Clock::now();
-    M3_RETURN_IF_ERROR(target.Eval(prompt, LogitsMode::kLastRow, out, &clock));
+    const auto t0 = Clock::now();
+    M3_RETURN_IF_ERROR(target.Eval(b->prompt, LogitsMode::kLastRow, out, &clock));
     const double rest = clock.Stop();
-    r.prefill_s.push_back(Seconds(t0, Clock::now()));
+    r->prefill_s.push_back(Seconds(t0, Clock::now()));
     const std::vector<double>& ls = clock.layer_s();
     if (ls.size() > 1) full_layer_s.push_back(Mean(ls, 0, ls.size() - 1));
     last_layer_s.push_back(ls.back());
@@ -514,47 +597,55 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
     clock.TakeRouted();
     return Status::Ok();
   };
-  M3_RETURN_IF_ERROR(prefill_run(session, &logits));
-  r.logits_finite = AllFinite(logits);
-  while (r.prefill_s.size() < kPrefillRuns && r.prefill_s.back() < kPrefillRepeatS) {
-    Session again(*engine);
+  M3_RETURN_IF_ERROR(prefill_run(*b->session, &b->logits));
+  r->logits_finite = AllFinite(b->logits);
+  while (r->prefill_s.size() < p.prefill_runs && r->prefill_s.back() < p.prefill_repeat_s) {
+    Session again(*b->engine);
     std::vector<float> again_logits;
     M3_RETURN_IF_ERROR(prefill_run(again, &again_logits));
   }
-  r.ttft_s = Median(r.prefill_s);
-  r.t_layer_prefill_s = Median(full_layer_s);  // 0 with one layer: no full layer was run
-  r.t_last_layer_prefill_s = Median(last_layer_s);
-  r.t_rest_prefill_s = Median(prefill_rest_s);
-  r.prefill_tok_s = o.prompt_tokens / r.ttft_s;
+  r->ttft_s = Median(r->prefill_s);
+  r->t_layer_prefill_s = Median(full_layer_s);  // 0 with one layer: no full layer was run
+  r->t_last_layer_prefill_s = Median(last_layer_s);
+  r->t_rest_prefill_s = Median(prefill_rest_s);
+  r->prefill_tok_s = p.prompt_tokens / r->ttft_s;
   // The work done: every layer's active parameters for each prompt token but the last layer's,
   // which runs its keys' and values' projections for every token and all of it for the last;
   // lm_head once (last row).
-  const double per_layer_params = static_cast<double>(fp.layer_params) / std::max(1, r.layers);
-  r.prefill_ops = 2.0 * (per_layer_params * o.prompt_tokens * (r.layers - 1) +
-                         static_cast<double>(fp.last_layer_kv_params) * (o.prompt_tokens - 1) + per_layer_params +
-                         static_cast<double>(fp.lm_head_params));
-  r.prefill_gops = r.prefill_ops / r.ttft_s / 1e9;
+  const Footprint& fp = b->fp;
+  const double per_layer_params = PerLayerParams(fp, r->layers);
+  r->prefill_ops = 2.0 * (per_layer_params * p.prompt_tokens * (r->layers - 1) +
+                          static_cast<double>(fp.last_layer_kv_params) * (p.prompt_tokens - 1) + per_layer_params +
+                          static_cast<double>(fp.lm_head_params));
+  r->prefill_gops = r->prefill_ops / r->ttft_s / 1e9;
+  return Status::Ok();
+}
 
-  // 5. Decode: greedy, one token per Eval; a step is the Eval and the argmax. Each step is
-  // followed by its paired read when the weights are resident and large enough to be cold.
-  if (log) std::fprintf(log, "m3 bench: decode of %d tokens\n", o.decode_tokens);
-  const bool paired = r.read_in && fp.range_bytes >= ReadProbeBytes(L3Bytes());
-  PairedWeightReads pair_reads(fp.ranges, r.threads);
+// Decode: greedy, one token per Eval on the prefilled session; a step is the Eval and the argmax.
+// Each step is followed by its paired read when the weights are resident and large enough to be
+// cold. Keeps each step's split (after the last layer, a layer's mean) for the projection.
+Status MeasureDecode(const Plan& p, Bench* b, Result* r, std::vector<double>* rest_s,
+                     std::vector<double>* layer_mean_s, FILE* log) {
+  if (log) std::fprintf(log, "m3 bench: decode of %d tokens\n", p.decode_tokens);
+  const Footprint& fp = b->fp;
+  LayerClock& clock = *b->clock;
+  std::vector<float>& logits = b->logits;
+  const bool paired = r->read_in && fp.range_bytes >= ReadProbeBytes(L3Bytes());
+  PairedWeightReads pair_reads(fp.ranges, r->threads);
   PairedSamples steps_paired;
-  std::vector<double> rest_s, layer_mean_s;  // per step: after the last layer, a layer's mean
   uint64_t routed_total = 0;
   double read_s = 0;
   const int64_t io_before = StorageReadBytes();
   int32_t token = Argmax(logits);
-  for (int i = 0; i < o.decode_tokens; ++i) {
+  for (int i = 0; i < p.decode_tokens; ++i) {
     clock.Start();
-    t0 = Clock::now();
-    M3_RETURN_IF_ERROR(session.Eval(std::span<const int32_t>(&token, 1), LogitsMode::kLastRow, &logits, &clock));
+    auto t0 = Clock::now();
+    M3_RETURN_IF_ERROR(b->session->Eval(std::span<const int32_t>(&token, 1), LogitsMode::kLastRow, &logits, &clock));
     token = Argmax(logits);
-    rest_s.push_back(clock.Stop());
-    r.step_s.push_back(Seconds(t0, Clock::now()));
-    layer_mean_s.push_back(Mean(clock.layer_s(), 0, clock.layer_s().size()));
-    r.logits_finite = r.logits_finite && AllFinite(logits);
+    rest_s->push_back(clock.Stop());
+    r->step_s.push_back(Seconds(t0, Clock::now()));
+    layer_mean_s->push_back(Mean(clock.layer_s(), 0, clock.layer_s().size()));
+    r->logits_finite = r->logits_finite && AllFinite(logits);
     const uint64_t step_routed = clock.TakeRouted();
     routed_total += step_routed;
     if (paired) {
@@ -562,163 +653,193 @@ StatusOr<Result> Run(const ModelBenchOptions& o, FILE* log) {
       t0 = Clock::now();
       const double read_gbps = pair_reads.Read(step_bytes, ReadPatternAt(static_cast<size_t>(i)));
       read_s += Seconds(t0, Clock::now());
-      steps_paired.Add(ReadPatternAt(static_cast<size_t>(i)), read_gbps, static_cast<double>(step_bytes) / r.step_s.back() / 1e9);
+      steps_paired.Add(ReadPatternAt(static_cast<size_t>(i)), read_gbps,
+                       static_cast<double>(step_bytes) / r->step_s.back() / 1e9);
     }
   }
   const int64_t io_after = StorageReadBytes();
-  r.logits_rms = Rms(logits);
+  r->logits_rms = Rms(logits);
   double decode_total = 0;
-  for (double v : r.step_s) decode_total += v;
-  r.decode_tok_s = 1.0 / Median(r.step_s);
-  r.decode_tok_s_mean = o.decode_tokens / decode_total;
-  r.routed_bytes_per_token = static_cast<double>(routed_total) / o.decode_tokens;
-  r.bytes_per_token = static_cast<double>(fp.fixed_bytes) + r.routed_bytes_per_token;
-  r.decode_gbps = r.bytes_per_token * r.decode_tok_s / 1e9;
-  r.disk_read_bytes = io_before >= 0 && io_after >= io_before ? io_after - io_before : 0;
-  r.disk_read_mbps = static_cast<double>(r.disk_read_bytes) / (decode_total + read_s) / 1e6;
-  r.steps_paired = steps_paired.Summarize();
-  r.peak_rss = PeakRssBytes();  // before the second probe's buffer
+  for (double v : r->step_s) decode_total += v;
+  r->decode_tok_s = 1.0 / Median(r->step_s);
+  r->decode_tok_s_mean = p.decode_tokens / decode_total;
+  r->routed_bytes_per_token = static_cast<double>(routed_total) / p.decode_tokens;
+  r->bytes_per_token = static_cast<double>(fp.fixed_bytes) + r->routed_bytes_per_token;
+  r->decode_gbps = r->bytes_per_token * r->decode_tok_s / 1e9;
+  r->disk_read_bytes = io_before >= 0 && io_after >= io_before ? io_after - io_before : 0;
+  r->disk_read_mbps = static_cast<double>(r->disk_read_bytes) / (decode_total + read_s) / 1e6;
+  r->steps_paired = steps_paired.Summarize();
+  r->peak_rss = PeakRssBytes();  // before the second probe's buffer
+  return Status::Ok();
+}
 
-  // 6. The projection: this run's time per layer x 60 + the rest (final norm, lm_head, argmax),
-  // medians over the steps of each step's split (decode), over the runs (prefill: 59 full layers,
-  // the last one as measured).
-  r.t_rest_s = Median(rest_s);
-  r.t_layer_s = Median(layer_mean_s);
-  r.projected_tok_s = 1.0 / (r.t_layer_s * static_cast<double>(shapes::kLayers) + r.t_rest_s);
-  const double outside_layers = static_cast<double>(fp.fixed_bytes - fp.layers_fixed_bytes);
-  r.lm_head_bytes = static_cast<double>(fp.lm_head_bytes);
-  r.layer_bytes_per_token = (r.bytes_per_token - outside_layers) / std::max(1, r.layers);
-  r.layer_share = r.bytes_per_token > 0 ? (r.bytes_per_token - outside_layers) / r.bytes_per_token : 0;
-  if (r.t_layer_prefill_s > 0) {
-    r.projected_prefill_tok_s =
-        o.prompt_tokens / (r.t_layer_prefill_s * static_cast<double>(shapes::kLayers - 1) + r.t_last_layer_prefill_s +
-                           r.t_rest_prefill_s);
-    r.layer_prefill_gops = 2.0 * per_layer_params * o.prompt_tokens / r.t_layer_prefill_s / 1e9;
+// The projection: this run's time per layer x 60 + the rest (final norm, lm_head, argmax),
+// medians over the steps of each step's split (decode), over the runs (prefill: 59 full layers,
+// the last one as measured).
+void Project(const Plan& p, const Footprint& fp, const std::vector<double>& rest_s,
+             const std::vector<double>& layer_mean_s, Result* r) {
+  r->t_rest_s = Median(rest_s);
+  r->t_layer_s = Median(layer_mean_s);
+  r->projected_tok_s = 1.0 / (r->t_layer_s * static_cast<double>(shapes::kLayers) + r->t_rest_s);
+  const double outside_layers = OutsideLayerBytes(fp);
+  r->lm_head_bytes = static_cast<double>(fp.lm_head_bytes);
+  r->layer_bytes_per_token = (r->bytes_per_token - outside_layers) / std::max(1, r->layers);
+  r->layer_share = r->bytes_per_token > 0 ? (r->bytes_per_token - outside_layers) / r->bytes_per_token : 0;
+  if (r->t_layer_prefill_s > 0) {
+    r->projected_prefill_tok_s =
+        p.prompt_tokens / (r->t_layer_prefill_s * static_cast<double>(shapes::kLayers - 1) + r->t_last_layer_prefill_s +
+                           r->t_rest_prefill_s);
+    r->layer_prefill_gops = 2.0 * PerLayerParams(fp, r->layers) * p.prompt_tokens / r->t_layer_prefill_s / 1e9;
   }
-  r.projected_bytes_per_token =
-      (r.bytes_per_token - outside_layers) / std::max(1, r.layers) * static_cast<double>(shapes::kLayers) + outside_layers;
-  r.layer_share_full =
-      r.projected_bytes_per_token > 0 ? (r.projected_bytes_per_token - outside_layers) / r.projected_bytes_per_token : 0;
+  r->projected_bytes_per_token = ProjectBytes(r->bytes_per_token, outside_layers, r->layers);
+  r->layer_share_full = r->projected_bytes_per_token > 0
+                            ? (r->projected_bytes_per_token - outside_layers) / r->projected_bytes_per_token
+                            : 0;
+}
 
-  // 7. Batched decode: `batch` sessions and one more, each with its own prompt of the same length
-  // (a shorter one than the prefill's, to keep this phase cheap), so that they route apart as
-  // different conversations do. Each step of the batch is paired with a step of the lone session
-  // (alternating which goes first), which is the yardstick of the batch's speedup.
-  r.batch = o.batch;
-  if (o.batch > 1) {
-    const size_t context = std::min<size_t>(prompt.size(), 64);
-    r.batch_context = static_cast<int>(context);
-    r.batch_steps = std::max(1, std::min(o.decode_tokens, 64));
-    if (log) std::fprintf(log, "m3 bench: decode of %d sequences at once, %d steps, paired with one sequence's\n",
-                          o.batch, r.batch_steps);
-    std::vector<std::unique_ptr<Session>> sessions;
-    std::vector<int32_t> next;
-    for (int i = 0; i <= o.batch; ++i) {
-      const std::vector<int32_t> ids = random_ids(context);
-      sessions.push_back(std::make_unique<Session>(*engine));
-      M3_RETURN_IF_ERROR(sessions.back()->Eval(ids, LogitsMode::kLastRow, &logits));
-      next.push_back(Argmax(logits));
-    }
-    Session& lone = *sessions.back();
-    std::vector<Session*> batch;
-    for (int i = 0; i < o.batch; ++i) batch.push_back(sessions[static_cast<size_t>(i)].get());
-    RoutedExpertBytes union_bytes(fp.expert_bytes);
-    std::vector<double> batch_s, single_s, batch_bytes;
-    std::vector<float> batch_logits;
-    for (int k = 0; k < r.batch_steps; ++k) {
-      auto batch_step = [&] {
-        const auto t = Clock::now();
-        M3_RETURN_IF_ERROR(Session::DecodeBatch(batch, std::span<const int32_t>(next.data(), batch.size()),
-                                                &batch_logits, &union_bytes));
-        const size_t vocab = batch_logits.size() / batch.size();
-        for (size_t i = 0; i < batch.size(); ++i)
-          next[i] = Argmax(batch_logits.data() + i * vocab, vocab);
-        batch_s.push_back(Seconds(t, Clock::now()));
-        batch_bytes.push_back(static_cast<double>(fp.fixed_bytes + union_bytes.Take()));
-        return Status::Ok();
-      };
-      auto single_step = [&] {
-        const auto t = Clock::now();
-        M3_RETURN_IF_ERROR(lone.Eval(std::span<const int32_t>(&next.back(), 1), LogitsMode::kLastRow, &logits));
-        next.back() = Argmax(logits);
-        single_s.push_back(Seconds(t, Clock::now()));
-        return Status::Ok();
-      };
-      if (k % 2 == 0) {
-        M3_RETURN_IF_ERROR(batch_step());
-        M3_RETURN_IF_ERROR(single_step());
-      } else {
-        M3_RETURN_IF_ERROR(single_step());
-        M3_RETURN_IF_ERROR(batch_step());
-      }
-      r.logits_finite = r.logits_finite && AllFinite(batch_logits);
-    }
-    // What a batched step reads: the fixed weights once, each routed-to expert once.
-    r.batch_bytes_per_step = Median(batch_bytes);
-    r.batch_projected_bytes_per_step = (r.batch_bytes_per_step - outside_layers) / std::max(1, r.layers) *
-                                           static_cast<double>(shapes::kLayers) +
-                                       outside_layers;
-    r.batch_step_s = Median(batch_s);
-    r.batch_single_step_s = Median(single_s);
+// Batched decode: `batch` sessions and one more, each with its own prompt of the same length, so
+// that they route apart as different conversations do. Each step of the batch is paired with a
+// step of the lone session (alternating which goes first), which is the yardstick of the
+// batch's speedup.
+Status MeasureBatch(const Plan& p, Bench* b, Result* r, FILE* log) {
+  r->batch = p.batch;
+  if (p.batch <= 1) return Status::Ok();
+  const Footprint& fp = b->fp;
+  std::vector<float>& logits = b->logits;
+  const size_t context = p.phase_context;
+  r->batch_context = static_cast<int>(context);
+  r->batch_steps = p.batch_steps;
+  if (log) std::fprintf(log, "m3 bench: decode of %d sequences at once, %d steps, paired with one sequence's\n",
+                        p.batch, r->batch_steps);
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<int32_t> next;
+  for (int i = 0; i <= p.batch; ++i) {
+    const std::vector<int32_t> ids = b->ids->Next(context);
+    sessions.push_back(std::make_unique<Session>(*b->engine));
+    M3_RETURN_IF_ERROR(sessions.back()->Eval(ids, LogitsMode::kLastRow, &logits));
+    next.push_back(Argmax(logits));
   }
-
-  // 8. Prompt lookup's verify steps: the sampled token and `lookup` guesses copied from earlier in
-  // the context (as lookup takes them, so they route as the text does) in one pass with every
-  // row's logits, then rewound (the pass costs the same whether the guesses are taken or not);
-  // each paired with a single step of another session at the same context.
-  r.lookup = o.lookup;
-  if (o.lookup > 0) {
-    const size_t context = std::min<size_t>(prompt.size(), 64);
-    const size_t k = static_cast<size_t>(o.lookup);
-    r.lookup_steps = std::max(1, std::min(o.decode_tokens, 32));
-    if (log) std::fprintf(log, "m3 bench: %d prompt-lookup verify steps of 1 + %d tokens, paired with single steps\n",
-                          r.lookup_steps, o.lookup);
-    const std::vector<int32_t> ids = random_ids(std::max(context, k + 1));
-    Session verify(*engine), lone(*engine);
-    M3_RETURN_IF_ERROR(verify.Eval(ids, LogitsMode::kLastRow, &logits));
-    int32_t next_verify = Argmax(logits);
-    M3_RETURN_IF_ERROR(lone.Eval(ids, LogitsMode::kLastRow, &logits));
-    int32_t next_lone = Argmax(logits);
-    RoutedExpertBytes union_bytes(fp.expert_bytes);
-    std::vector<double> verify_s, single_s, verify_bytes;
-    std::vector<float> rows;
-    for (int step = 0; step < r.lookup_steps; ++step) {
-      auto verify_step = [&] {
-        std::vector<int32_t> tokens = {next_verify};
-        const size_t from = static_cast<size_t>(step) % (ids.size() - k);
-        tokens.insert(tokens.end(), ids.begin() + static_cast<std::ptrdiff_t>(from),
-                      ids.begin() + static_cast<std::ptrdiff_t>(from + k));
-        const auto t = Clock::now();
-        M3_RETURN_IF_ERROR(verify.Eval(tokens, LogitsMode::kAllRows, &rows, &union_bytes));
-        next_verify = Argmax(rows.data(), rows.size() / tokens.size());
-        verify_s.push_back(Seconds(t, Clock::now()));
-        verify_bytes.push_back(static_cast<double>(fp.fixed_bytes + union_bytes.Take()));
-        return verify.Rewind(verify.position() - k);
-      };
-      auto single_step = [&] {
-        const auto t = Clock::now();
-        M3_RETURN_IF_ERROR(lone.Eval(std::span<const int32_t>(&next_lone, 1), LogitsMode::kLastRow, &logits));
-        next_lone = Argmax(logits);
-        single_s.push_back(Seconds(t, Clock::now()));
-        return Status::Ok();
-      };
-      M3_RETURN_IF_ERROR(step % 2 == 0 ? verify_step() : single_step());
-      M3_RETURN_IF_ERROR(step % 2 == 0 ? single_step() : verify_step());
-      r.logits_finite = r.logits_finite && AllFinite(rows);
+  Session& lone = *sessions.back();
+  std::vector<Session*> batch;
+  for (int i = 0; i < p.batch; ++i) batch.push_back(sessions[static_cast<size_t>(i)].get());
+  RoutedExpertBytes union_bytes(fp.expert_bytes);
+  std::vector<double> batch_s, single_s, batch_bytes;
+  std::vector<float> batch_logits;
+  for (int k = 0; k < r->batch_steps; ++k) {
+    auto batch_step = [&] {
+      const auto t = Clock::now();
+      M3_RETURN_IF_ERROR(Session::DecodeBatch(batch, std::span<const int32_t>(next.data(), batch.size()),
+                                              &batch_logits, &union_bytes));
+      const size_t vocab = batch_logits.size() / batch.size();
+      for (size_t i = 0; i < batch.size(); ++i)
+        next[i] = Argmax(batch_logits.data() + i * vocab, vocab);
+      batch_s.push_back(Seconds(t, Clock::now()));
+      batch_bytes.push_back(static_cast<double>(fp.fixed_bytes + union_bytes.Take()));
+      return Status::Ok();
+    };
+    auto single_step = [&] {
+      const auto t = Clock::now();
+      M3_RETURN_IF_ERROR(lone.Eval(std::span<const int32_t>(&next.back(), 1), LogitsMode::kLastRow, &logits));
+      next.back() = Argmax(logits);
+      single_s.push_back(Seconds(t, Clock::now()));
+      return Status::Ok();
+    };
+    if (k % 2 == 0) {
+      M3_RETURN_IF_ERROR(batch_step());
+      M3_RETURN_IF_ERROR(single_step());
+    } else {
+      M3_RETURN_IF_ERROR(single_step());
+      M3_RETURN_IF_ERROR(batch_step());
     }
-    r.lookup_step_s = Median(verify_s);
-    r.lookup_single_step_s = Median(single_s);
-    r.lookup_bytes_per_step = Median(verify_bytes);
-    r.lookup_projected_bytes_per_step = (r.lookup_bytes_per_step - outside_layers) / std::max(1, r.layers) *
-                                            static_cast<double>(shapes::kLayers) +
-                                        outside_layers;
+    r->logits_finite = r->logits_finite && AllFinite(batch_logits);
   }
+  // What a batched step reads: the fixed weights once, each routed-to expert once.
+  r->batch_bytes_per_step = Median(batch_bytes);
+  r->batch_projected_bytes_per_step = ProjectBytes(r->batch_bytes_per_step, OutsideLayerBytes(fp), r->layers);
+  r->batch_step_s = Median(batch_s);
+  r->batch_single_step_s = Median(single_s);
+  return Status::Ok();
+}
 
-  // 9. The limits again, same threads as the run.
+// Prompt lookup's verify steps: the sampled token and `lookup` guesses copied from earlier in the
+// context (as lookup takes them, so they route as the text does) in one pass with every row's
+// logits, then rewound (the pass costs the same whether the guesses are taken or not); each
+// paired with a single step of another session at the same context.
+Status MeasureLookup(const Plan& p, Bench* b, Result* r, FILE* log) {
+  r->lookup = p.lookup;
+  if (p.lookup <= 0) return Status::Ok();
+  const Footprint& fp = b->fp;
+  std::vector<float>& logits = b->logits;
+  const size_t context = p.phase_context;
+  const size_t k = static_cast<size_t>(p.lookup);
+  r->lookup_steps = p.lookup_steps;
+  if (log) std::fprintf(log, "m3 bench: %d prompt-lookup verify steps of 1 + %d tokens, paired with single steps\n",
+                        r->lookup_steps, p.lookup);
+  const std::vector<int32_t> ids = b->ids->Next(std::max(context, k + 1));
+  Session verify(*b->engine), lone(*b->engine);
+  M3_RETURN_IF_ERROR(verify.Eval(ids, LogitsMode::kLastRow, &logits));
+  int32_t next_verify = Argmax(logits);
+  M3_RETURN_IF_ERROR(lone.Eval(ids, LogitsMode::kLastRow, &logits));
+  int32_t next_lone = Argmax(logits);
+  RoutedExpertBytes union_bytes(fp.expert_bytes);
+  std::vector<double> verify_s, single_s, verify_bytes;
+  std::vector<float> rows;
+  for (int step = 0; step < r->lookup_steps; ++step) {
+    auto verify_step = [&] {
+      std::vector<int32_t> tokens = {next_verify};
+      const size_t from = static_cast<size_t>(step) % (ids.size() - k);
+      tokens.insert(tokens.end(), ids.begin() + static_cast<std::ptrdiff_t>(from),
+                    ids.begin() + static_cast<std::ptrdiff_t>(from + k));
+      const auto t = Clock::now();
+      M3_RETURN_IF_ERROR(verify.Eval(tokens, LogitsMode::kAllRows, &rows, &union_bytes));
+      next_verify = Argmax(rows.data(), rows.size() / tokens.size());
+      verify_s.push_back(Seconds(t, Clock::now()));
+      verify_bytes.push_back(static_cast<double>(fp.fixed_bytes + union_bytes.Take()));
+      return verify.Rewind(verify.position() - k);
+    };
+    auto single_step = [&] {
+      const auto t = Clock::now();
+      M3_RETURN_IF_ERROR(lone.Eval(std::span<const int32_t>(&next_lone, 1), LogitsMode::kLastRow, &logits));
+      next_lone = Argmax(logits);
+      single_s.push_back(Seconds(t, Clock::now()));
+      return Status::Ok();
+    };
+    M3_RETURN_IF_ERROR(step % 2 == 0 ? verify_step() : single_step());
+    M3_RETURN_IF_ERROR(step % 2 == 0 ? single_step() : verify_step());
+    r->logits_finite = r->logits_finite && AllFinite(rows);
+  }
+  r->lookup_step_s = Median(verify_s);
+  r->lookup_single_step_s = Median(single_s);
+  r->lookup_bytes_per_step = Median(verify_bytes);
+  r->lookup_projected_bytes_per_step = ProjectBytes(r->lookup_bytes_per_step, OutsideLayerBytes(fp), r->layers);
+  return Status::Ok();
+}
+
+// The limits again, same threads as the run.
+void ProbeLimitsAgain(const Plan& p, Result* r, FILE* log) {
   if (log) std::fprintf(log, "m3 bench: probing the machine limits again\n");
-  r.read_bw.Merge(ProbeReadBandwidth(r.threads, 2));
-  r.int8_peak.Merge(ProbeInt8Peak(r.threads, 0.2, 2));
-  r.loadavg_end = LoadAverage();
+  r->read_bw.Merge(ProbeReadBandwidth(r->threads, p.probe_reps));
+  r->int8_peak.Merge(ProbeInt8Peak(r->threads, p.peak_seconds, p.probe_reps));
+  r->loadavg_end = LoadAverage();
+}
+
+// Runs the plan's phases in order and returns what they measured.
+StatusOr<Result> Measure(const Plan& p, FILE* log) {
+  Result r;
+  r.loadavg_start = LoadAverage();
+  r.threads = p.threads;
+  Bench b;
+  M3_RETURN_IF_ERROR(PrepareModel(p, &r, log));
+  M3_RETURN_IF_ERROR(OpenEngine(p, &b, &r));
+  ProbeLimits(p, &r, log);
+  ReadWeightsIn(&b, &r, log);
+  M3_RETURN_IF_ERROR(MeasurePrefill(p, &b, &r, log));
+  std::vector<double> rest_s, layer_mean_s;  // per decode step: after the last layer, a layer's mean
+  M3_RETURN_IF_ERROR(MeasureDecode(p, &b, &r, &rest_s, &layer_mean_s, log));
+  Project(p, b.fp, rest_s, layer_mean_s, &r);
+  M3_RETURN_IF_ERROR(MeasureBatch(p, &b, &r, log));
+  M3_RETURN_IF_ERROR(MeasureLookup(p, &b, &r, log));
+  ProbeLimitsAgain(p, &r, log);
   return r;
 }
 
@@ -753,8 +874,8 @@ LimitRatios JudgeLimits(const Result& r) {
   return j;
 }
 
-nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
-  const LimitRatios lr = JudgeLimits(r);
+// The model, the run's settings and the machine.
+nlohmann::json RunJson(const Result& r, const std::string& simd_target) {
   return {
       {"model_dir", r.model_dir},
       {"model_kind", r.model_kind},
@@ -774,6 +895,14 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
       {"simd_target", simd_target},
       {"quant_kernels", Kernels().quant_name()},
       {"commit", M3_COMMIT},
+      {"loadavg_start", r.loadavg_start},
+      {"loadavg_end", r.loadavg_end},
+  };
+}
+
+// Prefill and its compute against the int8 peak.
+nlohmann::json PrefillJson(const Result& r, const LimitRatios& lr) {
+  return {
       {"prefill_tok_s", r.prefill_tok_s},
       {"ttft_s", r.ttft_s},
       {"prefill_runs", r.prefill_s.size()},
@@ -783,6 +912,12 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
       {"int8_peak_gops", r.int8_peak.best},
       {"prefill_peak_ratio", RatioJson(lr.prefill)},
       {"active_params", r.active_params},
+  };
+}
+
+// Decode: its bytes against the read limits, the process's storage reads and memory, the logits.
+nlohmann::json DecodeJson(const Result& r, const LimitRatios& lr) {
+  return {
       {"decode_tok_s", r.decode_tok_s},
       {"decode_tok_s_mean", r.decode_tok_s_mean},
       {"decode_step_s_median", Median(r.step_s)},
@@ -809,6 +944,14 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
       {"disk_read_mbps", r.disk_read_mbps},
       {"peak_rss_bytes", r.peak_rss},
       {"peak_rss_excludes_probe", r.peak_rss_reset},
+      {"logits_finite", r.logits_finite},
+      {"logits_rms", r.logits_rms},
+  };
+}
+
+// One layer and lm_head apart, and the projection to the full model.
+nlohmann::json LayersJson(const Result& r, const LimitRatios& lr) {
+  return {
       {"layer_bytes_per_token", r.layer_bytes_per_token},
       {"lm_head_bytes", r.lm_head_bytes},
       {"layer_share_of_bytes", r.layer_share},
@@ -835,6 +978,12 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
            "follows the last layer (final norm, lm_head, argmax); prefill: 59 x a full layer (the mean of all but "
            "the last, median over the runs) + the last layer (every row's keys and values, the rest for the last "
            "row) + what follows it; needs 2+ layers; assumes the weights stay in memory")},
+  };
+}
+
+// The batched decode and prompt-lookup phases.
+nlohmann::json PhasesJson(const Result& r, const LimitRatios& lr) {
+  return {
       {"batch", r.batch},
       {"batch_steps", r.batch_steps},
       {"batch_context", r.batch_context},
@@ -853,15 +1002,36 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
       {"lookup_step_cost", r.lookup_cost()},
       {"lookup_bytes_per_step", r.lookup_bytes_per_step},
       {"lookup_projected_full_model_step_cost", r.lookup_projected_cost()},
-      {"logits_finite", r.logits_finite},
-      {"logits_rms", r.logits_rms},
-      {"loadavg_start", r.loadavg_start},
-      {"loadavg_end", r.loadavg_end},
   };
 }
 
-void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
+// One JSON object (keys sorted, as nlohmann::json keeps them) of every group above.
+nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
   const LimitRatios lr = JudgeLimits(r);
+  nlohmann::json j = RunJson(r, simd_target);
+  for (const nlohmann::json& part : {PrefillJson(r, lr), DecodeJson(r, lr), LayersJson(r, lr), PhasesJson(r, lr)})
+    j.update(part);
+  return j;
+}
+
+// A table row; against a limit it prints its ratio when that is one (<= 1), else "above".
+void PrintRow(FILE* out, const char* name, double v, const char* unit, double limit, const char* limit_kind,
+              const std::string& note, const LimitRatio* judged = nullptr) {
+  if (limit > 0 && judged && judged->valid)
+    std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6.3f\n", name, Num(v).c_str(), unit, Num(limit).c_str(),
+                 limit_kind, judged->ratio);
+  else if (limit > 0 && judged)
+    std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6s\n", name, Num(v).c_str(), unit, Num(limit).c_str(),
+                 limit_kind, "above");
+  else if (limit > 0)
+    std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6.3f\n", name, Num(v).c_str(), unit, Num(limit).c_str(),
+                 limit_kind, v / limit);
+  else
+    std::fprintf(out, "%-27s %10s %-6s %s\n", name, Num(v).c_str(), unit, note.c_str());
+}
+
+// The model, machine and run, then the column heads.
+void PrintHeading(const Result& r, const std::string& simd_target, FILE* out) {
   const std::string kind = r.model_kind == "given" ? "given model"
                            : Str(r.model_kind == "synthetic" ? "MiniMax-M3 shapes" : "tiny shapes", ", ", r.layers,
                                  " of ", shapes::kLayers, " layers, random ", r.pack_type, " weights");
@@ -877,79 +1047,91 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
   std::fprintf(out, "the layers read %.0f%% of a decode token's bytes here (the 60-layer model: %.0f%%)\n\n",
                100 * r.layer_share, 100 * r.layer_share_full);
   std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6s\n", "", "value", "unit", "limit", "limit kind", "ratio");
-  // A row against a limit prints its ratio when that is one (<= 1), else "above".
-  auto row = [&](const char* name, double v, const char* unit, double limit, const char* limit_kind,
-                 const std::string& note, const LimitRatio* judged = nullptr) {
-    if (limit > 0 && judged && judged->valid)
-      std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6.3f\n", name, Num(v).c_str(), unit, Num(limit).c_str(),
-                   limit_kind, judged->ratio);
-    else if (limit > 0 && judged)
-      std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6s\n", name, Num(v).c_str(), unit, Num(limit).c_str(),
-                   limit_kind, "above");
-    else if (limit > 0)
-      std::fprintf(out, "%-27s %10s %-6s %10s %-10s %6.3f\n", name, Num(v).c_str(), unit, Num(limit).c_str(),
-                   limit_kind, v / limit);
-    else
-      std::fprintf(out, "%-27s %10s %-6s %s\n", name, Num(v).c_str(), unit, note.c_str());
-  };
+}
+
+// Prefill: throughput, time to first token, compute against the int8 peak, and its layers.
+void PrintPrefillRows(const Result& r, const LimitRatios& lr, FILE* out) {
+  PrintRow(out, "prefill", r.prefill_tok_s, "tok/s", 0, "", "");
+  PrintRow(out, "time to first token", r.ttft_s, "s", 0, "",
+           Str("median of ", r.prefill_s.size(), " prefills (fastest ",
+               Num(r.prefill_s.empty() ? 0 : *std::min_element(r.prefill_s.begin(), r.prefill_s.end())), " s)"));
+  PrintRow(out, "prefill compute", r.prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "", &lr.prefill);
+  if (r.t_layer_prefill_s > 0) {
+    PrintRow(out, "  one layer", r.t_layer_prefill_s * 1e3, "ms", 0, "", Str(Num(r.layer_prefill_gops), " GOP/s"));
+    PrintRow(out, "  one layer compute", r.layer_prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "",
+             &lr.layer_prefill);
+  }
+  PrintRow(out, "  last layer", r.t_last_layer_prefill_s * 1e3, "ms", 0, "",
+           "keys and values of every row, the rest of one");
+  PrintRow(out, "  lm_head and after", r.t_rest_prefill_s * 1e3, "ms", 0, "", "");
+}
+
+// Decode: throughput, bytes per token and their bandwidth against the read limits; one layer and
+// lm_head apart.
+void PrintDecodeRows(const Result& r, const LimitRatios& lr, FILE* out) {
   const PairedSamples::Summary& sp = r.steps_paired;
   const char* read_kind = sp.read_gbps > 0 ? "paired" : "read_bw";
-  row("prefill", r.prefill_tok_s, "tok/s", 0, "", "");
-  row("time to first token", r.ttft_s, "s", 0, "",
-      Str("median of ", r.prefill_s.size(), " prefills (fastest ",
-          Num(r.prefill_s.empty() ? 0 : *std::min_element(r.prefill_s.begin(), r.prefill_s.end())), " s)"));
-  row("prefill compute", r.prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "", &lr.prefill);
-  if (r.t_layer_prefill_s > 0) {
-    row("  one layer", r.t_layer_prefill_s * 1e3, "ms", 0, "", Str(Num(r.layer_prefill_gops), " GOP/s"));
-    row("  one layer compute", r.layer_prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "", &lr.layer_prefill);
-  }
-  row("  last layer", r.t_last_layer_prefill_s * 1e3, "ms", 0, "", "keys and values of every row, the rest of one");
-  row("  lm_head and after", r.t_rest_prefill_s * 1e3, "ms", 0, "", "");
-  row("decode (median step)", r.decode_tok_s, "tok/s", 0, "", Str("mean ", Num(r.decode_tok_s_mean), " tok/s"));
-  row("weights read per token", r.bytes_per_token / 1e6, "MB", 0, "",
-      Str("routed experts ", Num(r.routed_bytes_per_token / 1e6), " MB"));
-  row("decode bandwidth", r.decode_gbps, "GB/s", r.read_limit_gbps(), read_kind, "", &lr.decode);
+  PrintRow(out, "decode (median step)", r.decode_tok_s, "tok/s", 0, "",
+           Str("mean ", Num(r.decode_tok_s_mean), " tok/s"));
+  PrintRow(out, "weights read per token", r.bytes_per_token / 1e6, "MB", 0, "",
+           Str("routed experts ", Num(r.routed_bytes_per_token / 1e6), " MB"));
+  PrintRow(out, "decode bandwidth", r.decode_gbps, "GB/s", r.read_limit_gbps(), read_kind, "", &lr.decode);
   if (sp.read_gbps > 0) {
     if (sp.fast_pairs > 0)
       std::fprintf(out, "  steps in a fast regime     %10zu steps  %10s %-10s %6.3f\n", sp.fast_pairs, "", "paired",
                    sp.fast_ratio);
-    row("  vs best read sample", r.decode_gbps, "GB/s", r.read_bw.best, "read_bw", "", &lr.decode_best);
+    PrintRow(out, "  vs best read sample", r.decode_gbps, "GB/s", r.read_bw.best, "read_bw", "", &lr.decode_best);
   }
-  row("  one layer", r.t_layer_s * 1e3, "ms", 0, "",
-      Str(Bytes(r.layer_bytes_per_token), ", ", Num(r.layer_gbps()), " GB/s"));
-  row("  one layer bandwidth", r.layer_gbps(), "GB/s", r.read_limit_gbps(), read_kind, "", &lr.layer);
-  row("  lm_head", r.t_rest_s * 1e3, "ms", 0, "", Str(Bytes(r.lm_head_bytes), ", ", Num(r.lm_head_gbps()), " GB/s"));
-  row("  lm_head bandwidth", r.lm_head_gbps(), "GB/s", r.read_limit_gbps(), read_kind, "", &lr.lm_head);
+  PrintRow(out, "  one layer", r.t_layer_s * 1e3, "ms", 0, "",
+           Str(Bytes(r.layer_bytes_per_token), ", ", Num(r.layer_gbps()), " GB/s"));
+  PrintRow(out, "  one layer bandwidth", r.layer_gbps(), "GB/s", r.read_limit_gbps(), read_kind, "", &lr.layer);
+  PrintRow(out, "  lm_head", r.t_rest_s * 1e3, "ms", 0, "",
+           Str(Bytes(r.lm_head_bytes), ", ", Num(r.lm_head_gbps()), " GB/s"));
+  PrintRow(out, "  lm_head bandwidth", r.lm_head_gbps(), "GB/s", r.read_limit_gbps(), read_kind, "", &lr.lm_head);
+}
+
+// The batched decode and prompt-lookup phases, where they ran.
+void PrintPhaseRows(const Result& r, const LimitRatios& lr, FILE* out) {
   if (r.batch > 1) {
-    row(Str("decode, ", r.batch, " sequences").c_str(), r.batch_tok_s(), "tok/s", r.batch_single_tok_s(), "1 seq",
-        "");
-    row("  weights read per step", r.batch_bytes_per_step / 1e6, "MB", 0, "", "");
-    row("  bandwidth", r.batch_gbps(), "GB/s", r.read_bw.best, "read_bw", "", &lr.batch);
-    row("  projected 60-layer speedup", r.batch_projected_speedup(), "x", 0, "",
-        Str("if bound by bytes read: ", Bytes(r.batch_projected_bytes_per_step), "/step against ", r.batch, " x ",
-            Bytes(r.projected_bytes_per_token)));
+    PrintRow(out, Str("decode, ", r.batch, " sequences").c_str(), r.batch_tok_s(), "tok/s", r.batch_single_tok_s(),
+             "1 seq", "");
+    PrintRow(out, "  weights read per step", r.batch_bytes_per_step / 1e6, "MB", 0, "", "");
+    PrintRow(out, "  bandwidth", r.batch_gbps(), "GB/s", r.read_bw.best, "read_bw", "", &lr.batch);
+    PrintRow(out, "  projected 60-layer speedup", r.batch_projected_speedup(), "x", 0, "",
+             Str("if bound by bytes read: ", Bytes(r.batch_projected_bytes_per_step), "/step against ", r.batch, " x ",
+                 Bytes(r.projected_bytes_per_token)));
   }
   if (r.lookup > 0) {
-    row(Str("lookup verify, 1 + ", r.lookup, " tokens").c_str(), r.lookup_step_s * 1e3, "ms",
-        r.lookup_single_step_s * 1e3, "1 token", "");
-    row("  break-even", r.lookup_cost() - 1, "tokens", 0, "", "accepted guesses per step");
-    row("  weights read per step", r.lookup_bytes_per_step / 1e6, "MB", 0, "", "");
-    row("  projected 60-layer cost", r.lookup_projected_cost(), "steps", 0, "",
-        Str("if bound by bytes read: break-even at ", Num(r.lookup_projected_cost() - 1), " accepted guesses"));
+    PrintRow(out, Str("lookup verify, 1 + ", r.lookup, " tokens").c_str(), r.lookup_step_s * 1e3, "ms",
+             r.lookup_single_step_s * 1e3, "1 token", "");
+    PrintRow(out, "  break-even", r.lookup_cost() - 1, "tokens", 0, "", "accepted guesses per step");
+    PrintRow(out, "  weights read per step", r.lookup_bytes_per_step / 1e6, "MB", 0, "", "");
+    PrintRow(out, "  projected 60-layer cost", r.lookup_projected_cost(), "steps", 0, "",
+             Str("if bound by bytes read: break-even at ", Num(r.lookup_projected_cost() - 1), " accepted guesses"));
   }
-  row("disk reads during decode", r.disk_read_mbps, "MB/s", 0, "", "");
-  row("peak RSS", static_cast<double>(r.peak_rss) / 1e9, "GB", 0, "",
-      r.peak_rss_reset ? "" : "includes the 1st probe's buffer");
+}
+
+// Storage reads and memory, then the projections to the 60-layer model.
+void PrintProjectionRows(const Result& r, FILE* out) {
+  PrintRow(out, "disk reads during decode", r.disk_read_mbps, "MB/s", 0, "", "");
+  PrintRow(out, "peak RSS", static_cast<double>(r.peak_rss) / 1e9, "GB", 0, "",
+           r.peak_rss_reset ? "" : "includes the 1st probe's buffer");
   if (r.projected_prefill_tok_s > 0)
-    row("projected 60-layer prefill", r.projected_prefill_tok_s, "tok/s", 0, "",
+    PrintRow(
+        out, "projected 60-layer prefill", r.projected_prefill_tok_s, "tok/s", 0, "",
         Str(Num(r.t_layer_prefill_s * 1e3), " ms/layer x ", shapes::kLayers - 1, " + ",
             Num(r.t_last_layer_prefill_s * 1e3), " ms last layer + ", Num(r.t_rest_prefill_s * 1e3), " ms lm_head"));
   else
     std::fprintf(out, "%-27s %10s %-6s %s\n", "projected 60-layer prefill", "-", "tok/s",
                  "needs 2+ layers (the last layer of a prompt runs one row past its keys and values)");
-  row("projected 60-layer decode", r.projected_tok_s, "tok/s", 0, "",
-      Str(Num(r.t_layer_s * 1e3), " ms/layer x ", shapes::kLayers, " + ", Num(r.t_rest_s * 1e3), " ms lm_head, ",
-          Bytes(r.projected_bytes_per_token), "/token"));
+  PrintRow(out, "projected 60-layer decode", r.projected_tok_s, "tok/s", 0, "",
+           Str(Num(r.t_layer_s * 1e3), " ms/layer x ", shapes::kLayers, " + ", Num(r.t_rest_s * 1e3), " ms lm_head, ",
+               Bytes(r.projected_bytes_per_token), "/token"));
+}
+
+// What the limits and figures are, and the limits the work went above.
+void PrintNotes(const Result& r, const LimitRatios& lr, FILE* out) {
+  const PairedSamples::Summary& sp = r.steps_paired;
   std::fprintf(out,
                "\nread_bw: best of %zu samples before and after the run (%s; median %s GB/s); int8_peak: best of %zu "
                "(median %s GOP/s).\n",
@@ -991,21 +1173,37 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
   if (!r.logits_finite) std::fprintf(out, "warning: some logits were not finite\n");
 }
 
+void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
+  const LimitRatios lr = JudgeLimits(r);
+  PrintHeading(r, simd_target, out);
+  PrintPrefillRows(r, lr, out);
+  PrintDecodeRows(r, lr, out);
+  PrintPhaseRows(r, lr, out);
+  PrintProjectionRows(r, out);
+  PrintNotes(r, lr, out);
+}
+
+// The result as one JSON line or the table; the logits warning goes to the log as well.
+void Report(const Result& r, bool json, FILE* out, FILE* log) {
+  const std::string simd_target = Kernels().target();
+  if (!r.logits_finite) std::fprintf(log, "m3 bench: warning: some logits were not finite\n");
+  if (json) {
+    std::fprintf(out, "%s\n", ToJson(r, simd_target).dump().c_str());
+  } else {
+    PrintTable(r, simd_target, out);
+  }
+}
+
 }  // namespace
 
 int RunModelBench(const ModelBenchOptions& options, FILE* out, FILE* log) {
-  StatusOr<Result> r = Run(options, log);
+  StatusOr<Plan> plan = PlanRun(options);
+  StatusOr<Result> r = plan.ok() ? Measure(*plan, log) : StatusOr<Result>(plan.status());
   if (!r.ok()) {
     std::fprintf(log, "m3 bench: %s\n", r.status().message().c_str());
     return 1;
   }
-  const std::string simd_target = Kernels().target();
-  if (!r->logits_finite) std::fprintf(log, "m3 bench: warning: some logits were not finite\n");
-  if (options.json) {
-    std::fprintf(out, "%s\n", ToJson(*r, simd_target).dump().c_str());
-  } else {
-    PrintTable(*r, simd_target, out);
-  }
+  Report(*r, plan->json, out, log);
   return 0;
 }
 

@@ -113,47 +113,50 @@ Status IntAlt(const KeyReader& r, std::initializer_list<const char*> keys, T* ou
   return Status::Ok();
 }
 
-}  // namespace
-
-bool ModelConfig::any_sparse() const { return std::find(sparse_layer.begin(), sparse_layer.end(), true) != sparse_layer.end(); }
-bool ModelConfig::any_moe() const { return std::find(moe_layer.begin(), moe_layer.end(), true) != moe_layer.end(); }
-bool ModelConfig::any_dense_mlp() const { return std::find(moe_layer.begin(), moe_layer.end(), false) != moe_layer.end(); }
-
-StatusOr<ModelConfig> ParseModelConfig(const json& root) {
+// The object holding the text model's keys: the root, or its `text_config` in the VL layout (then
+// *prefix names it in every error and c->vl_layout is set). The root and text_config must be objects.
+Status FindTextConfig(const json& root, ModelConfig* c, const json** tc, std::string* prefix) {
   if (!root.is_object()) return InvalidArgument("config.json: not a JSON object");
-  ModelConfig c;
-  const json* tc = &root;
-  std::string prefix;
+  *tc = &root;
   if (root.contains("text_config")) {
     if (!root["text_config"].is_object()) return InvalidArgument("config.json: key 'text_config' must be an object");
-    tc = &root["text_config"];
-    prefix = "text_config.";
-    c.vl_layout = true;
+    *tc = &root["text_config"];
+    *prefix = "text_config.";
+    c->vl_layout = true;
   }
-  const KeyReader r(*tc, prefix);
+  return Status::Ok();
+}
 
-  M3_RETURN_IF_ERROR(r.Int("hidden_size", &c.hidden_size, true, 1));
-  M3_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c.num_layers, true, 1));
-  M3_RETURN_IF_ERROR(r.Int("num_attention_heads", &c.num_heads, true, 1));
-  c.num_kv_heads = c.num_heads;
-  M3_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c.num_kv_heads, false, 1));
-  if (!r.Has("head_dim") && c.hidden_size % c.num_heads != 0)
+// Widths, heads, vocabulary, context and norms. head_dim defaults to hidden / heads (which must
+// then divide), rms_norm_eps must be > 0, and the query heads a multiple of the KV heads.
+Status ReadBackbone(const KeyReader& r, ModelConfig* c) {
+  M3_RETURN_IF_ERROR(r.Int("hidden_size", &c->hidden_size, true, 1));
+  M3_RETURN_IF_ERROR(r.Int("num_hidden_layers", &c->num_layers, true, 1));
+  M3_RETURN_IF_ERROR(r.Int("num_attention_heads", &c->num_heads, true, 1));
+  c->num_kv_heads = c->num_heads;
+  M3_RETURN_IF_ERROR(r.Int("num_key_value_heads", &c->num_kv_heads, false, 1));
+  if (!r.Has("head_dim") && c->hidden_size % c->num_heads != 0)
     return NotFound("config.json: key '", r.Path("head_dim"), "' is missing and hidden_size is not divisible by num_attention_heads");
-  c.head_dim = c.hidden_size / c.num_heads;
-  M3_RETURN_IF_ERROR(r.Int("head_dim", &c.head_dim, false, 2));
-  M3_RETURN_IF_ERROR(r.Int("vocab_size", &c.vocab_size, true, 1));
-  c.max_position_embeddings = 1 << 20;
-  M3_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c.max_position_embeddings, false, 1));
-  M3_RETURN_IF_ERROR(r.Float("rms_norm_eps", &c.rms_norm_eps, false));
-  if (!(c.rms_norm_eps > 0)) return InvalidArgument("config.json: key '", r.Path("rms_norm_eps"), "' must be > 0");
-  M3_RETURN_IF_ERROR(r.Bool("use_gemma_norm", &c.gemma_norm, false));
-  M3_RETURN_IF_ERROR(r.Bool("use_qk_norm", &c.qk_norm, false));
-  M3_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c.tie_word_embeddings, false));
-  if (c.num_heads % c.num_kv_heads != 0)
-    return InvalidArgument("config.json: '", r.Path("num_attention_heads"), "' (", c.num_heads,
-                           ") must be a multiple of '", r.Path("num_key_value_heads"), "' (", c.num_kv_heads, ")");
+  c->head_dim = c->hidden_size / c->num_heads;
+  M3_RETURN_IF_ERROR(r.Int("head_dim", &c->head_dim, false, 2));
+  M3_RETURN_IF_ERROR(r.Int("vocab_size", &c->vocab_size, true, 1));
+  c->max_position_embeddings = 1 << 20;
+  M3_RETURN_IF_ERROR(r.Int("max_position_embeddings", &c->max_position_embeddings, false, 1));
+  M3_RETURN_IF_ERROR(r.Float("rms_norm_eps", &c->rms_norm_eps, false));
+  if (!(c->rms_norm_eps > 0)) return InvalidArgument("config.json: key '", r.Path("rms_norm_eps"), "' must be > 0");
+  M3_RETURN_IF_ERROR(r.Bool("use_gemma_norm", &c->gemma_norm, false));
+  M3_RETURN_IF_ERROR(r.Bool("use_qk_norm", &c->qk_norm, false));
+  M3_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", &c->tie_word_embeddings, false));
+  if (c->num_heads % c->num_kv_heads != 0)
+    return InvalidArgument("config.json: '", r.Path("num_attention_heads"), "' (", c->num_heads,
+                           ") must be a multiple of '", r.Path("num_key_value_heads"), "' (", c->num_kv_heads, ")");
+  return Status::Ok();
+}
 
-  // Unsupported variants are refused rather than silently computed wrong.
+// Unsupported variants are refused rather than silently computed wrong: an attention output gate,
+// qk norms other than per head, activations other than swigluoai, routing scores other than
+// sigmoid, RoPE scaling other than "default".
+Status RefuseUnsupportedVariants(const KeyReader& r) {
   bool gate = false;
   M3_RETURN_IF_ERROR(r.Bool("attention_output_gate", &gate, false));
   if (gate) return Unsupported("config.json: '", r.Path("attention_output_gate"), "' = true is not supported (MiniMax-M3 has no output gate)");
@@ -179,18 +182,22 @@ StatusOr<ModelConfig> ParseModelConfig(const json& root) {
       return InvalidArgument("config.json: key '", r.Path("rope_scaling"), "' must be an object, got ", rs.dump());
     if (type != "default") return Unsupported("config.json: '", r.Path("rope_scaling"), "' of type \"", type, "\" is not supported");
   }
+  return Status::Ok();
+}
 
-  // RoPE: theta and the rotated width, from rotary_dim or partial_rotary_factor (must agree).
+// RoPE: theta (> 1; top level or under rope_parameters) and the rotated width, from rotary_dim or
+// partial_rotary_factor (in (0, 1]; the two must agree), else head_dim; even and <= head_dim.
+Status ReadRope(const KeyReader& r, const std::string& prefix, ModelConfig* c) {
   const json* rope_params = r.Has("rope_parameters") && r.Raw("rope_parameters").is_object() ? &r.Raw("rope_parameters") : nullptr;
-  c.rope_theta = 0;
+  c->rope_theta = 0;
   if (r.Has("rope_theta")) {
-    M3_RETURN_IF_ERROR(r.Number("rope_theta", &c.rope_theta, true));
+    M3_RETURN_IF_ERROR(r.Number("rope_theta", &c->rope_theta, true));
   } else if (rope_params) {
-    M3_RETURN_IF_ERROR(KeyReader(*rope_params, prefix + "rope_parameters.").Number("rope_theta", &c.rope_theta, true));
+    M3_RETURN_IF_ERROR(KeyReader(*rope_params, prefix + "rope_parameters.").Number("rope_theta", &c->rope_theta, true));
   } else {
     return NotFound("config.json: required key '", r.Path("rope_theta"), "' is missing");
   }
-  if (!(c.rope_theta > 1)) return InvalidArgument("config.json: key '", r.Path("rope_theta"), "' must be > 1");
+  if (!(c->rope_theta > 1)) return InvalidArgument("config.json: key '", r.Path("rope_theta"), "' must be > 1");
   double prf = 0;
   bool has_prf = r.Has("partial_rotary_factor");
   M3_RETURN_IF_ERROR(r.Number("partial_rotary_factor", &prf, false));
@@ -201,103 +208,159 @@ StatusOr<ModelConfig> ParseModelConfig(const json& root) {
   if (has_prf && !(prf > 0 && prf <= 1))
     return InvalidArgument("config.json: key '", r.Path("partial_rotary_factor"), "' must be in (0, 1], got ", prf);
   if (r.Has("rotary_dim")) {
-    M3_RETURN_IF_ERROR(r.Int("rotary_dim", &c.rotary_dim, true, 0));
-    if (has_prf && static_cast<int>(c.head_dim * prf) != c.rotary_dim)
-      return InvalidArgument("config.json: '", r.Path("rotary_dim"), "' (", c.rotary_dim, ") disagrees with '",
-                             r.Path("partial_rotary_factor"), "' (", prf, ") x head_dim (", c.head_dim, ")");
+    M3_RETURN_IF_ERROR(r.Int("rotary_dim", &c->rotary_dim, true, 0));
+    if (has_prf && static_cast<int>(c->head_dim * prf) != c->rotary_dim)
+      return InvalidArgument("config.json: '", r.Path("rotary_dim"), "' (", c->rotary_dim, ") disagrees with '",
+                             r.Path("partial_rotary_factor"), "' (", prf, ") x head_dim (", c->head_dim, ")");
   } else if (has_prf) {
-    c.rotary_dim = static_cast<int>(c.head_dim * prf);
+    c->rotary_dim = static_cast<int>(c->head_dim * prf);
   } else {
-    c.rotary_dim = c.head_dim;
+    c->rotary_dim = c->head_dim;
   }
-  if (c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim)
-    return InvalidArgument("config.json: rotary width ", c.rotary_dim, " must be even and <= head_dim ", c.head_dim);
+  if (c->rotary_dim % 2 != 0 || c->rotary_dim > c->head_dim)
+    return InvalidArgument("config.json: rotary width ", c->rotary_dim, " must be even and <= head_dim ", c->head_dim);
+  return Status::Ok();
+}
 
-  M3_RETURN_IF_ERROR(r.Float("swiglu_alpha", &c.swiglu_alpha, false));
-  M3_RETURN_IF_ERROR(r.Float("swiglu_limit", &c.swiglu_limit, false));
-  M3_RETURN_IF_ERROR(r.Float("swiglu_beta", &c.swiglu_beta, false));
-  if (!(c.swiglu_limit > 0)) return InvalidArgument("config.json: key '", r.Path("swiglu_limit"), "' must be > 0");
+// The SwiGLU-OAI activation's constants; the clamp limit must be > 0.
+Status ReadSwiglu(const KeyReader& r, ModelConfig* c) {
+  M3_RETURN_IF_ERROR(r.Float("swiglu_alpha", &c->swiglu_alpha, false));
+  M3_RETURN_IF_ERROR(r.Float("swiglu_limit", &c->swiglu_limit, false));
+  M3_RETURN_IF_ERROR(r.Float("swiglu_beta", &c->swiglu_beta, false));
+  if (!(c->swiglu_limit > 0)) return InvalidArgument("config.json: key '", r.Path("swiglu_limit"), "' must be > 0");
+  return Status::Ok();
+}
 
-  // Layer kinds: two independent flag lists (docs/MODEL.md §1).
-  const size_t n = static_cast<size_t>(c.num_layers);
+// Which layers are MoE: moe_layer_freq (0/1 per layer) or mlp_layer_types ("sparse"/"dense"),
+// one entry per layer; one of them is required (docs/MODEL.md §1).
+Status ReadMoeLayers(const KeyReader& r, ModelConfig* c) {
+  const size_t n = static_cast<size_t>(c->num_layers);
   if (r.Has("moe_layer_freq")) {
-    M3_RETURN_IF_ERROR(r.Flags("moe_layer_freq", n, &c.moe_layer));
+    M3_RETURN_IF_ERROR(r.Flags("moe_layer_freq", n, &c->moe_layer));
   } else if (r.Has("mlp_layer_types")) {
-    M3_RETURN_IF_ERROR(r.TypeNames("mlp_layer_types", n, "sparse", "dense", &c.moe_layer));
+    M3_RETURN_IF_ERROR(r.TypeNames("mlp_layer_types", n, "sparse", "dense", &c->moe_layer));
   } else {
     return NotFound("config.json: required key '", r.Path("moe_layer_freq"), "' is missing");
   }
+  return Status::Ok();
+}
 
+// A sparse-attention integer under the first present of `keys`, in sparse_attention_config or
+// (normalized names, index_*) at the top level of the text config.
+Status SparseInt(const KeyReader& sr, const KeyReader& r, std::initializer_list<const char*> keys, int* out,
+                 bool required, int64_t min_value) {
+  for (const char* k : keys) {
+    if (sr.Has(k)) return sr.Int(k, out, true, min_value);
+    if (r.Has(k)) return r.Int(k, out, true, min_value);
+  }
+  if (required) return NotFound("config.json: required key '", sr.Path(*keys.begin()), "' is missing");
+  return Status::Ok();
+}
+
+// The lightning indexer's shape, when any layer is sparse: index heads dividing the query heads,
+// an index width holding the rotary width, max scoring, and no index value branch.
+Status ReadIndexer(const KeyReader& r, const KeyReader& sr, ModelConfig* c) {
+  const size_t n = static_cast<size_t>(c->num_layers);
+  SparseAttentionConfig& sp = c->sparse;
+  M3_RETURN_IF_ERROR(SparseInt(sr, r, {"sparse_num_index_heads", "index_n_heads"}, &sp.num_index_heads, true, 1));
+  M3_RETURN_IF_ERROR(SparseInt(sr, r, {"sparse_index_dim", "index_head_dim"}, &sp.index_dim, true, 2));
+  M3_RETURN_IF_ERROR(SparseInt(sr, r, {"sparse_block_size", "index_block_size"}, &sp.block_size, true, 1));
+  M3_RETURN_IF_ERROR(SparseInt(sr, r, {"sparse_topk_blocks", "index_topk_blocks"}, &sp.topk_blocks, true, 1));
+  M3_RETURN_IF_ERROR(SparseInt(sr, r, {"sparse_init_block", "index_init_blocks"}, &sp.init_blocks, false, 0));
+  M3_RETURN_IF_ERROR(SparseInt(sr, r, {"sparse_local_block", "index_local_blocks"}, &sp.local_blocks, false, 0));
+  std::string score = "max";
+  M3_RETURN_IF_ERROR(sr.String("sparse_score_type", &score, false));
+  if (score != "max")
+    return Unsupported("config.json: '", sr.Path("sparse_score_type"), "' = \"", score,
+                       "\" is not supported (only \"max\")");
+  if (sr.Has("sparse_disable_index_value")) {
+    std::vector<bool> disable;
+    M3_RETURN_IF_ERROR(sr.Flags("sparse_disable_index_value", n, &disable));
+    for (size_t l = 0; l < n; ++l)
+      if (c->sparse_layer[l] && !disable[l])
+        return Unsupported("config.json: '", sr.Path("sparse_disable_index_value"), "[", l,
+                           "]' = 0 asks for an index value/output branch, which MiniMax-M3 does not have");
+  }
+  if (c->num_heads % sp.num_index_heads != 0)
+    return InvalidArgument("config.json: num_attention_heads (", c->num_heads, ") must be a multiple of '",
+                           sr.Path("sparse_num_index_heads"), "' (", sp.num_index_heads, ")");
+  if (c->rotary_dim > sp.index_dim)
+    return InvalidArgument("config.json: rotary width ", c->rotary_dim, " exceeds '", sr.Path("sparse_index_dim"),
+                           "' (", sp.index_dim, ")");
+  return Status::Ok();
+}
+
+// Sparse attention: which layers use it (sparse_attention_config.sparse_attention_freq, else
+// layer_types; none when use_sparse_attention is false), then the indexer where any does.
+Status ReadSparseAttention(const KeyReader& r, const std::string& prefix, ModelConfig* c) {
+  const size_t n = static_cast<size_t>(c->num_layers);
   const json empty = json::object();
   const json& sc_json = r.Has("sparse_attention_config") ? r.Raw("sparse_attention_config") : empty;
   if (!sc_json.is_object()) return InvalidArgument("config.json: key '", r.Path("sparse_attention_config"), "' must be an object");
   const KeyReader sr(sc_json, prefix + "sparse_attention_config.");
   bool use_sparse = true;
   M3_RETURN_IF_ERROR(sr.Bool("use_sparse_attention", &use_sparse, false));
-  c.sparse_layer.assign(n, false);
+  c->sparse_layer.assign(n, false);
   if (sr.Has("sparse_attention_freq")) {
-    M3_RETURN_IF_ERROR(sr.Flags("sparse_attention_freq", n, &c.sparse_layer));
+    M3_RETURN_IF_ERROR(sr.Flags("sparse_attention_freq", n, &c->sparse_layer));
   } else if (r.Has("layer_types")) {
-    M3_RETURN_IF_ERROR(r.TypeNames("layer_types", n, "minimax_m3_sparse", "full_attention", &c.sparse_layer));
+    M3_RETURN_IF_ERROR(r.TypeNames("layer_types", n, "minimax_m3_sparse", "full_attention", &c->sparse_layer));
   }
-  if (!use_sparse) c.sparse_layer.assign(n, false);
+  if (!use_sparse) c->sparse_layer.assign(n, false);
+  if (c->any_sparse()) M3_RETURN_IF_ERROR(ReadIndexer(r, sr, c));
+  return Status::Ok();
+}
 
-  if (c.any_sparse()) {
-    // Normalized names (index_*) may sit at the top level of the text config.
-    auto sparse_int = [&](std::initializer_list<const char*> keys, int* out, bool required, int64_t min_value) -> Status {
-      for (const char* k : keys) {
-        if (sr.Has(k)) return sr.Int(k, out, true, min_value);
-        if (r.Has(k)) return r.Int(k, out, true, min_value);
-      }
-      if (required) return NotFound("config.json: required key '", sr.Path(*keys.begin()), "' is missing");
-      return Status::Ok();
-    };
-    SparseAttentionConfig& sp = c.sparse;
-    M3_RETURN_IF_ERROR(sparse_int({"sparse_num_index_heads", "index_n_heads"}, &sp.num_index_heads, true, 1));
-    M3_RETURN_IF_ERROR(sparse_int({"sparse_index_dim", "index_head_dim"}, &sp.index_dim, true, 2));
-    M3_RETURN_IF_ERROR(sparse_int({"sparse_block_size", "index_block_size"}, &sp.block_size, true, 1));
-    M3_RETURN_IF_ERROR(sparse_int({"sparse_topk_blocks", "index_topk_blocks"}, &sp.topk_blocks, true, 1));
-    M3_RETURN_IF_ERROR(sparse_int({"sparse_init_block", "index_init_blocks"}, &sp.init_blocks, false, 0));
-    M3_RETURN_IF_ERROR(sparse_int({"sparse_local_block", "index_local_blocks"}, &sp.local_blocks, false, 0));
-    std::string score = "max";
-    M3_RETURN_IF_ERROR(sr.String("sparse_score_type", &score, false));
-    if (score != "max")
-      return Unsupported("config.json: '", sr.Path("sparse_score_type"), "' = \"", score, "\" is not supported (only \"max\")");
-    if (sr.Has("sparse_disable_index_value")) {
-      std::vector<bool> disable;
-      M3_RETURN_IF_ERROR(sr.Flags("sparse_disable_index_value", n, &disable));
-      for (size_t l = 0; l < n; ++l)
-        if (c.sparse_layer[l] && !disable[l])
-          return Unsupported("config.json: '", sr.Path("sparse_disable_index_value"), "[", l,
-                             "]' = 0 asks for an index value/output branch, which MiniMax-M3 does not have");
-    }
-    if (c.num_heads % sp.num_index_heads != 0)
-      return InvalidArgument("config.json: num_attention_heads (", c.num_heads, ") must be a multiple of '",
-                             sr.Path("sparse_num_index_heads"), "' (", sp.num_index_heads, ")");
-    if (c.rotary_dim > sp.index_dim)
-      return InvalidArgument("config.json: rotary width ", c.rotary_dim, " exceeds '", sr.Path("sparse_index_dim"), "' (",
-                             sp.index_dim, ")");
-  }
+// MLP / MoE widths, as far as the layers need them: the dense MLP's width where a layer is dense;
+// the experts (top-k <= experts), shared experts and routing where a layer is MoE.
+Status ReadMlpWidths(const KeyReader& r, ModelConfig* c) {
+  if (c->any_dense_mlp()) M3_RETURN_IF_ERROR(r.Int("dense_intermediate_size", &c->dense_intermediate_size, true, 1));
+  if (!c->any_moe()) return Status::Ok();
+  M3_RETURN_IF_ERROR(r.Int("intermediate_size", &c->moe_intermediate_size, true, 1));
+  M3_RETURN_IF_ERROR(IntAlt(r, {"num_local_experts", "num_experts"}, &c->num_experts, true, 1));
+  M3_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c->experts_per_token, true, 1));
+  if (c->experts_per_token > c->num_experts)
+    return InvalidArgument("config.json: '", r.Path("num_experts_per_tok"), "' (", c->experts_per_token,
+                           ") exceeds the number of experts (", c->num_experts, ")");
+  M3_RETURN_IF_ERROR(r.Int("n_shared_experts", &c->num_shared_experts, false, 0));
+  int shared_width = c->moe_intermediate_size;
+  M3_RETURN_IF_ERROR(r.Int("shared_intermediate_size", &shared_width, false, 1));
+  c->shared_intermediate_size = shared_width * c->num_shared_experts;
+  M3_RETURN_IF_ERROR(r.Float("routed_scaling_factor", &c->routed_scaling_factor, false));
+  M3_RETURN_IF_ERROR(r.Bool("use_routing_bias", &c->use_routing_bias, false));
+  return Status::Ok();
+}
 
-  // MLP / MoE widths.
-  if (c.any_dense_mlp()) M3_RETURN_IF_ERROR(r.Int("dense_intermediate_size", &c.dense_intermediate_size, true, 1));
-  if (c.any_moe()) {
-    M3_RETURN_IF_ERROR(r.Int("intermediate_size", &c.moe_intermediate_size, true, 1));
-    M3_RETURN_IF_ERROR(IntAlt(r, {"num_local_experts", "num_experts"}, &c.num_experts, true, 1));
-    M3_RETURN_IF_ERROR(r.Int("num_experts_per_tok", &c.experts_per_token, true, 1));
-    if (c.experts_per_token > c.num_experts)
-      return InvalidArgument("config.json: '", r.Path("num_experts_per_tok"), "' (", c.experts_per_token,
-                             ") exceeds the number of experts (", c.num_experts, ")");
-    M3_RETURN_IF_ERROR(r.Int("n_shared_experts", &c.num_shared_experts, false, 0));
-    int shared_width = c.moe_intermediate_size;
-    M3_RETURN_IF_ERROR(r.Int("shared_intermediate_size", &shared_width, false, 1));
-    c.shared_intermediate_size = shared_width * c.num_shared_experts;
-    M3_RETURN_IF_ERROR(r.Float("routed_scaling_factor", &c.routed_scaling_factor, false));
-    M3_RETURN_IF_ERROR(r.Bool("use_routing_bias", &c.use_routing_bias, false));
-  }
+// Multi-token-prediction modules (optional, >= 0; either name).
+Status ReadMtp(const KeyReader& r, ModelConfig* c) {
   int mtp = 0;
   M3_RETURN_IF_ERROR(IntAlt(r, {"num_mtp_modules", "num_nextn_predict_layers"}, &mtp, false, 0));
-  c.num_mtp_modules = mtp;
+  c->num_mtp_modules = mtp;
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool ModelConfig::any_sparse() const { return std::find(sparse_layer.begin(), sparse_layer.end(), true) != sparse_layer.end(); }
+bool ModelConfig::any_moe() const { return std::find(moe_layer.begin(), moe_layer.end(), true) != moe_layer.end(); }
+bool ModelConfig::any_dense_mlp() const { return std::find(moe_layer.begin(), moe_layer.end(), false) != moe_layer.end(); }
+
+// The steps in order: each reads its group of keys and checks them against what earlier steps
+// read, so the first problem in that order is the one reported.
+StatusOr<ModelConfig> ParseModelConfig(const json& root) {
+  ModelConfig c;
+  const json* tc = nullptr;
+  std::string prefix;
+  M3_RETURN_IF_ERROR(FindTextConfig(root, &c, &tc, &prefix));
+  const KeyReader r(*tc, prefix);
+  M3_RETURN_IF_ERROR(ReadBackbone(r, &c));
+  M3_RETURN_IF_ERROR(RefuseUnsupportedVariants(r));
+  M3_RETURN_IF_ERROR(ReadRope(r, prefix, &c));
+  M3_RETURN_IF_ERROR(ReadSwiglu(r, &c));
+  M3_RETURN_IF_ERROR(ReadMoeLayers(r, &c));
+  M3_RETURN_IF_ERROR(ReadSparseAttention(r, prefix, &c));
+  M3_RETURN_IF_ERROR(ReadMlpWidths(r, &c));
+  M3_RETURN_IF_ERROR(ReadMtp(r, &c));
   return c;
 }
 

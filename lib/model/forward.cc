@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 
 #include "base/aligned_buffer.h"
 #include "ops/convert.h"
@@ -20,37 +19,6 @@
 #include "platform/parallel.h"
 
 namespace m3 {
-
-StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
-  std::unique_ptr<Model> m(new Model());
-  const std::string pack_path = (std::filesystem::path(dir) / kPackFileName).string();
-  const bool packed = std::filesystem::exists(pack_path);
-  nlohmann::json config_json;
-  if (packed) {
-    M3_ASSIGN_OR_RETURN(m->pack_, PackFile::Open(pack_path));
-    M3_ASSIGN_OR_RETURN(config_json, ReadJsonFile((std::filesystem::path(dir) / "config.json").string()));
-  } else {
-    auto ck = Checkpoint::Open(dir);
-    if (!ck.ok() && std::filesystem::exists(pack_path + ".partial"))
-      return Status(ck.status().code(), ck.status().message() + " (" + kPackFileName +
-                                            ".partial is there: `m3 pack` did not finish; run it again)");
-    if (!ck.ok()) return ck.status();
-    m->checkpoint_ = std::move(ck).value();
-    config_json = m->checkpoint_->config_json();
-  }
-  auto cfg = ParseModelConfig(config_json);
-  if (!cfg.ok()) return Status(cfg.status().code(), dir + "/" + cfg.status().message());
-  m->config_ = std::move(cfg).value();
-  if (m->config_.head_dim > 1024 || (m->config_.any_sparse() && m->config_.sparse.index_dim > 1024))
-    return Unsupported(dir, "/config.json: head_dim/index_dim above 1024 is not supported");
-  if (packed) {
-    M3_ASSIGN_OR_RETURN(m->stats_, BindPackedWeights(m->config_, *m->pack_, &m->weights_));
-  } else {
-    M3_ASSIGN_OR_RETURN(m->stats_, BindWeights(m->config_, *m->checkpoint_, &m->weights_));
-  }
-  m->rope_ = std::make_unique<Rope>(m->config_.rotary_dim, m->config_.rope_theta);
-  return m;
-}
 
 namespace {
 
@@ -263,9 +231,9 @@ Status Model::ForwardBatch(const OpContext& ctx, std::span<const Segment> segmen
   const size_t n = ids.size();
   const int64_t* pos = positions.data();
 
-  std::unique_ptr<Workspace> own;  // a pass without a workspace brings its own
+  const ScopedWorkspace workspace(ctx.workspace);  // a pass without a workspace brings its own
   OpContext tc = ctx;
-  if (!tc.workspace) tc.workspace = (own = std::make_unique<Workspace>()).get();
+  tc.workspace = workspace.get();
   float* h = Activation(tc, kResidual, n * H);
   float* x = Activation(tc, kNormed, n * H);
   float* delta = Activation(tc, kBlockOut, n * H);
