@@ -7,6 +7,7 @@
 #define HWY_TARGET_INCLUDE "simd/attention_kernels.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 #include "simd/attention_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -153,9 +154,11 @@ void IndexScoreMaxImpl(const float* q, size_t ldq, size_t n_q, const IndexKeyPag
 // 2 rows x 8 vectors: a step reads whole 512-byte rows of a 128-key page front to back (the first
 // row pair streams the page from memory, the next pairs find it in L2; 4 x 4 steps strided
 // through it and waited on memory). `lanes` < N stores only the first lanes of the last vector.
-template <int kRows, int kCols>
+// kScaled: each sum is multiplied by `scale` before the store (one rounding, as Scale on the stored
+// scores would do).
+template <int kRows, int kCols, bool kScaled>
 HWY_INLINE void KeyScoreSteps(const float* HWY_RESTRICT q, size_t ldq, const float* HWY_RESTRICT kt, size_t ldk,
-                              size_t dim, size_t u0, size_t lanes, float* HWY_RESTRICT out, size_t ldo) {
+                              size_t dim, size_t u0, size_t lanes, float scale, float* HWY_RESTRICT out, size_t ldo) {
   const DF df;
   const size_t N = hn::Lanes(df);
   hn::Vec<DF> acc[kRows][kCols];
@@ -175,10 +178,12 @@ HWY_INLINE void KeyScoreSteps(const float* HWY_RESTRICT q, size_t ldq, const flo
     }
   }
   HWY_ALIGN float last[HWY_MAX_BYTES / sizeof(float)];
+  const auto vscale = hn::Set(df, scale);
 #pragma GCC unroll 4
   for (int i = 0; i < kRows; ++i)
 #pragma GCC unroll 8
     for (int c = 0; c < kCols; ++c) {
+      if constexpr (kScaled) acc[i][c] = hn::Mul(acc[i][c], vscale);
       float* o = out + i * ldo + u0 + c * N;
       if (lanes == N) {
         hn::StoreU(acc[i][c], df, o);
@@ -191,23 +196,23 @@ HWY_INLINE void KeyScoreSteps(const float* HWY_RESTRICT q, size_t ldq, const flo
 
 // Rows [0, kRows) against keys [u0, n_keys) (kt and out still at key 0); `bound` is the stored
 // keys per row of kt (ldk), the last vector that may be read whole.
-template <int kRows>
+template <int kRows, bool kScaled>
 HWY_INLINE void KeyScoreRows(const float* HWY_RESTRICT q, size_t ldq, const float* HWY_RESTRICT kt, size_t ldk,
-                             size_t u0, size_t n_keys, size_t dim, float* HWY_RESTRICT out, size_t ldo) {
+                             size_t u0, size_t n_keys, size_t dim, float scale, float* HWY_RESTRICT out, size_t ldo) {
   const DF df;
   const size_t N = hn::Lanes(df);
   size_t u = u0;
-  for (; u + 8 * N <= n_keys; u += 8 * N) KeyScoreSteps<kRows, 8>(q, ldq, kt, ldk, dim, u, N, out, ldo);
-  for (; u + N <= n_keys; u += N) KeyScoreSteps<kRows, 1>(q, ldq, kt, ldk, dim, u, N, out, ldo);
+  for (; u + 8 * N <= n_keys; u += 8 * N) KeyScoreSteps<kRows, 8, kScaled>(q, ldq, kt, ldk, dim, u, N, scale, out, ldo);
+  for (; u + N <= n_keys; u += N) KeyScoreSteps<kRows, 1, kScaled>(q, ldq, kt, ldk, dim, u, N, scale, out, ldo);
   if (u < n_keys && u + N <= ldk) {  // a partial vector whose lanes are inside the stored rows
-    KeyScoreSteps<kRows, 1>(q, ldq, kt, ldk, dim, u, n_keys - u, out, ldo);
+    KeyScoreSteps<kRows, 1, kScaled>(q, ldq, kt, ldk, dim, u, n_keys - u, scale, out, ldo);
     return;
   }
   for (; u < n_keys; ++u)  // the reference's operations
     for (int i = 0; i < kRows; ++i) {
       float s = 0.0f;
       for (size_t d = 0; d < dim; ++d) s = std::fma(q[i * ldq + d], kt[d * ldk + u], s);
-      out[i * ldo + u] = s;
+      out[i * ldo + u] = kScaled ? s * scale : s;
     }
 }
 
@@ -219,8 +224,9 @@ constexpr int kSlabRows = HWY_MAX_BYTES >= 64 ? 4 : 2;  // accumulators: 16 zmm 
 constexpr int kSlabCols = 4;
 constexpr size_t kSlabMinRows = 8;
 
-void KeyScoresImpl(const float* HWY_RESTRICT q, size_t ldq, size_t n_q, const float* HWY_RESTRICT kt, size_t ldk,
-                   size_t n_keys, size_t dim, float* HWY_RESTRICT out, size_t ldo) {
+template <bool kScaled>
+HWY_INLINE void KeyScoresT(const float* HWY_RESTRICT q, size_t ldq, size_t n_q, const float* HWY_RESTRICT kt,
+                           size_t ldk, size_t n_keys, size_t dim, float scale, float* HWY_RESTRICT out, size_t ldo) {
   const DF df;
   const size_t N = hn::Lanes(df);
   size_t slab_rows = 0, slab_keys = 0;  // the part done in slabs: rows [0, slab_rows) x keys [0, slab_keys)
@@ -229,12 +235,174 @@ void KeyScoresImpl(const float* HWY_RESTRICT q, size_t ldq, size_t n_q, const fl
     slab_keys = n_keys / (kSlabCols * N) * (kSlabCols * N);
     for (size_t u = 0; u < slab_keys; u += kSlabCols * N)
       for (size_t i = 0; i < slab_rows; i += kSlabRows)
-        KeyScoreSteps<kSlabRows, kSlabCols>(q + i * ldq, ldq, kt, ldk, dim, u, N, out + i * ldo, ldo);
+        KeyScoreSteps<kSlabRows, kSlabCols, kScaled>(q + i * ldq, ldq, kt, ldk, dim, u, N, scale, out + i * ldo, ldo);
   }
   size_t i = 0;
   for (; i + 2 <= n_q; i += 2)
-    KeyScoreRows<2>(q + i * ldq, ldq, kt, ldk, i < slab_rows ? slab_keys : 0, n_keys, dim, out + i * ldo, ldo);
-  if (i < n_q) KeyScoreRows<1>(q + i * ldq, ldq, kt, ldk, i < slab_rows ? slab_keys : 0, n_keys, dim, out + i * ldo, ldo);
+    KeyScoreRows<2, kScaled>(q + i * ldq, ldq, kt, ldk, i < slab_rows ? slab_keys : 0, n_keys, dim, scale,
+                             out + i * ldo, ldo);
+  if (i < n_q)
+    KeyScoreRows<1, kScaled>(q + i * ldq, ldq, kt, ldk, i < slab_rows ? slab_keys : 0, n_keys, dim, scale,
+                             out + i * ldo, ldo);
+}
+
+void KeyScoresImpl(const float* HWY_RESTRICT q, size_t ldq, size_t n_q, const float* HWY_RESTRICT kt, size_t ldk,
+                   size_t n_keys, size_t dim, float* HWY_RESTRICT out, size_t ldo) {
+  KeyScoresT<false>(q, ldq, n_q, kt, ldk, n_keys, dim, 1.0f, out, ldo);
+}
+
+// AttendBlock's steps after the scores. Each performs the operations of a kernels.cc kernel on the
+// same target (named below), so that attention keeps the bits it had as a chain of those calls.
+
+// kernels.cc MaxValueImpl: lanes from x[0] in vectors, then the scalar tail (a NaN's fate depends
+// on where it falls, so the split must be the same).
+HWY_INLINE float RowMax(const float* HWY_RESTRICT x, size_t n) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  float m = -std::numeric_limits<float>::infinity();
+  size_t i = 0;
+  if (n >= N) {
+    auto vm = hn::Set(df, m);
+    for (; i + N <= n; i += N) vm = hn::Max(vm, hn::LoadU(df, x + i));
+    m = hn::GetLane(hn::MaxOfLanes(df, vm));
+  }
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+// kernels.cc ExpShiftSumImpl: x = exp(x - shift), NaN kept; the vector sum, then the tail's.
+HWY_INLINE float RowExpShiftSum(float* HWY_RESTRICT x, size_t n, float shift) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const auto vs = hn::Set(df, shift);
+  auto sum = hn::Zero(df);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto d = hn::Sub(hn::LoadU(df, x + i), vs);
+    const auto e = hn::IfThenElse(hn::IsNaN(d), d, hn::Exp(df, d));  // hn::Exp(NaN) is 0, std::exp's NaN
+    hn::StoreU(e, df, x + i);
+    sum = hn::Add(sum, e);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(df, sum));
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    s += x[i];
+  }
+  return s;
+}
+
+// kernels.cc ScaleImpl.
+HWY_INLINE void RowScale(float* HWY_RESTRICT y, float s, size_t n) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const auto vs = hn::Set(df, s);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(df, y + i), vs), df, y + i);
+  for (; i < n; ++i) y[i] *= s;
+}
+
+// kernels.cc PvSteps / PvRows / MatMulAccumulateImpl (the P.V product; blocking as there): every
+// output is one fma per key in order u = 0, 1, ..., whichever path computes it.
+template <int kRows, int kCols>
+HWY_INLINE void ValueSteps(const float* HWY_RESTRICT p, size_t ldp, const float* HWY_RESTRICT v, size_t ldv,
+                           size_t n_keys, size_t c, float* HWY_RESTRICT out, size_t ldo) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  hn::Vec<DF> acc[kRows][kCols];
+#pragma GCC unroll 4
+  for (int h = 0; h < kRows; ++h)
+#pragma GCC unroll 8
+    for (int j = 0; j < kCols; ++j) acc[h][j] = hn::LoadU(df, out + h * ldo + c + j * N);
+  for (size_t u = 0; u < n_keys; ++u) {
+    hn::Vec<DF> vv[kCols];
+#pragma GCC unroll 8
+    for (int j = 0; j < kCols; ++j) vv[j] = hn::LoadU(df, v + u * ldv + c + j * N);
+#pragma GCC unroll 4
+    for (int h = 0; h < kRows; ++h) {
+      const auto w = hn::Set(df, p[h * ldp + u]);
+#pragma GCC unroll 8
+      for (int j = 0; j < kCols; ++j) acc[h][j] = hn::MulAdd(w, vv[j], acc[h][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int h = 0; h < kRows; ++h)
+#pragma GCC unroll 8
+    for (int j = 0; j < kCols; ++j) hn::StoreU(acc[h][j], df, out + h * ldo + c + j * N);
+}
+
+template <int kRows>
+HWY_INLINE void ValueRows(const float* HWY_RESTRICT p, size_t ldp, const float* HWY_RESTRICT v, size_t ldv,
+                          size_t n_keys, size_t d, float* HWY_RESTRICT out, size_t ldo) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  size_t c = 0;
+  for (; c + 8 * N <= d; c += 8 * N) ValueSteps<kRows, 8>(p, ldp, v, ldv, n_keys, c, out, ldo);
+  for (; c + N <= d; c += N) ValueSteps<kRows, 1>(p, ldp, v, ldv, n_keys, c, out, ldo);
+  for (; c < d; ++c)
+    for (int h = 0; h < kRows; ++h) {
+      float a = out[h * ldo + c];
+      for (size_t u = 0; u < n_keys; ++u) a = std::fma(p[h * ldp + u], v[u * ldv + c], a);
+      out[h * ldo + c] = a;
+    }
+}
+
+constexpr int kValueSlabRows = HWY_MAX_BYTES >= 64 ? 4 : 2;
+constexpr int kValueSlabCols = 4;
+constexpr size_t kValueSlabMinRows = 8;
+
+HWY_INLINE void AccumulateValues(const float* HWY_RESTRICT p, size_t ldp, size_t n_rows, const float* HWY_RESTRICT v,
+                                 size_t ldv, size_t n_keys, size_t d, float* HWY_RESTRICT out, size_t ldo) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  size_t h = 0;
+  if (n_rows >= kValueSlabMinRows && d >= kValueSlabCols * N) {
+    const size_t slab_rows = n_rows / kValueSlabRows * kValueSlabRows;
+    const size_t slab_cols = d / (kValueSlabCols * N) * (kValueSlabCols * N);
+    for (size_t c = 0; c < slab_cols; c += kValueSlabCols * N)
+      for (size_t r = 0; r < slab_rows; r += kValueSlabRows)
+        ValueSteps<kValueSlabRows, kValueSlabCols>(p + r * ldp, ldp, v, ldv, n_keys, c, out + r * ldo, ldo);
+    if (slab_cols < d)
+      for (; h + 2 <= slab_rows; h += 2)
+        ValueRows<2>(p + h * ldp, ldp, v + slab_cols, ldv, n_keys, d - slab_cols, out + h * ldo + slab_cols, ldo);
+    h = slab_rows;
+  }
+  for (; h + 2 <= n_rows; h += 2) ValueRows<2>(p + h * ldp, ldp, v, ldv, n_keys, d, out + h * ldo, ldo);
+  if (h < n_rows) ValueRows<1>(p + h * ldp, ldp, v, ldv, n_keys, d, out + h * ldo, ldo);
+}
+
+// Runs of consecutive rows that see keys, one after another: the run's scores in one pass over the
+// keys (up to its largest count; a row's scores never depend on the others), each row's softmax
+// update, then P.V for each stretch of rows with the same key count (one pass over V for all).
+void AttendBlockImpl(const float* HWY_RESTRICT q, size_t ldq, size_t n_rows, const float* HWY_RESTRICT kt,
+                     size_t ldk, const size_t* HWY_RESTRICT n_keys, const float* HWY_RESTRICT v, size_t ldv,
+                     size_t dim, float scale, float* HWY_RESTRICT p, size_t ldp, float* HWY_RESTRICT run_max,
+                     float* HWY_RESTRICT run_sum, float* HWY_RESTRICT acc, size_t ld_acc) {
+  for (size_t r0 = 0; r0 < n_rows;) {
+    if (n_keys[r0] == 0) {
+      ++r0;
+      continue;
+    }
+    size_t r1 = r0 + 1, most = n_keys[r0];
+    for (; r1 < n_rows && n_keys[r1] != 0; ++r1) most = std::max(most, n_keys[r1]);
+    KeyScoresT<true>(q + r0 * ldq, ldq, r1 - r0, kt, ldk, most, dim, scale, p + r0 * ldp, ldp);
+    for (size_t r = r0; r < r1; ++r) {
+      const size_t nk = n_keys[r];
+      float* s = p + r * ldp;
+      const float m = run_max[r];
+      const float m_new = std::max(m, RowMax(s, nk));
+      const float correction = std::exp(m - m_new);  // 0 on the first block (m = -inf)
+      run_sum[r] = run_sum[r] * correction + RowExpShiftSum(s, nk, m_new);
+      if (correction != 1.0f) RowScale(acc + r * ld_acc, correction, dim);
+      run_max[r] = m_new;
+    }
+    for (size_t a = r0; a < r1;) {
+      size_t b = a + 1;
+      while (b < r1 && n_keys[b] == n_keys[a]) ++b;
+      AccumulateValues(p + a * ldp, ldp, b - a, v, ldv, n_keys[a], dim, acc + a * ld_acc, ld_acc);
+      a = b;
+    }
+    r0 = r1;
+  }
 }
 
 void DecodeBf16Impl(const uint16_t* HWY_RESTRICT x, size_t n, float* HWY_RESTRICT out) {
@@ -263,6 +431,7 @@ namespace m3::simd {
 
 HWY_EXPORT(IndexScoreMaxImpl);
 HWY_EXPORT(KeyScoresImpl);
+HWY_EXPORT(AttendBlockImpl);
 HWY_EXPORT(DecodeBf16Impl);
 HWY_EXPORT(DecodeInt8Impl);
 
@@ -272,6 +441,12 @@ void IndexScoreMax(const float* q, size_t ldq, size_t n_q, const IndexKeyPage& p
 void KeyScores(const float* q, size_t ldq, size_t n_q, const float* kt, size_t ldk, size_t n_keys, size_t dim,
                float* out, size_t ldo) {
   HWY_DYNAMIC_DISPATCH(KeyScoresImpl)(q, ldq, n_q, kt, ldk, n_keys, dim, out, ldo);
+}
+void AttendBlock(const float* q, size_t ldq, size_t n_rows, const float* kt, size_t ldk, const size_t* n_keys,
+                 const float* v, size_t ldv, size_t dim, float scale, float* p, size_t ldp, float* run_max,
+                 float* run_sum, float* acc, size_t ld_acc) {
+  HWY_DYNAMIC_DISPATCH(AttendBlockImpl)(q, ldq, n_rows, kt, ldk, n_keys, v, ldv, dim, scale, p, ldp, run_max,
+                                        run_sum, acc, ld_acc);
 }
 void DecodeBf16(const uint16_t* x, size_t n, float* out) { HWY_DYNAMIC_DISPATCH(DecodeBf16Impl)(x, n, out); }
 void DecodeInt8(const int8_t* x, size_t n, float scale, float* out) {

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "simd/attention_kernels.h"
+#include "simd/kernels.h"
 #include "simd/weight_format.h"
 
 namespace m3::simd {
@@ -42,6 +43,25 @@ void KeyScores(const float* q, size_t ldq, size_t n_q, const float* kt, size_t l
       for (size_t d = 0; d < dim; ++d) s = std::fma(q[i * ldq + d], kt[d * ldk + u], s);
       out[i * ldo + u] = s;
     }
+}
+
+void AttendBlock(const float* q, size_t ldq, size_t n_rows, const float* kt, size_t ldk, const size_t* n_keys,
+                 const float* v, size_t ldv, size_t dim, float scale, float* p, size_t ldp, float* run_max,
+                 float* run_sum, float* acc, size_t ld_acc) {
+  for (size_t r = 0; r < n_rows; ++r) {
+    const size_t nk = n_keys[r];
+    if (nk == 0) continue;
+    float* s = p + r * ldp;
+    float* o = acc + r * ld_acc;
+    ref::KeyScores(q + r * ldq, ldq, 1, kt, ldk, nk, dim, s, ldp);
+    ref::Scale(s, scale, nk);
+    const float m_new = std::max(run_max[r], ref::MaxValue(s, nk));
+    const float correction = std::exp(run_max[r] - m_new);
+    run_sum[r] = run_sum[r] * correction + ref::ExpShiftSum(s, nk, m_new);
+    if (correction != 1.0f) ref::Scale(o, correction, dim);
+    run_max[r] = m_new;
+    ref::MatMulAccumulate(s, ldp, 1, v, ldv, nk, dim, o, ld_acc);
+  }
 }
 
 void EncodeBf16(const float* x, size_t n, uint16_t* out) {

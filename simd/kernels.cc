@@ -281,6 +281,24 @@ void MulScaledImpl(const float* HWY_RESTRICT x, const float* HWY_RESTRICT w, flo
   for (; i < n; ++i) y[i] = x[i] * s * w[i];
 }
 
+// SumSquaresImpl then MulScaledImpl per row, the same operations (x and out may be the same rows).
+void RmsNormRowsImpl(const float* x, size_t ld_x, size_t n_rows, size_t dim, const float* HWY_RESTRICT scale,
+                     float eps, float* out, size_t ld_out) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  for (size_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * ld_x;
+    float* yr = out + r * ld_out;
+    const float ms = RowDot(xr, xr, dim) / static_cast<float>(dim);
+    const float inv = 1.0f / std::sqrt(ms + eps);
+    const auto vs = hn::Set(df, inv);
+    size_t i = 0;
+    for (; i + N <= dim; i += N)
+      hn::StoreU(hn::Mul(hn::Mul(hn::LoadU(df, xr + i), vs), hn::LoadU(df, scale + i)), df, yr + i);
+    for (; i < dim; ++i) yr[i] = xr[i] * inv * scale[i];
+  }
+}
+
 float MaxValueImpl(const float* x, size_t n) {
   const DF df;
   const size_t N = hn::Lanes(df);
@@ -376,6 +394,7 @@ HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(ScaleImpl);
 HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(MulScaledImpl);
+HWY_EXPORT(RmsNormRowsImpl);
 HWY_EXPORT(MaxValueImpl);
 HWY_EXPORT(ExpShiftSumImpl);
 HWY_EXPORT(FindNonFiniteImpl);
@@ -398,6 +417,10 @@ void Scale(float* y, float s, size_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(y, s, 
 float SumSquares(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(SumSquaresImpl)(x, n); }
 void MulScaled(const float* x, const float* w, float s, float* y, size_t n) {
   HWY_DYNAMIC_DISPATCH(MulScaledImpl)(x, w, s, y, n);
+}
+void RmsNormRows(const float* x, size_t ld_x, size_t n_rows, size_t dim, const float* scale, float eps, float* out,
+                 size_t ld_out) {
+  HWY_DYNAMIC_DISPATCH(RmsNormRowsImpl)(x, ld_x, n_rows, dim, scale, eps, out, ld_out);
 }
 float MaxValue(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(MaxValueImpl)(x, n); }
 float ExpShiftSum(float* x, size_t n, float shift) {

@@ -37,6 +37,11 @@ void Axpy(float alpha, const float* x, float* y, size_t n);  // y += alpha * x
 void Scale(float* y, float s, size_t n);                     // y *= s
 float SumSquares(const float* x, size_t n);
 void MulScaled(const float* x, const float* w, float s, float* y, size_t n);  // y = x * s * w
+// RMSNorm of n_rows rows of dim values: out_r = MulScaled(x_r, scale, inv) with
+// inv = 1 / sqrt(SumSquares(x_r) / dim + eps), each step rounding as that kernel does on the same
+// target (one dispatch for all rows). In place when out == x and ld_out == ld_x.
+void RmsNormRows(const float* x, size_t ld_x, size_t n_rows, size_t dim, const float* scale, float eps, float* out,
+                 size_t ld_out);
 float MaxValue(const float* x, size_t n);                    // -inf for n == 0
 float ExpShiftSum(float* x, size_t n, float shift);          // x = exp(x - shift) (NaN stays); returns sum
 size_t FindNonFinite(const float* x, size_t n);              // index of the first NaN or +-inf; n if none
@@ -55,6 +60,8 @@ void Axpy(float alpha, const float* x, float* y, size_t n);
 void Scale(float* y, float s, size_t n);
 float SumSquares(const float* x, size_t n);
 void MulScaled(const float* x, const float* w, float s, float* y, size_t n);
+void RmsNormRows(const float* x, size_t ld_x, size_t n_rows, size_t dim, const float* scale, float eps, float* out,
+                 size_t ld_out);
 float MaxValue(const float* x, size_t n);
 float ExpShiftSum(float* x, size_t n, float shift);
 size_t FindNonFinite(const float* x, size_t n);

@@ -54,6 +54,15 @@ void MulScaled(const float* x, const float* w, float s, float* y, size_t n) {
   for (size_t i = 0; i < n; ++i) y[i] = x[i] * s * w[i];
 }
 
+void RmsNormRows(const float* x, size_t ld_x, size_t n_rows, size_t dim, const float* scale, float eps, float* out,
+                 size_t ld_out) {
+  for (size_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * ld_x;
+    const float ms = SumSquares(xr, dim) / static_cast<float>(dim);
+    MulScaled(xr, scale, 1.0f / std::sqrt(ms + eps), out + r * ld_out, dim);
+  }
+}
+
 float MaxValue(const float* x, size_t n) {
   float m = -std::numeric_limits<float>::infinity();
   for (size_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;

@@ -1,5 +1,6 @@
 // Every SIMD kernel against its scalar reference, on every target compiled in and runnable here,
 // over shapes with tails (sizes that are not multiples of any vector width).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -354,6 +355,158 @@ TEST_CASE("KeyScores matches the reference for every key and query count, one qu
           });
         }
       }
+    }
+  }
+}
+
+// Attention's per-block chain of dispatched kernels before AttendBlock: the bits AttendBlock keeps.
+void ChainAttendBlock(const float* q, size_t ldq, size_t n_rows, const float* kt, size_t ldk, const size_t* n_keys,
+                      const float* v, size_t ldv, size_t dim, float scale, float* p, size_t ldp, float* run_max,
+                      float* run_sum, float* acc, size_t ld_acc) {
+  for (size_t r0 = 0; r0 < n_rows;) {  // runs of rows that read the block
+    if (n_keys[r0] == 0) {
+      ++r0;
+      continue;
+    }
+    size_t r1 = r0 + 1, most = n_keys[r0];
+    for (; r1 < n_rows && n_keys[r1] != 0; ++r1) most = std::max(most, n_keys[r1]);
+    KeyScores(q + r0 * ldq, ldq, r1 - r0, kt, ldk, most, dim, p + r0 * ldp, ldp);
+    for (size_t r = r0; r < r1; ++r) {
+      const size_t nk = n_keys[r];
+      float* s = p + r * ldp;
+      Scale(s, scale, nk);
+      const float m_new = std::max(run_max[r], MaxValue(s, nk));
+      const float correction = std::exp(run_max[r] - m_new);
+      run_sum[r] = run_sum[r] * correction + ExpShiftSum(s, nk, m_new);
+      if (correction != 1.0f) Scale(acc + r * ld_acc, correction, dim);
+      run_max[r] = m_new;
+    }
+    size_t full_end = r0;  // the rows that see the run's most keys in one call, then one at a time
+    while (full_end < r1 && n_keys[full_end] == most) ++full_end;
+    MatMulAccumulate(p + r0 * ldp, ldp, full_end - r0, v, ldv, most, dim, acc + r0 * ld_acc, ld_acc);
+    for (size_t r = full_end; r < r1; ++r)
+      MatMulAccumulate(p + r * ldp, ldp, 1, v, ldv, n_keys[r], dim, acc + r * ld_acc, ld_acc);
+    r0 = r1;
+  }
+}
+
+struct AttendState {
+  std::vector<float> run_max, run_sum, acc;
+  AttendState(size_t rows, size_t dim)
+      : run_max(rows, -std::numeric_limits<float>::infinity()), run_sum(rows, 0.0f), acc(rows * dim, 0.0f) {}
+  bool operator==(const AttendState& o) const {  // bit for bit, NaNs included
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    return same(run_max, o.run_max) && same(run_sum, o.run_sum) && same(acc, o.acc);
+  }
+};
+
+TEST_CASE("AttendBlock keeps the attention chain's bits on every target and matches its reference", "[kernels]") {
+  constexpr size_t B = 128;  // keys per stored block (the scratch and K stride of Attention)
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  uint32_t seed = 100;
+  for (size_t dim : {64, 128}) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+    for (size_t nk : {1, 7, 16, 127, 128}) {
+      for (size_t ldk : {nk, B}) {  // keys stored exactly (scalar key tail) or padded to the block
+        if (ldk == nk && nk == B) continue;
+        for (size_t rows : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17}) {
+          // Key counts per row: the whole block; the diagonal (pairs of rows, one query's two heads,
+          // see one key fewer per later query); queries that skip the block (0: left untouched).
+          for (int pattern = 0; pattern < 3; ++pattern) {
+            std::vector<size_t> counts(rows);
+            for (size_t r = 0; r < rows; ++r) {
+              const size_t later = (rows - 1 - r) / 2;
+              counts[r] = pattern == 0 ? nk : pattern == 1 ? (later < nk ? nk - later : 1) : (r % 3 == 1 ? 0 : nk);
+            }
+            // Two blocks in a row: the first from running max -inf, the second rescaling the first.
+            auto q = RandomVec(rows * dim, seed++);
+            auto kt0 = RandomVec(dim * ldk, seed++), kt1 = RandomVec(dim * ldk, seed++);
+            auto v0 = RandomVec(nk * dim, seed++), v1 = RandomVec(nk * dim, seed++);
+            for (int with_nan = 0; with_nan < 2; ++with_nan) {
+              if (with_nan && nk != 7 && nk != 127) continue;
+              const size_t bad_key = nk / 2;  // a NaN key value: every row that sees it scores NaN
+              auto kt1n = kt1;
+              if (with_nan) kt1n[3 * ldk + bad_key] = nan;
+              INFO("dim " << dim << " keys " << nk << " ldk " << ldk << " rows " << rows << " pattern " << pattern
+                          << " nan " << with_nan);
+              std::vector<float> p(rows * B);
+              AttendState want(rows, dim);
+              for (const auto* blk : {&kt0, &kt1n}) {
+                const auto& vv = blk == &kt0 ? v0 : v1;
+                ref::AttendBlock(q.data(), dim, rows, blk->data(), ldk, counts.data(), vv.data(), dim, dim, scale,
+                                 p.data(), B, want.run_max.data(), want.run_sum.data(), want.acc.data(), dim);
+              }
+              ForEachTarget([&] {
+                AttendState got(rows, dim), chain(rows, dim);
+                for (const auto* blk : {&kt0, &kt1n}) {
+                  const auto& vv = blk == &kt0 ? v0 : v1;
+                  AttendBlock(q.data(), dim, rows, blk->data(), ldk, counts.data(), vv.data(), dim, dim, scale,
+                              p.data(), B, got.run_max.data(), got.run_sum.data(), got.acc.data(), dim);
+                  ChainAttendBlock(q.data(), dim, rows, blk->data(), ldk, counts.data(), vv.data(), dim, dim, scale,
+                                   p.data(), B, chain.run_max.data(), chain.run_sum.data(), chain.acc.data(), dim);
+                }
+                CHECK(got == chain);
+                // One row at a time: the same bits as inside the batch.
+                AttendState one(rows, dim);
+                for (size_t r = 0; r < rows; ++r)
+                  for (const auto* blk : {&kt0, &kt1n}) {
+                    const auto& vv = blk == &kt0 ? v0 : v1;
+                    AttendBlock(q.data() + r * dim, dim, 1, blk->data(), ldk, &counts[r], vv.data(), dim, dim, scale,
+                                p.data(), B, &one.run_max[r], &one.run_sum[r], &one.acc[r * dim], dim);
+                  }
+                CHECK(one == got);
+                for (size_t r = 0; r < rows; ++r) {
+                  INFO("row " << r << " keys " << counts[r]);
+                  if (counts[r] == 0) {  // untouched
+                    CHECK((std::isinf(got.run_max[r]) && got.run_sum[r] == 0.0f));
+                    for (size_t c = 0; c < dim; ++c) CHECK(got.acc[r * dim + c] == 0.0f);
+                  } else if (with_nan && counts[r] > bad_key) {  // NaN stays NaN, never zeros
+                    CHECK(std::isnan(got.run_sum[r]));
+                    CHECK(std::isnan(want.run_sum[r]));
+                    for (size_t c = 0; c < dim; ++c) CHECK(std::isnan(got.acc[r * dim + c]));
+                  } else {
+                    CHECK(std::fabs(got.run_max[r] - want.run_max[r]) <= Tol(want.run_max[r], dim));
+                    CHECK(std::fabs(got.run_sum[r] - want.run_sum[r]) <= 1e-5f * want.run_sum[r]);
+                    const float tol = 1e-5f * (1.0f + want.run_sum[r]) * std::sqrt(2.0f * static_cast<float>(nk));
+                    for (size_t c = 0; c < dim; ++c) CHECK(std::fabs(got.acc[r * dim + c] - want.acc[r * dim + c]) <= tol);
+                  }
+                }
+              });
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("RmsNormRows kernel keeps the per-row norm kernels' bits and matches its reference", "[kernels]") {
+  const float eps = 1e-6f;
+  for (size_t dim : kSizes) {
+    for (size_t rows : {1, 2, 3, 5, 9, 16, 17}) {
+      INFO("dim " << dim << " rows " << rows);
+      const size_t ld = dim + 3;
+      auto x = RandomVec(rows * ld, static_cast<uint32_t>(dim * 31 + rows), 2.0f), w = RandomVec(dim, 77);
+      std::vector<float> want(rows * ld);
+      ref::RmsNormRows(x.data(), ld, rows, dim, w.data(), eps, want.data(), ld);
+      ForEachTarget([&] {
+        std::vector<float> got(rows * ld, -5.0f), chain(rows * ld, -5.0f);
+        RmsNormRows(x.data(), ld, rows, dim, w.data(), eps, got.data(), ld);
+        for (size_t r = 0; r < rows; ++r) {  // ops' RmsNormRows before this kernel
+          const float ms = SumSquares(x.data() + r * ld, dim) / static_cast<float>(dim);
+          MulScaled(x.data() + r * ld, w.data(), 1.0f / std::sqrt(ms + eps), chain.data() + r * ld, dim);
+        }
+        CHECK(std::memcmp(got.data(), chain.data(), got.size() * sizeof(float)) == 0);  // padding untouched too
+        auto in_place = x;
+        RmsNormRows(in_place.data(), ld, rows, dim, w.data(), eps, in_place.data(), ld);
+        for (size_t r = 0; r < rows; ++r)
+          for (size_t c = 0; c < dim; ++c) {
+            CHECK(std::memcmp(&in_place[r * ld + c], &got[r * ld + c], sizeof(float)) == 0);
+            CHECK(std::fabs(got[r * ld + c] - want[r * ld + c]) <= 1e-5f * (1.0f + std::fabs(want[r * ld + c])));
+          }
+      });
     }
   }
 }

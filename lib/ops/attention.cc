@@ -152,6 +152,7 @@ void Attention(const OpContext& tc, const AttentionParams& p, const float* q, co
     AlignedBuffer<float> scores(kQueryTile * max_heads * B), k_tile(B * D), v_tile(B * D);
     AlignedBuffer<float> acc(kQueryTile * max_heads * D), q_rows(kQueryTile * max_heads * D);
     std::vector<float> run_max(kQueryTile * max_heads), run_sum(kQueryTile * max_heads);
+    std::vector<size_t> row_keys(kQueryTile * max_heads);
     std::vector<int32_t> visit;
     std::vector<int> cursor(kQueryTile);
     std::vector<char> reads(kQueryTile);
@@ -170,7 +171,7 @@ void Attention(const OpContext& tc, const AttentionParams& p, const float* q, co
         visit.erase(std::unique(visit.begin(), visit.end()), visit.end());
       }
       // The tile's query rows of this head group, [query][head][D]: the queries that read a block
-      // score it in one KeyScores call (its keys stay in L1 while all their heads pass over them).
+      // attend to it in one AttendBlock call (its keys stay in L1 while all their heads pass over them).
       for (size_t i = 0; i < tn; ++i)
         std::copy_n(q + (t0 + i) * H * D + grp.j0 * D, nh * D, q_rows.data() + i * nh * D);
       std::fill_n(acc.data(), tn * nh * D, 0.0f);
@@ -194,40 +195,12 @@ void Attention(const OpContext& tc, const AttentionParams& p, const float* q, co
         size_t ldk = 0;
         const float* kt = k.Read(a, e, grp.kv, k_tile.data(), &ldk);
         const float* vt = v.Read(a, e, grp.kv, v_tile.data());
-        auto keys_of = [&](size_t i) { return std::min(e, P + t0 + i + 1) - a; };  // the keys query i sees
-        for (size_t r0 = 0; r0 < tn;) {  // runs [r0, r1) of consecutive queries that read block b
-          if (!reads[r0]) {
-            ++r0;
-            continue;
-          }
-          size_t r1 = r0 + 1;
-          while (r1 < tn && reads[r1]) ++r1;
-          float* s0 = scores.data() + r0 * nh * B;
-          simd::KeyScores(q_rows.data() + r0 * nh * D, D, (r1 - r0) * nh, kt, ldk, keys_of(r1 - 1), D, s0, B);
-          for (size_t i = r0; i < r1; ++i) {
-            const size_t nk = keys_of(i);
-            float* o = acc.data() + i * nh * D;
-            for (size_t h = 0; h < nh; ++h) {
-              float* s = scores.data() + (i * nh + h) * B;
-              simd::Scale(s, scale, nk);
-              float& m = run_max[i * nh + h];
-              const float m_new = std::max(m, simd::MaxValue(s, nk));
-              const float correction = std::exp(m - m_new);  // 0 on the first block (m = -inf)
-              run_sum[i * nh + h] = run_sum[i * nh + h] * correction + simd::ExpShiftSum(s, nk, m_new);
-              if (correction != 1.0f) simd::Scale(o + h * D, correction, D);
-              m = m_new;
-            }
-          }
-          // P.V: the queries that see the whole block in one call, each of the others (the block
-          // holding their own position) with its own key count.
-          size_t full_end = r0;
-          while (full_end < r1 && keys_of(full_end) == e - a) ++full_end;
-          if (full_end > r0)
-            simd::MatMulAccumulate(s0, B, (full_end - r0) * nh, vt, D, e - a, D, acc.data() + r0 * nh * D, D);
-          for (size_t i = full_end; i < r1; ++i)
-            simd::MatMulAccumulate(scores.data() + i * nh * B, B, nh, vt, D, keys_of(i), D, acc.data() + i * nh * D, D);
-          r0 = r1;
-        }
+        // The keys each row sees: 0 for queries that skip block b, fewer in the block holding their
+        // own position.
+        for (size_t i = 0; i < tn; ++i)
+          std::fill_n(row_keys.begin() + i * nh, nh, reads[i] ? std::min(e, P + t0 + i + 1) - a : 0);
+        simd::AttendBlock(q_rows.data(), D, tn * nh, kt, ldk, row_keys.data(), vt, D, D, scale, scores.data(), B,
+                          run_max.data(), run_sum.data(), acc.data(), D);
       }
       for (size_t i = 0; i < tn; ++i)
         for (size_t h = 0; h < nh; ++h) {

@@ -8,12 +8,7 @@ namespace m3 {
 
 void RmsNormRows(const float* x, size_t ld_x, size_t n_rows, size_t dim, const float* scale, float eps,
                  float* y, size_t ld_y) {
-  for (size_t r = 0; r < n_rows; ++r) {
-    const float* xr = x + r * ld_x;
-    const float ms = simd::SumSquares(xr, dim) / static_cast<float>(dim);
-    const float inv = 1.0f / std::sqrt(ms + eps);
-    simd::MulScaled(xr, scale, inv, y + r * ld_y, dim);
-  }
+  simd::RmsNormRows(x, ld_x, n_rows, dim, scale, eps, y, ld_y);
 }
 
 Rope::Rope(int rotary_dim, double theta) : rotary_dim_(rotary_dim) {
