@@ -1,0 +1,85 @@
+// The two halves of `m3 bench` end to end (model_bench.h): model_bench.cc plans and measures a
+// run into a Result, model_bench_report.cc reports it (one JSON object or the table).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench/limits.h"
+
+namespace m3::bench {
+
+// A figure with 3-4 significant digits, whatever its size; a byte count in KB, MB or GB.
+std::string Num(double v);
+std::string Bytes(double b);
+
+// The result: every figure of a run, as the report prints it.
+struct Result {
+  std::string model_dir, model_kind;
+  std::string pack_type;  // the generated model's; empty for a given model
+  bool generated = false;
+  double generation_s = 0, load_s = 0, read_in_s = 0;
+  bool read_in = false;
+  uint64_t weight_bytes = 0;
+  int layers = 0, threads = 0, prompt_tokens = 0, decode_tokens = 0;
+  std::string numa;
+  double ttft_s = 0, prefill_tok_s = 0, prefill_ops = 0, prefill_gops = 0;  // ttft_s: median of prefill_s
+  std::vector<double> prefill_s;
+  std::vector<double> step_s;
+  double decode_tok_s = 0, decode_tok_s_mean = 0;
+  double bytes_per_token = 0, routed_bytes_per_token = 0, decode_gbps = 0;
+  int64_t active_params = 0;
+  int64_t disk_read_bytes = 0;
+  double disk_read_mbps = 0;
+  uint64_t peak_rss = 0;
+  bool peak_rss_reset = false;  // the first probe's buffer is not in peak_rss
+  // Decode steps paired with reads of as many cold weight bytes (read_gbps 0: not paired, the
+  // weights not resident or too small to be cold).
+  PairedSamples::Summary steps_paired;
+  // The limit decode is judged by: the paired reads where there are some, else the best sample.
+  double read_limit_gbps() const { return steps_paired.read_gbps > 0 ? steps_paired.read_gbps : read_bw.best; }
+  // Per layer and lm_head apart (all layers of the generated model are MoE + sparse attention, as
+  // 57 of the real 60), timed inside each pass (LayerClock).
+  double t_rest_s = 0, t_layer_s = 0, projected_tok_s = 0, projected_bytes_per_token = 0;
+  // Prefill: a full layer (the median run's mean over all but the last; 0 with one layer), the
+  // last layer (keys and values of every row, the rest for the last row) and what follows it.
+  double t_layer_prefill_s = 0, t_last_layer_prefill_s = 0, t_rest_prefill_s = 0, projected_prefill_tok_s = 0;
+  double layer_bytes_per_token = 0, lm_head_bytes = 0;  // what one decode token reads of each
+  double layer_share = 0, layer_share_full = 0;  // the layers' share of a decode token's bytes, here and with 60 layers
+  double layer_gbps() const { return t_layer_s > 0 ? layer_bytes_per_token / t_layer_s / 1e9 : 0; }
+  double lm_head_gbps() const { return t_rest_s > 0 ? lm_head_bytes / t_rest_s / 1e9 : 0; }
+  double layer_prefill_gops = 0;  // a layer's int8 work per prefill over its time
+  // Batched decode (batch > 1): medians of batched steps and of the single steps paired with them.
+  int batch = 1, batch_steps = 0, batch_context = 0;
+  double batch_step_s = 0, batch_single_step_s = 0, batch_bytes_per_step = 0;
+  double batch_tok_s() const { return batch_step_s > 0 ? batch / batch_step_s : 0; }
+  double batch_single_tok_s() const { return batch_single_step_s > 0 ? 1 / batch_single_step_s : 0; }
+  double batch_gbps() const { return batch_step_s > 0 ? batch_bytes_per_step / batch_step_s / 1e9 : 0; }
+  // The full model's bytes per batched step (as projected_bytes_per_token), and the speedup of a
+  // batched step over `batch` single ones if both were bound by the bytes they read: with 60
+  // layers the routed experts, which a batch shares only where its tokens chose the same ones,
+  // weigh far more than in the benchmarked layers.
+  double batch_projected_bytes_per_step = 0;
+  double batch_projected_speedup() const {
+    return batch_projected_bytes_per_step > 0 ? batch * projected_bytes_per_token / batch_projected_bytes_per_step : 0;
+  }
+  // Prompt lookup (lookup > 0): medians of verify steps over 1 + lookup tokens and of the single
+  // steps paired with them; bytes a verify step reads, and projected to the full model.
+  int lookup = 0, lookup_steps = 0;
+  double lookup_step_s = 0, lookup_single_step_s = 0, lookup_bytes_per_step = 0, lookup_projected_bytes_per_step = 0;
+  double lookup_cost() const { return lookup_single_step_s > 0 ? lookup_step_s / lookup_single_step_s : 0; }
+  double lookup_projected_cost() const {
+    return projected_bytes_per_token > 0 ? lookup_projected_bytes_per_step / projected_bytes_per_token : 0;
+  }
+  ProbeResult read_bw, int8_peak;
+  bool logits_finite = true;
+  double logits_rms = 0;  // of the last decode step: a sanity check of the synthetic weights
+  double loadavg_start = 0, loadavg_end = 0;
+};
+
+// The result as one JSON line or the table; the logits warning goes to `log` as well.
+void Report(const Result& r, bool json, FILE* out, FILE* log);
+
+}  // namespace m3::bench
