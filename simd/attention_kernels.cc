@@ -7,7 +7,7 @@
 #define HWY_TARGET_INCLUDE "simd/attention_kernels.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
+#include "simd/row_ops-inl.h"
 #include "simd/attention_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -82,12 +82,7 @@ HWY_INLINE size_t ScoreRows(const float* HWY_RESTRICT q, size_t ldq, const Index
 #endif
 #pragma GCC unroll 4
         for (int c = 0; c < kCols; ++c) k[c] = LoadKeys<kType>(panel.data, d * panel.ld + u0 + c * N);
-#pragma GCC unroll 4
-      for (int i = 0; i < kRows; ++i) {
-        const auto qv = hn::Set(df, q[i * ldq + d]);
-#pragma GCC unroll 4
-        for (int c = 0; c < kCols; ++c) acc[i][c] = hn::MulAdd(qv, k[c], acc[i][c]);
-      }
+      BroadcastMulAdd<kRows, kCols>(q + d, ldq, k, acc);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < kRows; ++i)
@@ -170,12 +165,7 @@ HWY_INLINE void KeyScoreSteps(const float* HWY_RESTRICT q, size_t ldq, const flo
     hn::Vec<DF> k[kCols];
 #pragma GCC unroll 8
     for (int c = 0; c < kCols; ++c) k[c] = hn::LoadU(df, kt + d * ldk + u0 + c * N);
-#pragma GCC unroll 4
-    for (int i = 0; i < kRows; ++i) {
-      const auto qv = hn::Set(df, q[i * ldq + d]);
-#pragma GCC unroll 8
-      for (int c = 0; c < kCols; ++c) acc[i][c] = hn::MulAdd(qv, k[c], acc[i][c]);
-    }
+    BroadcastMulAdd<kRows, kCols>(q + d, ldq, k, acc);
   }
   HWY_ALIGN float last[HWY_MAX_BYTES / sizeof(float)];
   const auto vscale = hn::Set(df, scale);
@@ -251,124 +241,9 @@ void KeyScoresImpl(const float* HWY_RESTRICT q, size_t ldq, size_t n_q, const fl
   KeyScoresT<false>(q, ldq, n_q, kt, ldk, n_keys, dim, 1.0f, out, ldo);
 }
 
-// AttendBlock's steps after the scores. Each performs the operations of a kernels.cc kernel on the
-// same target (named below), so that attention keeps the bits it had as a chain of those calls.
-
-// kernels.cc MaxValueImpl: lanes from x[0] in vectors, then the scalar tail (a NaN's fate depends
-// on where it falls, so the split must be the same).
-HWY_INLINE float RowMax(const float* HWY_RESTRICT x, size_t n) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  float m = -std::numeric_limits<float>::infinity();
-  size_t i = 0;
-  if (n >= N) {
-    auto vm = hn::Set(df, m);
-    for (; i + N <= n; i += N) vm = hn::Max(vm, hn::LoadU(df, x + i));
-    m = hn::GetLane(hn::MaxOfLanes(df, vm));
-  }
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
-}
-
-// kernels.cc ExpShiftSumImpl: x = exp(x - shift), NaN kept; the vector sum, then the tail's.
-HWY_INLINE float RowExpShiftSum(float* HWY_RESTRICT x, size_t n, float shift) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  const auto vs = hn::Set(df, shift);
-  auto sum = hn::Zero(df);
-  size_t i = 0;
-  for (; i + N <= n; i += N) {
-    const auto d = hn::Sub(hn::LoadU(df, x + i), vs);
-    const auto e = hn::IfThenElse(hn::IsNaN(d), d, hn::Exp(df, d));  // hn::Exp(NaN) is 0, std::exp's NaN
-    hn::StoreU(e, df, x + i);
-    sum = hn::Add(sum, e);
-  }
-  float s = hn::GetLane(hn::SumOfLanes(df, sum));
-  for (; i < n; ++i) {
-    x[i] = std::exp(x[i] - shift);
-    s += x[i];
-  }
-  return s;
-}
-
-// kernels.cc ScaleImpl.
-HWY_INLINE void RowScale(float* HWY_RESTRICT y, float s, size_t n) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  const auto vs = hn::Set(df, s);
-  size_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(df, y + i), vs), df, y + i);
-  for (; i < n; ++i) y[i] *= s;
-}
-
-// kernels.cc PvSteps / PvRows / MatMulAccumulateImpl (the P.V product; blocking as there): every
-// output is one fma per key in order u = 0, 1, ..., whichever path computes it.
-template <int kRows, int kCols>
-HWY_INLINE void ValueSteps(const float* HWY_RESTRICT p, size_t ldp, const float* HWY_RESTRICT v, size_t ldv,
-                           size_t n_keys, size_t c, float* HWY_RESTRICT out, size_t ldo) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  hn::Vec<DF> acc[kRows][kCols];
-#pragma GCC unroll 4
-  for (int h = 0; h < kRows; ++h)
-#pragma GCC unroll 8
-    for (int j = 0; j < kCols; ++j) acc[h][j] = hn::LoadU(df, out + h * ldo + c + j * N);
-  for (size_t u = 0; u < n_keys; ++u) {
-    hn::Vec<DF> vv[kCols];
-#pragma GCC unroll 8
-    for (int j = 0; j < kCols; ++j) vv[j] = hn::LoadU(df, v + u * ldv + c + j * N);
-#pragma GCC unroll 4
-    for (int h = 0; h < kRows; ++h) {
-      const auto w = hn::Set(df, p[h * ldp + u]);
-#pragma GCC unroll 8
-      for (int j = 0; j < kCols; ++j) acc[h][j] = hn::MulAdd(w, vv[j], acc[h][j]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int h = 0; h < kRows; ++h)
-#pragma GCC unroll 8
-    for (int j = 0; j < kCols; ++j) hn::StoreU(acc[h][j], df, out + h * ldo + c + j * N);
-}
-
-template <int kRows>
-HWY_INLINE void ValueRows(const float* HWY_RESTRICT p, size_t ldp, const float* HWY_RESTRICT v, size_t ldv,
-                          size_t n_keys, size_t d, float* HWY_RESTRICT out, size_t ldo) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  size_t c = 0;
-  for (; c + 8 * N <= d; c += 8 * N) ValueSteps<kRows, 8>(p, ldp, v, ldv, n_keys, c, out, ldo);
-  for (; c + N <= d; c += N) ValueSteps<kRows, 1>(p, ldp, v, ldv, n_keys, c, out, ldo);
-  for (; c < d; ++c)
-    for (int h = 0; h < kRows; ++h) {
-      float a = out[h * ldo + c];
-      for (size_t u = 0; u < n_keys; ++u) a = std::fma(p[h * ldp + u], v[u * ldv + c], a);
-      out[h * ldo + c] = a;
-    }
-}
-
-constexpr int kValueSlabRows = HWY_MAX_BYTES >= 64 ? 4 : 2;
-constexpr int kValueSlabCols = 4;
-constexpr size_t kValueSlabMinRows = 8;
-
-HWY_INLINE void AccumulateValues(const float* HWY_RESTRICT p, size_t ldp, size_t n_rows, const float* HWY_RESTRICT v,
-                                 size_t ldv, size_t n_keys, size_t d, float* HWY_RESTRICT out, size_t ldo) {
-  const DF df;
-  const size_t N = hn::Lanes(df);
-  size_t h = 0;
-  if (n_rows >= kValueSlabMinRows && d >= kValueSlabCols * N) {
-    const size_t slab_rows = n_rows / kValueSlabRows * kValueSlabRows;
-    const size_t slab_cols = d / (kValueSlabCols * N) * (kValueSlabCols * N);
-    for (size_t c = 0; c < slab_cols; c += kValueSlabCols * N)
-      for (size_t r = 0; r < slab_rows; r += kValueSlabRows)
-        ValueSteps<kValueSlabRows, kValueSlabCols>(p + r * ldp, ldp, v, ldv, n_keys, c, out + r * ldo, ldo);
-    if (slab_cols < d)
-      for (; h + 2 <= slab_rows; h += 2)
-        ValueRows<2>(p + h * ldp, ldp, v + slab_cols, ldv, n_keys, d - slab_cols, out + h * ldo + slab_cols, ldo);
-    h = slab_rows;
-  }
-  for (; h + 2 <= n_rows; h += 2) ValueRows<2>(p + h * ldp, ldp, v, ldv, n_keys, d, out + h * ldo, ldo);
-  if (h < n_rows) ValueRows<1>(p + h * ldp, ldp, v, ldv, n_keys, d, out + h * ldo, ldo);
-}
+// AttendBlock's steps after the scores run row_ops-inl.h's code, which kernels.cc's MaxValue,
+// ExpShiftSum, Scale and MatMulAccumulate run too: attention keeps the bits it had as a chain of
+// those calls on the same target.
 
 // Runs of consecutive rows that see keys, one after another: the run's scores in one pass over the
 // keys (up to its largest count; a row's scores never depend on the others), each row's softmax
@@ -398,7 +273,7 @@ void AttendBlockImpl(const float* HWY_RESTRICT q, size_t ldq, size_t n_rows, con
     for (size_t a = r0; a < r1;) {
       size_t b = a + 1;
       while (b < r1 && n_keys[b] == n_keys[a]) ++b;
-      AccumulateValues(p + a * ldp, ldp, b - a, v, ldv, n_keys[a], dim, acc + a * ld_acc, ld_acc);
+      PvAccumulate(p + a * ldp, ldp, b - a, v, ldv, n_keys[a], dim, acc + a * ld_acc, ld_acc);
       a = b;
     }
     r0 = r1;
