@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -522,9 +523,23 @@ Status MeasurePrefill(const Plan& p, Bench* b, Result* r, FILE* log) {
     M3_RETURN_IF_ERROR(prefill_run(*b->session, &b->logits));
   }
   r->ttft_s = Median(r->prefill_s);
-  r->t_layer_prefill_s = Median(full_layer_s);  // 0 with one layer: no full layer was run
-  r->t_last_layer_prefill_s = Median(last_layer_s);
-  r->t_rest_prefill_s = Median(prefill_rest_s);
+  // The parts of the median run (the mean of the two middle ones for an even count), so that they
+  // add up to the ttft: medians of each part over the runs need not, when runs are slowed in
+  // different parts (a descheduled thread on a shared machine).
+  std::vector<size_t> order(r->prefill_s.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return r->prefill_s[a] < r->prefill_s[b]; });
+  const size_t h = order.size() / 2;
+  const std::vector<size_t> middle =
+      order.size() % 2 ? std::vector<size_t>{order[h]} : std::vector<size_t>{order[h - 1], order[h]};
+  auto of_middle = [&](const std::vector<double>& v) {
+    double sum = 0;
+    for (size_t i : middle) sum += v.empty() ? 0.0 : v[i];
+    return sum / static_cast<double>(middle.size());
+  };
+  r->t_layer_prefill_s = of_middle(full_layer_s);  // 0 with one layer: no full layer was run
+  r->t_last_layer_prefill_s = of_middle(last_layer_s);
+  r->t_rest_prefill_s = of_middle(prefill_rest_s);
   r->prefill_tok_s = p.prompt_tokens / r->ttft_s;
   // The work done: every layer's active parameters for each prompt token but the last layer's,
   // which runs its keys' and values' projections for every token and all of it for the last;

@@ -164,7 +164,7 @@ nlohmann::json LayersJson(const Result& r, const LimitRatios& lr) {
            " dense-attention + dense-MLP layers and ", shapes::kLayers - shapes::kDenseLayers,
            " MoE sparse ones); layers timed inside each pass; decode: 60 x the median step's mean layer + what "
            "follows the last layer (final norm, lm_head, argmax); prefill: 59 x a full layer (the mean of all but "
-           "the last, median over the runs) + the last layer (every row's keys and values, the rest for the last "
+           "the last, in the median run) + the last layer (every row's keys and values, the rest for the last "
            "row) + what follows it; needs 2+ layers; assumes the weights stay in memory")},
   };
 }
