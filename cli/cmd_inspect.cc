@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "ops/context.h"
+#include "model/dense_part.h"
 #include "model/model.h"
 
 namespace m3::cli {
@@ -81,6 +82,15 @@ int RunInspect(const std::string& dir, bool verify) {
   std::printf("parameters       total %lld (%s), active per token %lld (%s)\n", static_cast<long long>(s.total_params),
               Human(static_cast<double>(s.total_params), "").c_str(), static_cast<long long>(s.active_params),
               Human(static_cast<double>(s.active_params), "").c_str());
+  // Every weight a token reads in full (all but the routed experts and the embedding table): what
+  // --mlock-dense locks, and what an accelerator holding the dense layers would hold.
+  const DensePart dense = MeasureDensePart(c, m.weights());
+  std::printf("dense part       %lld params (%s), %s as stored:", static_cast<long long>(dense.params()),
+              Human(static_cast<double>(dense.params()), "").c_str(), Human(static_cast<double>(dense.bytes()), "B").c_str());
+  for (const DensePartGroup& g : dense.groups)
+    std::printf("%s %s %s", &g == &dense.groups.front() ? "" : ",", g.name.c_str(),
+                Human(static_cast<double>(g.bytes), "B").c_str());
+  std::printf("\n");
   std::printf("mtp modules      %d bound (config declares %d)\n", s.mtp_depths, c.num_mtp_modules);
   std::printf("kernels          %s\n", Kernels().Describe().c_str());
   if (!verify) return 0;

@@ -13,6 +13,7 @@
 
 #include "base/status.h"
 #include "format/safetensors.h"
+#include "model/dense_part.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -556,3 +557,24 @@ TEST_CASE("MTP modules are bound when their tensors are present", "[checkpoint][
 }
 
 }  // namespace
+
+// The dense part (model/dense_part.h) counts every bound weight but the routed experts and an untied
+// embedding table: the binding's own count (WeightStats) says the same, on every golden case.
+TEST_CASE("the dense part is every weight but the routed experts and the embedding table", "[checkpoint][dense]") {
+  for (const auto& [name, dir] : m3::test::GoldenCases()) {
+    INFO(name);
+    auto model = m3::Model::Load(dir);
+    REQUIRE(model.ok());
+    const m3::WeightStats& s = (*model)->stats();
+    const m3::DensePart part = m3::MeasureDensePart((*model)->config(), (*model)->weights());
+    const int64_t embedding = (*model)->config().tie_word_embeddings ? 0 : s.embedding_params;
+    CHECK(part.params() == s.total_params - s.routed_expert_params - embedding);
+    CHECK(part.bytes() > 0);
+    bool has_attention = false;
+    for (const m3::DensePartGroup& g : part.groups) {
+      CHECK(g.params > 0);
+      has_attention = has_attention || g.name == "attention";
+    }
+    CHECK(has_attention);
+  }
+}

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "model/dense_part.h"
 #include "model/model.h"
 #include "ops/matmul.h"
 #include "ops/moe.h"
@@ -12,26 +13,11 @@
 namespace m3 {
 namespace {
 
-// The matrices every token reads (routed experts and the embedding, of which a token reads one
-// row, aside): attention, indexer, router, dense MLPs, MTP projections, and optionally the MoE
-// shared experts and the lm_head (the embedding itself when tied).
+// The matrices every token reads (model/dense_part.h), optionally without the MoE shared experts
+// and the lm_head.
 std::vector<simd::WeightRef*> DenseMatrices(ModelWeights& w, bool shared_experts, bool lm_head) {
   std::vector<simd::WeightRef*> out;
-  auto add = [&](simd::WeightRef& m) {
-    if (m.data) out.push_back(&m);
-  };
-  auto layer = [&](LayerWeights& L) {
-    for (simd::WeightRef* m : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o, &L.attn.index_q, &L.attn.index_k}) add(*m);
-    MlpWeights* mlp = L.is_moe ? (shared_experts && L.moe.has_shared ? &L.moe.shared : nullptr) : &L.mlp;
-    if (L.is_moe) add(L.moe.router);
-    if (mlp) add(mlp->gate), add(mlp->up), add(mlp->down);
-  };
-  for (LayerWeights& L : w.layers) layer(L);
-  for (MtpWeights& m : w.mtp) {
-    add(m.eh_proj);
-    layer(m.layer);
-  }
-  if (lm_head) add(w.lm_head);
+  ForEachDenseMatrix(w, shared_experts, lm_head, [&](const char*, simd::WeightRef& m) { out.push_back(&m); });
   return out;
 }
 
