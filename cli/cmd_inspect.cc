@@ -10,6 +10,7 @@
 #include "ops/context.h"
 #include "model/dense_part.h"
 #include "model/model.h"
+#include "offload/gpu.h"
 
 namespace m3::cli {
 namespace {
@@ -91,6 +92,14 @@ int RunInspect(const std::string& dir, bool verify) {
     std::printf("%s %s %s", &g == &dense.groups.front() ? "" : ",", g.name.c_str(),
                 Human(static_cast<double>(g.bytes), "B").c_str());
   std::printf("\n");
+  // The GPU an offload of the dense part would use (issue 34), or why there is none.
+  if (const StatusOr<GpuInfo> gpu = QueryGpu(0); gpu.ok()) {
+    std::printf("gpu              %s: %s (compute %d.%d), %s free of %s\n", GpuBackendName(), gpu->name.c_str(),
+                gpu->compute_major, gpu->compute_minor, Human(static_cast<double>(gpu->free_bytes), "B").c_str(),
+                Human(static_cast<double>(gpu->total_bytes), "B").c_str());
+  } else {
+    std::printf("gpu              none: %s\n", gpu.status().message().c_str());
+  }
   std::printf("mtp modules      %d bound (config declares %d)\n", s.mtp_depths, c.num_mtp_modules);
   std::printf("kernels          %s\n", Kernels().Describe().c_str());
   if (!verify) return 0;

@@ -13,3 +13,7 @@ if(EXISTS "${M3_SHARED_DIR}/golden")
 else()
   set(M3_HAVE_SHARED OFF)
 endif()
+# The optional CUDA module (lib/offload/cuda): AUTO builds it where the CUDA toolkit (nvcc) is found,
+# ON requires it, OFF never builds it. A fresh Debian 12 has no CUDA: AUTO builds without.
+set(M3_CUDA AUTO CACHE STRING "Build the CUDA offload module: AUTO, ON or OFF")
+set_property(CACHE M3_CUDA PROPERTY STRINGS AUTO ON OFF)
