@@ -93,10 +93,17 @@ int RunInspect(const std::string& dir, bool verify) {
                 Human(static_cast<double>(g.bytes), "B").c_str());
   std::printf("\n");
   // The GPU an offload of the dense part would use (issue 34), or why there is none.
+  const GpuFootprint per_8k = EstimateGpuFootprint(c, dense, CacheOptions{}, 8192);
+  std::printf("gpu footprint    the dense part %s + f32 caches %s per 8K tokens of context\n",
+              Human(static_cast<double>(per_8k.weight_bytes), "B").c_str(),
+              Human(static_cast<double>(per_8k.cache_bytes), "B").c_str());
   if (const StatusOr<GpuInfo> gpu = QueryGpu(0); gpu.ok()) {
-    std::printf("gpu              %s: %s (compute %d.%d), %s free of %s\n", GpuBackendName(), gpu->name.c_str(),
-                gpu->compute_major, gpu->compute_minor, Human(static_cast<double>(gpu->free_bytes), "B").c_str(),
-                Human(static_cast<double>(gpu->total_bytes), "B").c_str());
+    std::printf("gpu              %s: %s (compute %d.%d), %s free of %s; with the dense part, f32 caches of up to %zu "
+                "tokens fit\n",
+                GpuBackendName(), gpu->name.c_str(), gpu->compute_major, gpu->compute_minor,
+                Human(static_cast<double>(gpu->free_bytes), "B").c_str(),
+                Human(static_cast<double>(gpu->total_bytes), "B").c_str(),
+                LongestGpuContext(c, dense, CacheOptions{}, gpu->free_bytes));
   } else {
     std::printf("gpu              none: %s\n", gpu.status().message().c_str());
   }

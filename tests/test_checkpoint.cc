@@ -578,3 +578,34 @@ TEST_CASE("the dense part is every weight but the routed experts and the embeddi
     CHECK(has_attention);
   }
 }
+
+// The GPU footprint of the dense part and its caches, the refusal when it does not fit, and the
+// longest context that does, on every golden case.
+TEST_CASE("the GPU footprint is the dense part and the caches, and a GPU too small is refused with both", "[checkpoint][dense]") {
+  for (const auto& [name, dir] : m3::test::GoldenCases()) {
+    INFO(name);
+    auto model = m3::Model::Load(dir);
+    REQUIRE(model.ok());
+    const m3::ModelConfig& c = (*model)->config();
+    const m3::DensePart dense = m3::MeasureDensePart(c, (*model)->weights());
+    const m3::CacheOptions bf16{m3::CacheType::kBF16, m3::CacheType::kF32};
+    const m3::GpuFootprint f = m3::EstimateGpuFootprint(c, dense, bf16, 300);
+    CHECK(f.weight_bytes == dense.bytes());
+    CHECK(f.cache_bytes == m3::KvCache(c, bf16).BytesFor(300));
+    CHECK(m3::CheckGpuFits(f, "GPU 0", f.total()).ok());
+    const m3::Status tight = m3::CheckGpuFits(f, "GPU 0", f.total() - 1);
+    CHECK(tight.code() == m3::StatusCode::kOutOfMemory);
+    CHECK_THAT(tight.message(), Catch::StartsWith("the dense part needs "));
+    CHECK_THAT(tight.message(), Catch::Contains(" for 300 tokens (bf16 K/V, f32 index keys); GPU 0 has "));
+    CHECK_THAT(tight.message(), Catch::EndsWith("use a shorter context or smaller cache types (--kv-cache, --index-cache)"));
+    CHECK_THAT(m3::CheckGpuFits(f, "GPU 0", f.weight_bytes - 1).message(),
+               Catch::EndsWith("the weights alone do not fit; run without the GPU"));
+    // The longest context: its caches fit, one more token's do not (or it is the model's maximum).
+    const size_t longest = m3::LongestGpuContext(c, dense, bf16, f.total());
+    CHECK(longest >= 300);
+    CHECK(m3::EstimateGpuFootprint(c, dense, bf16, longest).total() <= f.total());
+    if (longest < static_cast<size_t>(c.max_position_embeddings))
+      CHECK(m3::EstimateGpuFootprint(c, dense, bf16, longest + 1).total() > f.total());
+    CHECK(m3::LongestGpuContext(c, dense, bf16, dense.bytes() - 1) == 0);
+  }
+}

@@ -1,5 +1,8 @@
 #include "model/dense_part.h"
 
+#include <algorithm>
+
+#include "base/bytes.h"
 #include "ops/matmul.h"
 
 namespace m3 {
@@ -72,6 +75,46 @@ DensePart MeasureDensePart(const ModelConfig& config, const ModelWeights& weight
   }
   add(weights.final_norm);
   return part;
+}
+
+GpuFootprint EstimateGpuFootprint(const ModelConfig& config, const DensePart& dense, const CacheOptions& cache,
+                                  size_t context) {
+  GpuFootprint f;
+  f.weight_bytes = dense.bytes();
+  f.cache_bytes = KvCache(config, cache).BytesFor(context);
+  f.context = context;
+  f.cache = cache;
+  return f;
+}
+
+Status CheckGpuFits(const GpuFootprint& f, const std::string& gpu, uint64_t free_bytes) {
+  if (f.total() <= free_bytes) return Status::Ok();
+  const bool weights_fit = f.weight_bytes <= free_bytes;
+  return Status(StatusCode::kOutOfMemory,
+                Str("the dense part needs ", FormatBytes(f.weight_bytes), " and its caches ", FormatBytes(f.cache_bytes),
+                    " for ", f.context, " tokens (", CacheTypeName(f.cache.kv), " K/V, ",
+                    CacheTypeName(f.cache.index_keys), " index keys); ", gpu, " has ", FormatBytes(free_bytes),
+                    " free: ",
+                    weights_fit ? "use a shorter context or smaller cache types (--kv-cache, --index-cache)"
+                                : "the weights alone do not fit; run without the GPU"));
+}
+
+size_t LongestGpuContext(const ModelConfig& config, const DensePart& dense, const CacheOptions& cache,
+                         uint64_t free_bytes) {
+  if (dense.bytes() > free_bytes) return 0;
+  const KvCache caches(config, cache);
+  const uint64_t room = free_bytes - dense.bytes();
+  // The caches grow by whole pages (BytesFor never shrinks with more tokens): the largest count that fits.
+  size_t lo = 0, hi = static_cast<size_t>(std::max<int64_t>(0, config.max_position_embeddings));
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo + 1) / 2;
+    if (caches.BytesFor(mid) <= room) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
 }
 
 }  // namespace m3

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
+#include "model/kv_cache.h"
 #include "model/weights.h"
 
 namespace m3 {
@@ -33,5 +35,24 @@ struct DensePart {
 };
 
 DensePart MeasureDensePart(const ModelConfig& config, const ModelWeights& w);
+
+// What the dense part and the caches of a context take on an accelerator that holds them (issue
+// 34: the routed experts stay in host memory): the weights as stored, the K/V and index-key caches.
+struct GpuFootprint {
+  uint64_t weight_bytes = 0;
+  uint64_t cache_bytes = 0;  // for `context` tokens, whole pages as the caches allocate them
+  size_t context = 0;
+  CacheOptions cache;
+  uint64_t total() const { return weight_bytes + cache_bytes; }
+};
+GpuFootprint EstimateGpuFootprint(const ModelConfig& config, const DensePart& dense, const CacheOptions& cache,
+                                  size_t context);
+// Ok when the footprint fits in `free_bytes` of the GPU named `gpu`; otherwise OutOfMemory with
+// what the dense part and its caches need, what the GPU has and what to change.
+Status CheckGpuFits(const GpuFootprint& footprint, const std::string& gpu, uint64_t free_bytes);
+// The longest context (up to the model's maximum) whose caches fit beside the dense part in
+// `free_bytes`; 0 when not even the weights fit.
+size_t LongestGpuContext(const ModelConfig& config, const DensePart& dense, const CacheOptions& cache,
+                         uint64_t free_bytes);
 
 }  // namespace m3

@@ -5,6 +5,7 @@
 #include <new>
 #include <optional>
 
+#include "base/bytes.h"
 #include "platform/memory.h"
 
 namespace m3 {
@@ -44,16 +45,6 @@ Session::Session(const Engine& engine, const SessionOptions& options)
 OpContext Session::Context() const { return OpContext(engine_.threads(), &engine_.kernels(), workspace_.get()); }
 
 namespace {
-
-std::string FormatBytes(uint64_t bytes) {
-  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
 
 // The smaller storage types than `t`, as a hint: "bf16 or int8".
 std::string SmallerTypes(CacheType t) {
