@@ -69,6 +69,7 @@ int RunKernels(const BenchArgs& args) {
 #endif
 }
 
+#if M3_HAVE_BENCH
 // "4096", "4K" or "4k" (x 1024); 0 for anything else.
 size_t ParseContext(const std::string& s) {
   if (s.empty() || s[0] < '0' || s[0] > '9') return 0;
@@ -77,6 +78,7 @@ size_t ParseContext(const std::string& s) {
   if (*end == 'k' || *end == 'K') return end[1] == 0 ? static_cast<size_t>(v) * 1024 : 0;
   return *end == 0 ? static_cast<size_t>(v) : 0;
 }
+#endif
 
 int RunAttention(const BenchArgs& args) {
 #if M3_HAVE_BENCH
