@@ -3,7 +3,6 @@
 // x86 targets use maddubs/madd intrinsics (AVX3 without VNNI, AVX2); every other target (SSE4,
 // EMU128, NEON, ...) a portable int32 multiply-add on 16-row tiles.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>

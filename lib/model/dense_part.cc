@@ -7,27 +7,6 @@
 
 namespace m3 {
 
-void ForEachDenseMatrix(ModelWeights& w, bool shared_experts, bool lm_head,
-                        const std::function<void(const char* group, simd::WeightRef& m)>& fn) {
-  auto add = [&](const char* group, simd::WeightRef& m) {
-    if (m.data) fn(group, m);
-  };
-  auto layer = [&](LayerWeights& L) {
-    for (simd::WeightRef* m : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o}) add("attention", *m);
-    for (simd::WeightRef* m : {&L.attn.index_q, &L.attn.index_k}) add("indexer", *m);
-    if (L.is_moe) add("router", L.moe.router);
-    MlpWeights* mlp = L.is_moe ? (shared_experts && L.moe.has_shared ? &L.moe.shared : nullptr) : &L.mlp;
-    const char* group = L.is_moe ? "shared experts" : "dense MLP";
-    if (mlp) add(group, mlp->gate), add(group, mlp->up), add(group, mlp->down);
-  };
-  for (LayerWeights& L : w.layers) layer(L);
-  for (MtpWeights& m : w.mtp) {
-    add("MTP projection", m.eh_proj);
-    layer(m.layer);
-  }
-  if (lm_head) add("lm_head", w.lm_head);
-}
-
 int64_t DensePart::params() const {
   int64_t n = 0;
   for (const DensePartGroup& g : groups) n += g.params;
@@ -48,14 +27,13 @@ DensePart MeasureDensePart(const ModelConfig& config, const ModelWeights& weight
     part.groups.push_back({name, 0, 0});
     return part.groups.back();
   };
-  // The visitor takes the weights as mutable (placement rebinds them); nothing here writes.
-  ModelWeights& w = const_cast<ModelWeights&>(weights);
-  ForEachDenseMatrix(w, /*shared_experts=*/true, /*lm_head=*/true, [&](const char* name, simd::WeightRef& m) {
-    const simd::StoredSpan all = simd::RowTileSpan(m, 0, MatMulRowTiles(m));
-    DensePartGroup& g = group(name);
-    g.params += static_cast<int64_t>(m.rows) * static_cast<int64_t>(m.cols);
-    g.bytes += all.data_bytes + all.scale_bytes;
-  });
+  ForEachDenseMatrix(weights, /*shared_experts=*/true, /*lm_head=*/true,
+                     [&](const char* name, const simd::WeightRef& m) {
+                       const simd::StoredSpan all = simd::RowTileSpan(m, 0, MatMulRowTiles(m));
+                       DensePartGroup& g = group(name);
+                       g.params += static_cast<int64_t>(m.rows) * static_cast<int64_t>(m.cols);
+                       g.bytes += all.data_bytes + all.scale_bytes;
+                     });
   // Every fp32 vector: norms, q/k norms, router biases.
   DensePartGroup& vectors = group("norms and vectors");
   auto add = [&](const std::vector<float>& v) {
@@ -63,8 +41,8 @@ DensePart MeasureDensePart(const ModelConfig& config, const ModelWeights& weight
     vectors.bytes += v.size() * sizeof(float);
   };
   auto layer = [&](const LayerWeights& L) {
-    for (const auto* v : {&L.input_norm, &L.post_norm, &L.attn.q_norm, &L.attn.k_norm, &L.attn.index_q_norm,
-                          &L.attn.index_k_norm})
+    for (const auto* v :
+         {&L.input_norm, &L.post_norm, &L.attn.q_norm, &L.attn.k_norm, &L.attn.index_q_norm, &L.attn.index_k_norm})
       add(*v);
     if (L.is_moe && config.use_routing_bias) add(L.moe.router_bias);  // else zeros the checkpoint does not have
   };
@@ -90,13 +68,13 @@ GpuFootprint EstimateGpuFootprint(const ModelConfig& config, const DensePart& de
 Status CheckGpuFits(const GpuFootprint& f, const std::string& gpu, uint64_t free_bytes) {
   if (f.total() <= free_bytes) return Status::Ok();
   const bool weights_fit = f.weight_bytes <= free_bytes;
-  return Status(StatusCode::kOutOfMemory,
-                Str("the dense part needs ", FormatBytes(f.weight_bytes), " and its caches ", FormatBytes(f.cache_bytes),
-                    " for ", f.context, " tokens (", CacheTypeName(f.cache.kv), " K/V, ",
-                    CacheTypeName(f.cache.index_keys), " index keys); ", gpu, " has ", FormatBytes(free_bytes),
-                    " free: ",
-                    weights_fit ? "use a shorter context or smaller cache types (--kv-cache, --index-cache)"
-                                : "the weights alone do not fit; run without the GPU"));
+  return Status(
+      StatusCode::kOutOfMemory,
+      Str("the dense part needs ", FormatBytes(f.weight_bytes), " and its caches ", FormatBytes(f.cache_bytes), " for ",
+          f.context, " tokens (", CacheTypeName(f.cache.kv), " K/V, ", CacheTypeName(f.cache.index_keys),
+          " index keys); ", gpu, " has ", FormatBytes(free_bytes), " free: ",
+          weights_fit ? "use a shorter context or smaller cache types (--kv-cache, --index-cache)"
+                      : "the weights alone do not fit; run without the GPU"));
 }
 
 size_t LongestGpuContext(const ModelConfig& config, const DensePart& dense, const CacheOptions& cache,

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,9 +17,28 @@ namespace m3 {
 
 // Calls fn(group, matrix) for every dense matrix that is bound, in layer order. Groups: "attention",
 // "indexer", "router", "dense MLP", "shared experts" (when shared_experts), "MTP projection" and
-// "lm_head" (when lm_head; the embedding itself when tied).
-void ForEachDenseMatrix(ModelWeights& w, bool shared_experts, bool lm_head,
-                        const std::function<void(const char* group, simd::WeightRef& m)>& fn);
+// "lm_head" (when lm_head; the embedding itself when tied). `Weights` is ModelWeights (placement
+// rebinds the matrices) or const ModelWeights (measuring).
+template <class Weights, class Fn>
+void ForEachDenseMatrix(Weights& w, bool shared_experts, bool lm_head, Fn&& fn) {
+  auto add = [&](const char* group, auto& m) {
+    if (m.data) fn(group, m);
+  };
+  auto layer = [&](auto& L) {
+    for (auto* m : {&L.attn.q, &L.attn.k, &L.attn.v, &L.attn.o}) add("attention", *m);
+    for (auto* m : {&L.attn.index_q, &L.attn.index_k}) add("indexer", *m);
+    if (L.is_moe) add("router", L.moe.router);
+    auto* mlp = L.is_moe ? (shared_experts && L.moe.has_shared ? &L.moe.shared : nullptr) : &L.mlp;
+    const char* group = L.is_moe ? "shared experts" : "dense MLP";
+    if (mlp) add(group, mlp->gate), add(group, mlp->up), add(group, mlp->down);
+  };
+  for (auto& L : w.layers) layer(L);
+  for (auto& m : w.mtp) {
+    add("MTP projection", m.eh_proj);
+    layer(m.layer);
+  }
+  if (lm_head) add("lm_head", w.lm_head);
+}
 
 struct DensePartGroup {
   std::string name;
