@@ -319,7 +319,8 @@ struct Plan {
   std::string model_dir;          // -m; empty: the synthetic model
   SyntheticModelOptions synthetic;
   std::string model_kind, pack_type;  // as Result reports them (pack_type: the generated model's)
-  EngineOptions engine;
+  EngineOptions engine;          // the CPU-only run
+  std::optional<EngineOptions> offload;  // --gpu dense: the same run again with these
   int prompt_tokens = 0, decode_tokens = 0;
   // Probes before and after the run: read-bandwidth passes, int8 peak loops of peak_seconds.
   int probe_reps = 2;
@@ -368,6 +369,10 @@ StatusOr<Plan> PlanRun(const ModelBenchOptions& o) {
   }
   p.engine = o.engine;
   p.engine.threads = p.threads;
+  if (!o.engine.gpu.empty() && o.engine.gpu != "none") {
+    p.offload = p.engine;
+    p.engine.gpu.clear();
+  }
   p.prompt_tokens = o.prompt_tokens;
   p.decode_tokens = o.decode_tokens;
   p.phase_context = std::min<size_t>(static_cast<size_t>(o.prompt_tokens), 64);
@@ -762,6 +767,72 @@ Status MeasureLookup(const Plan& p, Bench* b, Result* r, FILE* log) {
   return Status::Ok();
 }
 
+// A device-to-device copy's rate on `dev` (bytes read + written; best of 5 copies of 512 MiB),
+// the yardstick of the offloaded dense part's reads. 0 when the buffers do not fit.
+double DeviceCopyGbps(Device& dev) {
+  constexpr size_t kBytes = size_t{512} << 20;
+  auto a = dev.Allocate(kBytes, "the copy probe");
+  if (!a.ok()) return 0;
+  auto b = dev.Allocate(kBytes, "the copy probe");
+  if (!b.ok()) {
+    dev.Free(*a);
+    return 0;
+  }
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const int m0 = dev.Mark();
+    dev.Copy(*b, *a, kBytes);
+    const int m1 = dev.Mark();
+    if (!dev.Wait().ok()) break;
+    const double s = dev.Seconds(m0, m1);
+    if (s > 0) best = std::max(best, 2.0 * kBytes / s / 1e9);
+  }
+  dev.Free(*a);
+  dev.Free(*b);
+  return best;
+}
+
+// --gpu dense: prefill, decode and the projection again on an engine with the dense part offloaded
+// (the weights are in the page cache from the CPU run), with the offload's split of each step.
+Status MeasureOffload(const Plan& p, Result* r, FILE* log) {
+  if (log) std::fprintf(log, "m3 bench: the same prefill and decode with --gpu dense\n");
+  Plan q = p;
+  q.engine = *p.offload;
+  Bench b;
+  Result o;
+  o.threads = r->threads;
+  o.model_dir = r->model_dir;
+  M3_RETURN_IF_ERROR(OpenEngine(q, &b, &o));
+  DenseOffload& offload = *b.engine->offload();
+  b.fp = MeasureFootprint(b.engine->model());
+  M3_RETURN_IF_ERROR(MeasurePrefill(q, &b, &o, log));
+  offload.stats().Reset();
+  std::vector<double> rest_s, layer_mean_s;
+  M3_RETURN_IF_ERROR(MeasureDecode(q, &b, &o, &rest_s, &layer_mean_s, log));
+  const OffloadStats st = offload.stats();
+  Project(q, b.fp, rest_s, layer_mean_s, &o);
+  OffloadResult& f = r->offload;
+  f.ran = true;
+  f.device = offload.device().Describe();
+  f.ttft_s = o.ttft_s;
+  f.prefill_tok_s = o.prefill_tok_s;
+  f.decode_tok_s = o.decode_tok_s;
+  f.t_layer_s = o.t_layer_s;
+  f.t_rest_s = o.t_rest_s;
+  f.projected_tok_s = o.projected_tok_s;
+  f.projected_prefill_tok_s = o.projected_prefill_tok_s;
+  const double steps = static_cast<double>(std::max<uint64_t>(st.passes, 1));
+  f.device_s = st.device_seconds / steps;
+  f.shared_s = st.shared_seconds / steps;
+  f.experts_s = st.experts_seconds / steps;
+  f.handoff_s = st.handoff_seconds / steps;
+  f.selection_s = st.selection_seconds / steps;
+  f.dense_bytes = static_cast<double>(offload.bytes_per_pass());
+  f.copy_gbps = DeviceCopyGbps(offload.device());
+  r->logits_finite = r->logits_finite && o.logits_finite;
+  return Status::Ok();
+}
+
 // The limits again, same threads as the run.
 void ProbeLimitsAgain(const Plan& p, Result* r, FILE* log) {
   if (log) std::fprintf(log, "m3 bench: probing the machine limits again\n");
@@ -786,6 +857,11 @@ StatusOr<Result> Measure(const Plan& p, FILE* log) {
   Project(p, b.fp, rest_s, layer_mean_s, &r);
   M3_RETURN_IF_ERROR(MeasureBatch(p, &b, &r, log));
   M3_RETURN_IF_ERROR(MeasureLookup(p, &b, &r, log));
+  if (p.offload) {
+    b.session.reset();  // the CPU run's caches and engine give their memory back first
+    b.engine.reset();
+    M3_RETURN_IF_ERROR(MeasureOffload(p, &r, log));
+  }
   ProbeLimitsAgain(p, &r, log);
   return r;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -14,6 +15,24 @@ namespace m3::bench {
 // A figure with 3-4 significant digits, whatever its size; a byte count in KB, MB or GB.
 std::string Num(double v);
 std::string Bytes(double b);
+
+// `--gpu dense`: the same prefill and decode again with the dense part offloaded (issue 34),
+// on the same model in the same run, and where its time went. Times are per decode token
+// (means over the steps), from the offload's own marks (OffloadStats).
+struct OffloadResult {
+  bool ran = false;
+  std::string device;
+  double ttft_s = 0, prefill_tok_s = 0, decode_tok_s = 0;
+  double t_layer_s = 0, t_rest_s = 0, projected_tok_s = 0, projected_prefill_tok_s = 0;
+  double device_s = 0, shared_s = 0, experts_s = 0, handoff_s = 0, selection_s = 0;
+  double dense_bytes = 0;  // what one pass reads on the device (its whole dense part)
+  double copy_gbps = 0;    // a device-to-device copy on the same device, bytes read + written
+  // The dense part's read rate: its bytes over the device's time per token, shared experts included.
+  double dense_gbps() const { return device_s > 0 ? dense_bytes / device_s / 1e9 : 0; }
+  // Of the shared experts' device time, the part the CPU's routed experts could hide (both run at
+  // once; an upper bound from per-token totals).
+  double shared_overlap() const { return shared_s > 0 ? std::min(1.0, experts_s / shared_s) : 0; }
+};
 
 // The result: every figure of a run, as the report prints it.
 struct Result {
@@ -77,6 +96,7 @@ struct Result {
   bool logits_finite = true;
   double logits_rms = 0;  // of the last decode step: a sanity check of the synthetic weights
   double loadavg_start = 0, loadavg_end = 0;
+  OffloadResult offload;
 };
 
 // The result as one JSON line or the table; the logits warning goes to `log` as well.

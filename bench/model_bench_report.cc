@@ -193,10 +193,37 @@ nlohmann::json PhasesJson(const Result& r, const LimitRatios& lr) {
   };
 }
 
+// --gpu dense: the offloaded run beside the CPU-only one (null when not asked for).
+nlohmann::json OffloadJson(const Result& r) {
+  const OffloadResult& f = r.offload;
+  if (!f.ran) return {{"offload", nullptr}};
+  return {{"offload",
+           {{"device", f.device},
+            {"prefill_tok_s", f.prefill_tok_s},
+            {"ttft_s", f.ttft_s},
+            {"decode_tok_s", f.decode_tok_s},
+            {"decode_speedup", Ratio(f.decode_tok_s, r.decode_tok_s)},
+            {"prefill_speedup", Ratio(f.prefill_tok_s, r.prefill_tok_s)},
+            {"projected_full_model_tok_s", f.projected_tok_s},
+            {"projected_full_model_speedup", Ratio(f.projected_tok_s, r.projected_tok_s)},
+            {"projected_full_model_prefill_tok_s", f.projected_prefill_tok_s},
+            {"device_s_per_token", f.device_s},
+            {"shared_experts_s_per_token", f.shared_s},
+            {"cpu_experts_s_per_token", f.experts_s},
+            {"handoff_s_per_token", f.handoff_s},
+            {"selection_s_per_token", f.selection_s},
+            {"dense_bytes_per_token", f.dense_bytes},
+            {"dense_gbps", f.dense_gbps()},
+            {"device_copy_gbps", f.copy_gbps},
+            {"dense_gbps_over_copy", Ratio(f.dense_gbps(), f.copy_gbps)},
+            {"shared_experts_overlap", f.shared_overlap()}}}};
+}
+
 // One JSON object (keys sorted, as nlohmann::json keeps them) of every group above.
 nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
   const LimitRatios lr = JudgeLimits(r);
   nlohmann::json j = RunJson(r, simd_target);
+  j.update(OffloadJson(r));
   for (const nlohmann::json& part : {PrefillJson(r, lr), DecodeJson(r, lr), LayersJson(r, lr), PhasesJson(r, lr)})
     j.update(part);
   return j;
@@ -361,6 +388,32 @@ void PrintNotes(const Result& r, const LimitRatios& lr, FILE* out) {
   if (!r.logits_finite) std::fprintf(out, "warning: some logits were not finite\n");
 }
 
+// --gpu dense: the offloaded run against the CPU-only one above, and where its decode time went.
+void PrintOffloadRows(const Result& r, FILE* out) {
+  const OffloadResult& f = r.offload;
+  if (!f.ran) return;
+  std::fprintf(out, "\n--gpu dense on %s (same model, same run)\n", f.device.c_str());
+  PrintRow(out, "prefill", f.prefill_tok_s, "tok/s", 0, "",
+           Str(Num(Ratio(f.prefill_tok_s, r.prefill_tok_s)), "x the CPU-only prefill"));
+  PrintRow(out, "decode", f.decode_tok_s, "tok/s", 0, "",
+           Str(Num(Ratio(f.decode_tok_s, r.decode_tok_s)), "x the CPU-only decode"));
+  PrintRow(out, "  dense part on the device", f.device_s * 1e3, "ms", 0, "",
+           Str(Bytes(f.dense_bytes), " of weights per token, device time per token"));
+  const LimitRatio dense = RatioToLimit(f.dense_gbps(), f.copy_gbps, "device copy");
+  PrintRow(out, "  its read rate", f.dense_gbps(), "GB/s", f.copy_gbps, "copy GB/s",
+           "a device-to-device copy of 512 MiB (read + written) in the same run", &dense);
+  PrintRow(out, "  of which shared experts", f.shared_s * 1e3, "ms", 0, "",
+           Str(Num(f.shared_overlap() * 100), "% of it can run under the CPU's routed experts"));
+  PrintRow(out, "  routed experts on the CPU", f.experts_s * 1e3, "ms", 0, "", "");
+  PrintRow(out, "  block selection (host)", f.selection_s * 1e3, "ms", 0, "", "scores to the host, blocks back");
+  PrintRow(out, "  handoffs and the rest", f.handoff_s * 1e3, "ms", 0, "",
+           "wall time less the device's, the experts' and the selection's: copies, waits, launches");
+  if (f.projected_prefill_tok_s > 0) PrintRow(out, "projected 60-layer prefill", f.projected_prefill_tok_s, "tok/s", 0, "", "");
+  PrintRow(out, "projected 60-layer decode", f.projected_tok_s, "tok/s", 0, "",
+           Str(Num(Ratio(f.projected_tok_s, r.projected_tok_s)), "x the CPU-only projection (",
+               Num(f.t_layer_s * 1e3), " ms/layer x ", shapes::kLayers, " + ", Num(f.t_rest_s * 1e3), " ms lm_head)"));
+}
+
 void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
   const LimitRatios lr = JudgeLimits(r);
   PrintHeading(r, simd_target, out);
@@ -368,6 +421,7 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
   PrintDecodeRows(r, lr, out);
   PrintPhaseRows(r, lr, out);
   PrintProjectionRows(r, out);
+  PrintOffloadRows(r, out);
   PrintNotes(r, lr, out);
 }
 

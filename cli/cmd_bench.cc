@@ -253,6 +253,7 @@ void AddBenchCommand(CLI::App& app, int* rc) {
                     "Lock all weights but the routed experts in memory (as for m3 run)"),
       cmd->add_flag("--tiny", args->tiny, "Generated model at tiny shapes (smoke tests)")->group(""),
   };
+  AddGpuOptions(cmd, &args->engine);
   // --attention options.
   std::vector<CLI::Option*> attention = {
       cmd->add_option("--contexts", args->contexts,

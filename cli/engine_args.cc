@@ -17,6 +17,9 @@ StatusOr<EngineOptions> EngineArgs::Options() const {
   M3_ASSIGN_OR_RETURN(o.numa, ParseNumaMode(numa));
   o.mlock_dense = mlock_dense;
   o.kernels = kernels;
+  o.gpu = gpu;
+  o.gpu_device = gpu_device;
+  o.gpu_ordinal = gpu_id;
   return o;
 }
 
@@ -31,6 +34,9 @@ StatusOr<CacheType> ParseCacheTypeArg(const char* option, const std::string& nam
 Status EngineArgs::Configure(SessionOptions* session) const {
   M3_ASSIGN_OR_RETURN(session->cache.kv, ParseCacheTypeArg("--kv-cache", kv_cache));
   M3_ASSIGN_OR_RETURN(session->cache.index_keys, ParseCacheTypeArg("--index-cache", index_cache));
+  if (gpu == "dense" && (session->cache.kv != CacheType::kF32 || session->cache.index_keys != CacheType::kF32))
+    return InvalidArgument("--gpu dense keeps the caches in GPU memory in f32: --kv-cache and --index-cache "
+                           "choose the CPU's caches, so leave them at f32");
   session->prefill_chunk = prefill_chunk;
   return Status::Ok();
 }
@@ -103,6 +109,21 @@ void AddEngineOptions(CLI::App* cmd, EngineArgs* args) {
                   "most prompt tokens per forward pass (0 = 2048; scoring passes at most 512): bounds the activation memory of "
                   "long prompts")
       ->default_val(0);
+  AddGpuOptions(cmd, args);
+}
+
+void AddGpuOptions(CLI::App* cmd, EngineArgs* args) {
+  cmd->add_option("--gpu", args->gpu,
+                  "dense: attention, indexer, shared experts, dense MLPs and lm_head on a GPU, the routed experts "
+                  "on the CPU (a build with CUDA); none: all on the CPU")
+      ->default_val("none")
+      ->check(CLI::IsMember({"none", "dense"}));
+  cmd->add_option("--gpu-device", args->gpu_device,
+                  "--gpu dense runs on: cuda (the GPU), or host: the same offloaded pass on the CPU, through the "
+                  "reference implementation of the GPU operations (tests; slow)")
+      ->default_val("cuda")
+      ->check(CLI::IsMember({"cuda", "host"}));
+  cmd->add_option("--gpu-id", args->gpu_id, "which CUDA GPU --gpu dense uses (0 = the first)")->default_val(0);
 }
 
 void AddSamplingOptions(CLI::App* cmd, SamplingParams* p) {

@@ -284,6 +284,35 @@ int main(int argc, char** argv) {
   EXPECT(m3_engine_open(argv[1], &opts, &engine) == M3_OK);
   m3_engine_free(engine);
   engine = NULL;
+  /* The GPU offload: a bad mode, or one with caches it cannot hold, is refused by name; a build
+   * or machine without a GPU says so (where there is one, the engine opens and evaluates). */
+  m3_engine_options_init(&opts);
+  EXPECT(opts.gpu_mode == M3_GPU_NONE && opts.gpu_device == 0);
+  opts.gpu_mode = 9;
+  EXPECT(m3_engine_open(argv[1], &opts, &engine) == M3_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(m3_last_error(), "gpu_mode") != NULL);
+  opts.gpu_mode = M3_GPU_DENSE;
+  opts.kv_cache = M3_CACHE_BF16;
+  EXPECT(m3_engine_open(argv[1], &opts, &engine) == M3_ERR_INVALID_ARGUMENT);
+  EXPECT(strstr(m3_last_error(), "M3_CACHE_F32") != NULL);
+  opts.kv_cache = M3_CACHE_F32;
+  const m3_status gpu_status = m3_engine_open(argv[1], &opts, &engine);
+  if (gpu_status == M3_OK) {
+    m3_session* gpu_session = NULL;
+    EXPECT(m3_session_new(engine, &gpu_session) == M3_OK);
+    float* gpu_logits = malloc(sizeof(float) * (size_t)m3_engine_vocab_size(engine));
+    const int32_t gpu_prompt[] = {110, 454, 294, 36};
+    EXPECT(m3_session_eval(gpu_session, gpu_prompt, 4, gpu_logits) == M3_OK);
+    EXPECT(isfinite(gpu_logits[0]));
+    free(gpu_logits);
+    m3_session_free(gpu_session);
+    m3_engine_free(engine);
+    engine = NULL;
+  } else {
+    EXPECT(gpu_status == M3_ERR_UNSUPPORTED || gpu_status == M3_ERR_NOT_FOUND);
+    EXPECT(strstr(m3_last_error(), "CUDA") != NULL);
+    EXPECT(engine == NULL);
+  }
   m3_engine_options_init(&opts);
   opts.numa_mode = 7;
   EXPECT(m3_engine_open(argv[1], &opts, &engine) == M3_ERR_INVALID_ARGUMENT);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/npy.h"
+#include "offload/gpu.h"
 #include "simd/kernels.h"
 #include "format/safetensors.h"
 #include "platform/parallel.h"
@@ -70,45 +71,80 @@ double WorstRowRatio(const std::vector<float>& got, const NpyArray& want, double
 
 using test::GoldenCases;
 
+// One golden case run with `options`: logits within the case's tolerance, identical greedy ids
+// and block selections.
+void CheckGoldenCase(const std::string& name, const std::string& dir, const EngineOptions& options) {
+  auto cj = test::ReadPythonJson(dir + "/case.json");
+  const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+  const int steps = cj["decode_steps"].get<int>();
+  const double rel = cj["tolerance"]["logits"]["rel"].get<double>();
+  RunResult r = RunCase(dir, prompt, steps, options);
+
+  auto pre = ReadNpy(dir + "/prefill_logits.npy");
+  auto dec = ReadNpy(dir + "/decode_logits.npy");
+  REQUIRE(pre.ok());
+  REQUIRE(dec.ok());
+  const double pre_ratio = WorstRowRatio(r.prefill, *pre, rel);
+  const double dec_ratio = WorstRowRatio(r.decode, *dec, rel);
+  WARN(name << (options.gpu.empty() ? "" : " (--gpu dense on " + options.gpu_device + ")")
+            << ": worst logit error / limit: prefill " << pre_ratio << ", decode " << dec_ratio);
+  CHECK(pre_ratio <= 1.0);
+  CHECK(dec_ratio <= 1.0);
+  CHECK(r.greedy == cj["greedy_ids"].get<std::vector<int32_t>>());
+
+  auto sel = ReadJsonFile(dir + "/selected_blocks.json");
+  REQUIRE(sel.ok());
+  const auto& layers = (*sel)["layers"];
+  CHECK(layers.size() == r.blocks.layers.size());
+  for (auto it = layers.begin(); it != layers.end(); ++it) {
+    const int layer = std::stoi(it.key());
+    REQUIRE(r.blocks.layers.count(layer));
+    const auto want = it.value().get<std::vector<std::vector<std::vector<int32_t>>>>();
+    const auto& got = r.blocks.layers[layer];
+    REQUIRE(got.size() == want.size());
+    size_t mismatches = 0;
+    for (size_t p = 0; p < want.size(); ++p) mismatches += got[p] != want[p];
+    INFO("layer " << layer);
+    CHECK(mismatches == 0);
+  }
+}
+
 TEST_CASE("every golden case matches within tolerance", "[golden]") {
   const auto cases = GoldenCases();
   REQUIRE(cases.size() >= 6);  // the repository's copy, and ../shared's cases when it is there
   for (const auto& [name, dir] : cases) {
-    SECTION(name) {
-      auto cj = test::ReadPythonJson(dir + "/case.json");
-      const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
-      const int steps = cj["decode_steps"].get<int>();
-      const double rel = cj["tolerance"]["logits"]["rel"].get<double>();
-      RunResult r = RunCase(dir, prompt, steps, EngineOptions{2});
-
-      auto pre = ReadNpy(dir + "/prefill_logits.npy");
-      auto dec = ReadNpy(dir + "/decode_logits.npy");
-      REQUIRE(pre.ok());
-      REQUIRE(dec.ok());
-      const double pre_ratio = WorstRowRatio(r.prefill, *pre, rel);
-      const double dec_ratio = WorstRowRatio(r.decode, *dec, rel);
-      WARN(name << ": worst logit error / limit: prefill " << pre_ratio << ", decode " << dec_ratio);
-      CHECK(pre_ratio <= 1.0);
-      CHECK(dec_ratio <= 1.0);
-      CHECK(r.greedy == cj["greedy_ids"].get<std::vector<int32_t>>());
-
-      auto sel = ReadJsonFile(dir + "/selected_blocks.json");
-      REQUIRE(sel.ok());
-      const auto& layers = (*sel)["layers"];
-      CHECK(layers.size() == r.blocks.layers.size());
-      for (auto it = layers.begin(); it != layers.end(); ++it) {
-        const int layer = std::stoi(it.key());
-        REQUIRE(r.blocks.layers.count(layer));
-        const auto want = it.value().get<std::vector<std::vector<std::vector<int32_t>>>>();
-        const auto& got = r.blocks.layers[layer];
-        REQUIRE(got.size() == want.size());
-        size_t mismatches = 0;
-        for (size_t p = 0; p < want.size(); ++p) mismatches += got[p] != want[p];
-        INFO("layer " << layer);
-        CHECK(mismatches == 0);
-      }
-    }
+    SECTION(name) { CheckGoldenCase(name, dir, EngineOptions{2}); }
   }
+}
+
+// The devices --gpu dense can run on here: the host reference device always, a CUDA GPU where
+// the build has CUDA and the machine a GPU (else the reason it is skipped, said once).
+std::vector<std::string> OffloadDevices() {
+  // M3_TEST_OFFLOAD_DEVICES=cuda: the GPU alone (scripts/check-cuda.sh, where time is short).
+  const char* only = std::getenv("M3_TEST_OFFLOAD_DEVICES");
+  if (only && *only) return {only};
+  std::vector<std::string> devices = {"host"};
+  const StatusOr<GpuInfo> gpu = QueryGpu(0);
+  if (gpu.ok())
+    devices.push_back("cuda");
+  else
+    WARN("SKIPPED on the GPU: " << gpu.status().message());
+  return devices;
+}
+
+EngineOptions OffloadOptions(const std::string& device) {
+  EngineOptions o{2};
+  o.gpu = "dense";
+  o.gpu_device = device;
+  return o;
+}
+
+TEST_CASE("with the dense part offloaded (--gpu dense) every golden case matches within tolerance",
+          "[golden][offload]") {
+  for (const std::string& device : OffloadDevices())
+    for (const auto& [name, dir] : GoldenCases()) {
+      SECTION(device + " " + name) { CheckGoldenCase(name, dir, OffloadOptions(device)); }
+    }
 }
 
 TEST_CASE("the repository's test data equals ../shared's, file for file, when it is there", "[golden]") {
@@ -492,60 +528,80 @@ std::vector<std::vector<int32_t>> CompanionPrompts(const std::vector<int32_t>& p
           std::vector<int32_t>(prompt.rbegin(), prompt.rend())};
 }
 
+// Three sequences decoded in one batch with `options`: the golden case's logits and greedy ids
+// for the first, each sequence's own logits alone for all.
+void CheckBatchedDecode(const std::string& name, const std::string& dir, const EngineOptions& options) {
+  auto cj = test::ReadPythonJson(dir + "/case.json");
+  const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+  const int steps = std::min(cj["decode_steps"].get<int>(), 6);
+  const double rel = cj["tolerance"]["logits"]["rel"].get<double>();
+  auto engine = Engine::Open(dir, options);
+  REQUIRE(engine.ok());
+  const size_t vocab = (*engine)->model().config().vocab_size;
+  std::vector<std::vector<int32_t>> prompts = {prompt};
+  for (auto& p : CompanionPrompts(prompt)) prompts.push_back(std::move(p));
+  const size_t B = prompts.size();
+  // Each sequence twice: one session decoded in the batch, one alone.
+  std::vector<std::unique_ptr<Session>> batched, alone;
+  std::vector<int32_t> next(B);
+  std::vector<float> logits;
+  for (size_t i = 0; i < B; ++i) {
+    batched.push_back(std::make_unique<Session>(**engine));
+    alone.push_back(std::make_unique<Session>(**engine));
+    REQUIRE(batched[i]->Eval(prompts[i], LogitsMode::kLastRow, &logits).ok());
+    REQUIRE(alone[i]->Eval(prompts[i], LogitsMode::kLastRow, &logits).ok());
+    next[i] = Argmax(logits.data(), vocab);
+  }
+  std::vector<Session*> sessions;
+  for (auto& s : batched) sessions.push_back(s.get());
+  std::vector<float> golden_rows, step;
+  std::vector<int32_t> greedy = {next[0]};
+  double worst_vs_alone = 0;
+  for (int k = 0; k < steps; ++k) {
+    REQUIRE(Session::DecodeBatch(sessions, next, &logits).ok());
+    REQUIRE(logits.size() == B * vocab);
+    golden_rows.insert(golden_rows.end(), logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(vocab));
+    for (size_t i = 0; i < B; ++i) {
+      REQUIRE(alone[i]->Eval({&next[i], 1}, LogitsMode::kLastRow, &step).ok());
+      worst_vs_alone = std::max(worst_vs_alone, RelDiff(&logits[i * vocab], step.data(), vocab));
+      next[i] = Argmax(step.data(), vocab);  // both follow the sequence alone
+    }
+    greedy.push_back(next[0]);
+  }
+  for (size_t i = 0; i < B; ++i) CHECK(batched[i]->tokens() == alone[i]->tokens());
+  auto dec = ReadNpy(dir + "/decode_logits.npy");
+  REQUIRE(dec.ok());
+  dec->shape[0] = steps;
+  dec->data.resize(static_cast<size_t>(steps) * vocab);
+  const double golden_ratio = WorstRowRatio(golden_rows, *dec, rel);
+  WARN(name << ": batched decode, worst error / golden limit " << golden_ratio
+            << "; worst |diff| / (1 + max|logit|) against each sequence alone " << worst_vs_alone);
+  CHECK(golden_ratio <= 1.0);
+  const auto want_greedy = cj["greedy_ids"].get<std::vector<int32_t>>();
+  CHECK(greedy == std::vector<int32_t>(want_greedy.begin(), want_greedy.begin() + steps + 1));
+  CHECK(worst_vs_alone < 1e-5);
+}
+
 TEST_CASE("batched decode of three sequences matches the golden case and each sequence alone", "[golden][batch]") {
   for (const auto& [name, dir] : GoldenCases()) {
-    SECTION(name) {
-      auto cj = test::ReadPythonJson(dir + "/case.json");
-      const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
-      const int steps = std::min(cj["decode_steps"].get<int>(), 6);
-      const double rel = cj["tolerance"]["logits"]["rel"].get<double>();
-      auto engine = Engine::Open(dir, EngineOptions{2});
-      REQUIRE(engine.ok());
-      const size_t vocab = (*engine)->model().config().vocab_size;
-      std::vector<std::vector<int32_t>> prompts = {prompt};
-      for (auto& p : CompanionPrompts(prompt)) prompts.push_back(std::move(p));
-      const size_t B = prompts.size();
-      // Each sequence twice: one session decoded in the batch, one alone.
-      std::vector<std::unique_ptr<Session>> batched, alone;
-      std::vector<int32_t> next(B);
-      std::vector<float> logits;
-      for (size_t i = 0; i < B; ++i) {
-        batched.push_back(std::make_unique<Session>(**engine));
-        alone.push_back(std::make_unique<Session>(**engine));
-        REQUIRE(batched[i]->Eval(prompts[i], LogitsMode::kLastRow, &logits).ok());
-        REQUIRE(alone[i]->Eval(prompts[i], LogitsMode::kLastRow, &logits).ok());
-        next[i] = Argmax(logits.data(), vocab);
-      }
-      std::vector<Session*> sessions;
-      for (auto& s : batched) sessions.push_back(s.get());
-      std::vector<float> golden_rows, step;
-      std::vector<int32_t> greedy = {next[0]};
-      double worst_vs_alone = 0;
-      for (int k = 0; k < steps; ++k) {
-        REQUIRE(Session::DecodeBatch(sessions, next, &logits).ok());
-        REQUIRE(logits.size() == B * vocab);
-        golden_rows.insert(golden_rows.end(), logits.begin(), logits.begin() + static_cast<std::ptrdiff_t>(vocab));
-        for (size_t i = 0; i < B; ++i) {
-          REQUIRE(alone[i]->Eval({&next[i], 1}, LogitsMode::kLastRow, &step).ok());
-          worst_vs_alone = std::max(worst_vs_alone, RelDiff(&logits[i * vocab], step.data(), vocab));
-          next[i] = Argmax(step.data(), vocab);  // both follow the sequence alone
-        }
-        greedy.push_back(next[0]);
-      }
-      for (size_t i = 0; i < B; ++i) CHECK(batched[i]->tokens() == alone[i]->tokens());
-      auto dec = ReadNpy(dir + "/decode_logits.npy");
-      REQUIRE(dec.ok());
-      dec->shape[0] = steps;
-      dec->data.resize(static_cast<size_t>(steps) * vocab);
-      const double golden_ratio = WorstRowRatio(golden_rows, *dec, rel);
-      WARN(name << ": batched decode, worst error / golden limit " << golden_ratio
-                << "; worst |diff| / (1 + max|logit|) against each sequence alone " << worst_vs_alone);
-      CHECK(golden_ratio <= 1.0);
-      const auto want_greedy = cj["greedy_ids"].get<std::vector<int32_t>>();
-      CHECK(greedy == std::vector<int32_t>(want_greedy.begin(), want_greedy.begin() + steps + 1));
-      CHECK(worst_vs_alone < 1e-5);
-    }
+    SECTION(name) { CheckBatchedDecode(name, dir, EngineOptions{2}); }
   }
+}
+
+TEST_CASE("batched decode with the dense part offloaded matches the golden case and each sequence alone",
+          "[golden][batch][offload]") {
+  for (const std::string& device : OffloadDevices())
+    for (const auto& [name, dir] : GoldenCases()) {
+      SECTION(device + " " + name) {
+        // The host device is a scalar reference: its dense attention over a long prompt, run six
+        // times here, would take minutes; the golden test above runs that case on it once.
+        if (device == "host" && test::ReadPythonJson(dir + "/case.json")["prompt_ids"].size() > 512) {
+          WARN("batched decode of " << name << " on the host device skipped: its prompt is long");
+        } else {
+          CheckBatchedDecode(name, dir, OffloadOptions(device));
+        }
+      }
+    }
 }
 
 TEST_CASE("batched decode is bit-identical to decoding alone on every SIMD target", "[golden][batch]") {

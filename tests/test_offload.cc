@@ -1,10 +1,16 @@
 // The GPU query (offload/gpu.h) on whatever machine runs the tests: a build without CUDA says so,
 // a CUDA build without a usable device says why, and a device is described sanely.
+#include <cmath>
+#include <cstring>
+#include <random>
 #include <string>
 
 #include <catch2/catch.hpp>
 
+#include "offload/device.h"
 #include "offload/gpu.h"
+#include "offload/host_device.h"
+#include "packed_weights.h"
 
 namespace m3 {
 namespace {
@@ -30,6 +36,259 @@ TEST_CASE("the GPU query says what it found, or why there is none", "[offload]")
   CHECK(gpu->free_bytes <= gpu->total_bytes);
   CHECK(QueryGpu(-1).status().code() == StatusCode::kInvalidArgument);
   CHECK(QueryGpu(1 << 20).status().code() == StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace m3
+
+// ---- The device layout and the device operations (offload/device.h). ----
+namespace m3 {
+namespace {
+
+using simd::WeightFormat;
+
+// A weight of `rows` x `cols` in any format, with random values (and codes: MXFP8 gets random
+// E4M3 codes, none NaN, and scales around 2^0).
+struct AnyWeight {
+  test::PackedWeights packed;
+  std::vector<uint16_t> half;
+  std::vector<uint8_t> bytes, scales;
+  simd::WeightRef Make(WeightFormat f, size_t rows, size_t cols, uint32_t seed) {
+    if (f == WeightFormat::kF32 || simd::IsTiled(f)) return packed.Random(f, rows, cols, seed, 0.5f);
+    std::mt19937 rng(seed);
+    simd::WeightRef w{f, nullptr, nullptr, rows, cols};
+    if (f == WeightFormat::kE4M3Mx32) {
+      bytes.resize(rows * cols);
+      for (auto& b : bytes) {
+        b = static_cast<uint8_t>(rng() & 0xFF);
+        if ((b & 0x7F) == 0x7F) b = 0x38;
+      }
+      scales.resize(rows * w.scale_cols());
+      for (auto& s : scales) s = static_cast<uint8_t>(120 + rng() % 15);
+      w.data = bytes.data();
+      w.scales = scales.data();
+      return w;
+    }
+    const std::vector<float> v = test::RandomVec(rows * cols, seed, 0.5f);
+    half.resize(rows * cols);
+    for (size_t i = 0; i < v.size(); ++i) half[i] = f == WeightFormat::kBF16 ? simd::F32ToBf16(v[i]) : simd::F32ToF16(v[i]);
+    w.data = half.data();
+    return w;
+  }
+};
+
+constexpr WeightFormat kAllFormats[] = {WeightFormat::kF32,       WeightFormat::kBF16, WeightFormat::kF16,
+                                        WeightFormat::kE4M3Mx32,  WeightFormat::kQ8,   WeightFormat::kQ4,
+                                        WeightFormat::kBF16Tiled};
+
+TEST_CASE("the device layout holds every weight format exactly, padding decoding to zero", "[offload]") {
+  for (const WeightFormat f : kAllFormats)
+    for (const size_t cols : {32, 48, 100, 256}) {
+      if (simd::IsTiled(f) && cols % 8) continue;  // the packer's inputs
+      AnyWeight any;
+      const simd::WeightRef w = any.Make(f, 37, cols, static_cast<uint32_t>(cols) * 7 + static_cast<uint32_t>(f));
+      const DeviceLayout l = DeviceLayoutFor(w);
+      INFO(simd::WeightFormatName(f) << " cols " << cols << " as " << DeviceFormatName(l.format));
+      REQUIRE(l.padded_cols % kDeviceGroup == 0);
+      REQUIRE(l.row_bytes % 16 == 0);
+      std::vector<uint8_t> codes(l.code_bytes);
+      std::vector<float> scales(l.rows * l.scale_cols());
+      // In two runs of rows, as a bounded staging buffer converts them.
+      ConvertRows(w, l, 0, 20, codes.data(), scales.data());
+      ConvertRows(w, l, 20, 37, codes.data() + 20 * l.row_bytes, scales.data() + 20 * l.scale_cols());
+      size_t mismatches = 0;
+      for (size_t r = 0; r < w.rows; ++r)
+        for (size_t c = 0; c < l.padded_cols; ++c) {
+          const float got = DeviceWeightAt(l, codes.data(), scales.data(), r, c);
+          const float want = c < cols ? simd::WeightAt(w, r, c) : 0.0f;
+          mismatches += std::memcmp(&got, &want, 4) != 0 && !(got == 0 && want == 0);
+        }
+      CHECK(mismatches == 0);
+      if (IsDeviceVerbatim(w)) CHECK(std::memcmp(codes.data(), w.data, l.code_bytes) == 0);
+    }
+}
+
+// Largest |a - b| / (1 + max |b|) over n values.
+double RelDiff(const float* a, const float* b, size_t n) {
+  double err = 0, mag = 0;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, std::fabs(double(a[i]) - b[i]));
+    mag = std::max(mag, std::fabs(double(b[i])));
+  }
+  return err / (1 + mag);
+}
+
+// One operation run on `dev` and on the host reference from the same inputs.
+class OpCompare {
+ public:
+  explicit OpCompare(Device& dev) : dev_(dev), host_(MakeHostDevice()) {}
+  ~OpCompare() {
+    for (void* p : owned_) dev_.Free(p);
+  }
+  // A device copy of v.
+  template <class T>
+  T* Put(const std::vector<T>& v) {
+    auto p = dev_.Allocate(std::max<size_t>(v.size(), 1) * sizeof(T), "test");
+    REQUIRE(p.ok());
+    owned_.push_back(*p);
+    dev_.ToDevice(*p, v.data(), v.size() * sizeof(T));
+    return static_cast<T*>(*p);
+  }
+  template <class T>
+  std::vector<T> Get(const T* p, size_t n) {
+    std::vector<T> v(n);
+    dev_.ToHost(v.data(), p, n * sizeof(T));
+    REQUIRE(dev_.Wait().ok());
+    return v;
+  }
+  Device& host() { return *host_; }
+
+ private:
+  Device& dev_;
+  std::unique_ptr<Device> host_;
+  std::vector<void*> owned_;
+};
+
+void CompareOperations(Device& dev) {
+  OpCompare cmp(dev);
+  Device& host = cmp.host();
+  SECTION("matmul: every format, one to 70 tokens, tails, accumulating") {
+    for (const WeightFormat f : kAllFormats)
+      for (const size_t cols : {64, 200, 1056})
+        for (const size_t n : {1, 2, 3, 8, 9, 70}) {
+          if (simd::IsTiled(f) && cols % 8) continue;
+          AnyWeight any;
+          const simd::WeightRef w = any.Make(f, 83, cols, static_cast<uint32_t>(n * 131 + cols));
+          auto dm = dev.Upload(w, "test matrix");
+          auto hm = host.Upload(w, "test matrix");
+          REQUIRE(dm.ok());
+          REQUIRE(hm.ok());
+          const std::vector<float> x = test::RandomVec(n * cols, 5, 1.0f);
+          std::vector<float> y0 = test::RandomVec(n * 90, 6, 1.0f);
+          for (const bool acc : {false, true}) {
+            float* dx = cmp.Put(x);
+            float* dy = cmp.Put(y0);
+            dev.MatMul(*dm, dx, n, dy, 90, acc);
+            std::vector<float> want = y0;
+            host.MatMul(*hm, x.data(), n, want.data(), 90, acc);
+            const auto got = cmp.Get(dy, y0.size());
+            INFO(simd::WeightFormatName(f) << " cols " << cols << " tokens " << n << " accumulate " << acc);
+            CHECK(RelDiff(got.data(), want.data(), got.size()) < 1e-5);
+          }
+          dev.Free(dm->codes);
+          if (dm->scales) dev.Free(dm->scales);
+          host.Free(hm->codes);
+          if (hm->scales) host.Free(hm->scales);
+        }
+  }
+  SECTION("norms, RoPE, SwiGLU, add") {
+    const size_t n = 5, heads = 3, dim = 96, rot = 64;
+    const std::vector<float> x = test::RandomVec(n * heads * dim, 11, 2.0f), scale = test::RandomVec(dim, 12, 1.0f);
+    const std::vector<float> rope = test::RandomVec(n * rot, 13, 1.0f);
+    float* dx = cmp.Put(x);
+    float* ds = cmp.Put(scale);
+    float* dr = cmp.Put(rope);
+    float* dy = cmp.Put(std::vector<float>(x.size()));
+    dev.RmsNorm(dx, n * heads, dim, ds, 1e-6f, dy);
+    std::vector<float> want(x.size());
+    host.RmsNorm(x.data(), n * heads, dim, scale.data(), 1e-6f, want.data());
+    CHECK(RelDiff(cmp.Get(dy, want.size()).data(), want.data(), want.size()) < 1e-6);
+    for (const bool with_norm : {false, true}) {
+      std::vector<float> h = x;
+      float* dh = cmp.Put(h);
+      dev.NormRope(dh, n, heads, dim, with_norm ? ds : nullptr, 1e-6f, dr, rot);
+      host.NormRope(h.data(), n, heads, dim, with_norm ? scale.data() : nullptr, 1e-6f, rope.data(), rot);
+      CHECK(RelDiff(cmp.Get(dh, h.size()).data(), h.data(), h.size()) < 1e-6);
+    }
+    std::vector<float> g = test::RandomVec(x.size(), 14, 10.0f), u = test::RandomVec(x.size(), 15, 10.0f);
+    g[3] = NAN, u[7] = INFINITY;
+    float* dg = cmp.Put(g);
+    float* du = cmp.Put(u);
+    dev.Swiglu(dg, du, g.size(), DeviceSwiglu{});
+    host.Swiglu(g.data(), u.data(), g.size(), DeviceSwiglu{});
+    const auto got = cmp.Get(dg, g.size());
+    CHECK(std::isnan(got[3]));
+    CHECK(std::isnan(got[7]));
+    g[3] = g[7] = 0;
+    std::vector<float> got_finite = got;
+    got_finite[3] = got_finite[7] = 0;
+    CHECK(RelDiff(got_finite.data(), g.data(), g.size()) < 1e-6);
+    dev.Add(dx, x.size(), du);
+    host.Add(x.data(), x.size(), u.data());
+    std::vector<float> sum = cmp.Get(du, u.size());
+    sum[7] = u[7] = 0;
+    CHECK(RelDiff(sum.data(), u.data(), u.size()) < 1e-6);
+  }
+  SECTION("indexer block scores and attention, dense and over selected blocks") {
+    const size_t rows = 300, B = 16, Hi = 2, Di = 32, H = 8, Hkv = 2, D = 64, topk = 3;
+    const size_t n = 20;
+    const int64_t pos0 = static_cast<int64_t>(rows - n);
+    const std::vector<float> keys = test::RandomVec(rows * Di, 21, 1.0f), iq = test::RandomVec(n * Hi * Di, 22, 1.0f);
+    const size_t blocks = (rows - 1) / B + 1;
+    float* dk = cmp.Put(keys);
+    float* dq = cmp.Put(iq);
+    float* dsc = cmp.Put(std::vector<float>(n * Hi * blocks));
+    dev.IndexScores(dq, n, pos0, dk, Hi, Di, B, blocks, dsc);
+    std::vector<float> want(n * Hi * blocks);
+    host.IndexScores(iq.data(), n, pos0, keys.data(), Hi, Di, B, blocks, want.data());
+    const auto got = cmp.Get(dsc, want.size());
+    CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);  // the same fma order
+
+    const std::vector<float> K = test::RandomVec(rows * Hkv * D, 23, 1.0f), V = test::RandomVec(rows * Hkv * D, 24, 1.0f);
+    const std::vector<float> Q = test::RandomVec(n * H * D, 25, 1.0f);
+    std::vector<int32_t> sel(n * Hi * topk), counts(n * Hi);
+    for (size_t t = 0; t < n; ++t)
+      for (size_t h = 0; h < Hi; ++h) {
+        const int32_t last = static_cast<int32_t>((static_cast<size_t>(pos0) + t) / B);
+        const int32_t picks[] = {0, static_cast<int32_t>(3 + (t + h) % 5), last};
+        counts[t * Hi + h] = 3;
+        std::copy(picks, picks + 3, &sel[(t * Hi + h) * topk]);
+      }
+    float* dK = cmp.Put(K);
+    float* dV = cmp.Put(V);
+    float* dQ = cmp.Put(Q);
+    int32_t* dsel = cmp.Put(sel);
+    int32_t* dcount = cmp.Put(counts);
+    for (const bool sparse : {false, true}) {
+      DeviceAttentionShape s{static_cast<int>(H), static_cast<int>(Hkv), static_cast<int>(D), 1, 1, 1};
+      if (sparse) s.index_heads = static_cast<int>(Hi), s.block_size = static_cast<int>(B), s.topk = static_cast<int>(topk);
+      float* dout = cmp.Put(std::vector<float>(n * H * D));
+      dev.Attention(s, dQ, n, pos0, dK, dV, sparse ? dsel : nullptr, sparse ? dcount : nullptr, dout);
+      std::vector<float> out(n * H * D);
+      host.Attention(s, Q.data(), n, pos0, K.data(), V.data(), sparse ? sel.data() : nullptr,
+                     sparse ? counts.data() : nullptr, out.data());
+      INFO("sparse " << sparse);
+      CHECK(RelDiff(cmp.Get(dout, out.size()).data(), out.data(), out.size()) < 1e-5);
+    }
+  }
+  SECTION("the non-finite flag keeps the first stage and row") {
+    std::vector<float> x(4 * 10, 1.0f);
+    x[23] = NAN;
+    float* dx = cmp.Put(x);
+    uint64_t* flag = cmp.Put(std::vector<uint64_t>{~uint64_t{0}});
+    dev.FlagNonFinite(dx, 4, 10, 7, flag);
+    CHECK(cmp.Get(flag, 1)[0] == (uint64_t{7} << 40 | 2));
+    dev.FlagNonFinite(dx, 4, 10, 3, flag);
+    CHECK(cmp.Get(flag, 1)[0] == (uint64_t{3} << 40 | 2));
+    dev.FlagNonFinite(dx, 2, 10, 1, flag);  // rows 0 and 1 are finite
+    CHECK(cmp.Get(flag, 1)[0] == (uint64_t{3} << 40 | 2));
+  }
+}
+
+TEST_CASE("every device operation computes what the host reference does", "[offload]") {
+  SECTION("the host device against itself (the comparison's own check)") {
+    std::unique_ptr<Device> host = MakeHostDevice();
+    CompareOperations(*host);
+  }
+  SECTION("the GPU") {
+    auto gpu = OpenGpuDevice(0);
+    if (!gpu.ok()) {
+      WARN("SKIPPED: no GPU to compare: " << gpu.status().message());
+      return;
+    }
+    INFO((*gpu)->Describe());
+    CompareOperations(**gpu);
+  }
 }
 
 }  // namespace

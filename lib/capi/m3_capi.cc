@@ -223,6 +223,8 @@ void m3_engine_options_init(m3_engine_options* o) {
   o->mlock_dense = 0;
   o->kv_cache = M3_CACHE_F32;
   o->index_cache = M3_CACHE_F32;
+  o->gpu_mode = M3_GPU_NONE;
+  o->gpu_device = 0;
 }
 
 const char* m3_last_error(void) { return g_last_error.c_str(); }
@@ -254,6 +256,17 @@ m3_status m3_engine_open(const char* model_dir, const m3_engine_options* options
       if (!ToCacheType(options->index_cache, &so.cache.index_keys))
         return Fail(M3_ERR_INVALID_ARGUMENT, "m3_engine_open: options.index_cache must be M3_CACHE_F32, "
                                              "M3_CACHE_BF16 or M3_CACHE_INT8");
+    }
+    if (options->struct_size >= offsetof(m3_engine_options, gpu_device) + sizeof(int32_t)) {
+      if (options->gpu_mode != M3_GPU_NONE && options->gpu_mode != M3_GPU_DENSE)
+        return Fail(M3_ERR_INVALID_ARGUMENT, "m3_engine_open: options.gpu_mode must be M3_GPU_NONE or M3_GPU_DENSE");
+      if (options->gpu_mode == M3_GPU_DENSE) {
+        if (so.cache.kv != m3::CacheType::kF32 || so.cache.index_keys != m3::CacheType::kF32)
+          return Fail(M3_ERR_INVALID_ARGUMENT, "m3_engine_open: M3_GPU_DENSE keeps the caches on the GPU in f32: "
+                                               "kv_cache and index_cache must be M3_CACHE_F32");
+        eo.gpu = "dense";
+        eo.gpu_ordinal = options->gpu_device;
+      }
     }
   }
   try {

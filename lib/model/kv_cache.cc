@@ -23,6 +23,7 @@ void KvCache::Reserve(size_t n_tokens) {
 
 void KvCache::Release() {
   length_ = 0;
+  attached_.reset();
   for (size_t l = 0; l < k_.size(); ++l) {
     k_[l].Release();
     v_[l].Release();

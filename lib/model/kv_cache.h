@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "model/config.h"
@@ -19,6 +20,12 @@ struct CacheOptions {
 
 class KvCache {
  public:
+  // The cache's rows where a forward pass runs elsewhere (an offload device's memory, lib/offload):
+  // owned by the cache, released with it; the length above stays the one truth.
+  struct Attached {
+    virtual ~Attached() = default;
+  };
+
   explicit KvCache(const ModelConfig& cfg, const CacheOptions& options = {});
 
   size_t length() const { return length_; }
@@ -34,12 +41,14 @@ class KvCache {
   KvPages& k(int layer) { return k_[layer]; }
   KvPages& v(int layer) { return v_[layer]; }
   IndexKeyPages& index_k(int layer) { return ik_[layer]; }
+  std::unique_ptr<Attached>& attached() { return attached_; }
 
  private:
   size_t length_ = 0;
   CacheOptions options_;
   std::vector<KvPages> k_, v_;
   std::vector<IndexKeyPages> ik_;
+  std::unique_ptr<Attached> attached_;
 };
 
 }  // namespace m3

@@ -63,6 +63,7 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   const WeightStats& stats() const { return stats_; }
+  const Rope& rope() const { return *rope_; }
   // Exactly one of these is set: the HuggingFace checkpoint or the packed file the weights map.
   const Checkpoint* checkpoint() const { return checkpoint_.get(); }
   const PackFile* pack() const { return pack_.get(); }

@@ -79,7 +79,9 @@ struct MoePlan {
   std::vector<std::vector<size_t>> node_gate_up, node_down;
 };
 
-MoePlan Plan(const OpContext& tc, const MoeWeights& w, const float* x, size_t n, size_t k, MoeScratch& s) {
+MoePlan Plan(const OpContext& tc, const MoeWeights& w, const float* x, size_t n, size_t k, bool with_shared,
+             MoeScratch& s) {
+  const bool has_shared = with_shared && w.has_shared;
   const size_t hidden = w.router.cols, n_exp = w.router.rows;
   const simd::KernelTable& kernels = tc.table();
   MoePlan plan;
@@ -105,11 +107,11 @@ MoePlan Plan(const OpContext& tc, const MoeWeights& w, const float* x, size_t n,
 
   // Jobs: the shared expert first, then the chosen experts in id order.
   const size_t routed_inter = w.experts.empty() ? 0 : w.experts[0].gate.rows;
-  const size_t shared_inter = w.has_shared ? w.shared.gate.rows : 0;
+  const size_t shared_inter = has_shared ? w.shared.gate.rows : 0;
   s.y.EnsureSize(n * k * hidden);
   s.g.EnsureSize(n * shared_inter + n * k * routed_inter);
   s.u.EnsureSize(n * shared_inter + n * k * routed_inter);
-  size_t jobs = w.has_shared ? 1 : 0;
+  size_t jobs = has_shared ? 1 : 0;
   for (size_t e = 0; e < n_exp; ++e) jobs += first[e + 1] > first[e];
   s.jobs.resize(jobs);
   size_t j = 0, inter_used = 0;
@@ -130,16 +132,16 @@ MoePlan Plan(const OpContext& tc, const MoeWeights& w, const float* x, size_t n,
     J.gate_up_in.Reset(kernels, mw.gate, from_source ? nullptr : gathered ? gathered : x, hidden, m);
     J.down_in.Reset(kernels, mw.down, J.g, inter, m);
   };
-  if (w.has_shared) add_job(w.shared, n_exp, n, nullptr, nullptr, false, nullptr);
+  if (has_shared) add_job(w.shared, n_exp, n, nullptr, nullptr, false, nullptr);
   // Routed inputs: with quantized weights each token is quantized once (the shared expert's
   // input when its weights are quantized alike, else routed_source) and its int8 row copied for
   // every expert it went to: k times fewer quantizations than quantizing gathered fp32 rows per
   // expert, and a copy of a quarter of the bytes. Other formats gather fp32 rows.
-  if (w.has_shared) plan.sources.push_back(&s.jobs[0].gate_up_in);
+  if (has_shared) plan.sources.push_back(&s.jobs[0].gate_up_in);
   const simd::WeightRef* gate = nullptr;  // the first chosen expert's with quantized weights
   for (size_t e = 0; e < n_exp && !gate; ++e)
     if (first[e + 1] > first[e] && simd::IsQuantized(w.experts[e].gate.format)) gate = &w.experts[e].gate;
-  if (gate && w.has_shared && s.jobs[0].gate_up_in.SharesQuantization(*gate)) {
+  if (gate && has_shared && s.jobs[0].gate_up_in.SharesQuantization(*gate)) {
     plan.source = &s.jobs[0].gate_up_in;
   } else if (gate) {
     s.routed_source.Reset(kernels, *gate, x, hidden, n);
@@ -198,10 +200,11 @@ MoePlan Plan(const OpContext& tc, const MoeWeights& w, const float* x, size_t n,
 // The block in one parallel region: (A) inputs, (B) gate and up, (C) SwiGLU, (D) down, (E) the
 // weighted sum into `out`, with a barrier between phases and none per expert.
 void Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n, float* out,
-         const MoePlan& plan, MoeScratch& s, Workspace& ws) {
+         bool with_shared, const MoePlan& plan, MoeScratch& s, Workspace& ws) {
+  const bool has_shared = with_shared && w.has_shared;
   const size_t hidden = w.router.cols, k = static_cast<size_t>(p.top_k);
   const MoeSplit* split = plan.split;
-  if (w.has_shared) s.jobs[0].y = out;  // the shared expert writes the output itself
+  if (has_shared) s.jobs[0].y = out;  // the shared expert writes the output itself
   std::atomic<uint64_t> gate_up_cursor{0}, down_cursor{0};
   ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
     AlignedBuffer<float>& decoded = ws.thread(tid).decoded;
@@ -271,7 +274,7 @@ void Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const flo
     ForEachShare(plan.tokens, plan.token_cost, tid, nt, [&](size_t, size_t b, size_t e) {
       for (size_t t = b; t < e; ++t) {
         float* o = out + t * hidden;
-        if (!w.has_shared) std::fill_n(o, hidden, 0.0f);
+        if (!has_shared) std::fill_n(o, hidden, 0.0f);
         for (size_t slot = 0; slot < k; ++slot)
           simd::Axpy(s.weights[t * k + slot], s.y.data() + static_cast<size_t>(s.slot_row[t * k + slot]) * hidden, o,
                      hidden);
@@ -290,8 +293,21 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
   MoeScratch& s = ws->moe();
   Route(tc, w, p, x, n, s);
   if (routed_ids) std::copy(s.ids.begin(), s.ids.end(), routed_ids);
-  const MoePlan plan = Plan(tc, w, x, n, static_cast<size_t>(p.top_k), s);
-  Run(tc, w, p, x, n, out, plan, s, *ws);
+  const MoePlan plan = Plan(tc, w, x, n, static_cast<size_t>(p.top_k), true, s);
+  Run(tc, w, p, x, n, out, true, plan, s, *ws);
+}
+
+void MoeRoutedForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+                      const int32_t* ids, const float* weights, float* out) {
+  if (n == 0) return;
+  ScopedWorkspace ws(tc.workspace);
+  ws->ReserveThreads(tc.threads);
+  MoeScratch& s = ws->moe();
+  const size_t k = static_cast<size_t>(p.top_k);
+  s.ids.assign(ids, ids + n * k);
+  s.weights.assign(weights, weights + n * k);
+  const MoePlan plan = Plan(tc, w, x, n, k, false, s);
+  Run(tc, w, p, x, n, out, false, plan, s, *ws);
 }
 
 }  // namespace m3

@@ -63,4 +63,11 @@ void RouteToken(const float* logits, const std::vector<float>& bias, const MoePa
 void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
                 float* out, int32_t* routed_ids = nullptr);
 
+// The routed experts alone, for routes chosen elsewhere (ids and weights [n, top_k], as
+// RouteToken gives): out[n, H] = sum_k w_k Expert_k(x), in the same phases and order as
+// MoeForward. The offloaded forward pass (lib/offload) runs the router and the shared expert on
+// the GPU and this on the CPU.
+void MoeRoutedForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+                      const int32_t* ids, const float* weights, float* out);
+
 }  // namespace m3

@@ -20,6 +20,8 @@ class Rope {
   Rope(int rotary_dim, double theta);
   // x: n_heads vectors of head_dim values at stride head_stride, all at position `pos`.
   void Apply(float* x, size_t n_heads, size_t head_stride, int64_t pos) const;
+  // The rotation at `pos`: cs[i] = {cos, sin} of pair i < rotary_dim / 2, as Apply uses them.
+  void CosSin(int64_t pos, float* cs) const;
   int rotary_dim() const { return rotary_dim_; }
 
  private:

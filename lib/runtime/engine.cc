@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "base/bytes.h"
+#include "offload/host_device.h"
 #include "platform/memory.h"
 
 namespace m3 {
@@ -30,7 +31,28 @@ StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, con
     M3_ASSIGN_OR_RETURN(const uint64_t locked, e->model_->LockDenseWeights());
     e->placement_ += ", " + std::to_string(locked >> 20) + " MiB of dense weights locked";
   }
+  if (!options.gpu.empty() && options.gpu != "none") {
+    if (options.gpu != "dense") return InvalidArgument("--gpu takes dense or none, got '", options.gpu, "'");
+    std::unique_ptr<Device> device;
+    if (options.gpu_device == "host") {
+      device = MakeHostDevice();
+    } else if (options.gpu_device == "cuda") {
+      M3_ASSIGN_OR_RETURN(device, OpenGpuDevice(options.gpu_ordinal));
+    } else {
+      return InvalidArgument("the offload device is cuda or host, got '", options.gpu_device, "'");
+    }
+    const uint64_t max_pos = static_cast<uint64_t>(e->model_->config().max_position_embeddings);
+    const uint64_t context = options.gpu_context ? options.gpu_context : std::min<uint64_t>(8192, max_pos);
+    M3_ASSIGN_OR_RETURN(e->offload_, DenseOffload::Open(*e->model_, std::move(device), context));
+    e->placement_ += ", dense part on " + e->offload_->device().Describe();
+  }
   return e;
+}
+
+Status Engine::Forward(const OpContext& tc, std::span<const Model::Segment> segments, LogitsMode mode,
+                       float* logits, ForwardObserver* observer) const {
+  if (offload_) return offload_->Forward(tc, segments, mode, logits, observer);
+  return model_->ForwardBatch(tc, segments, mode, logits, observer);
 }
 
 Session::Session(const Engine& engine, const SessionOptions& options)
@@ -54,6 +76,7 @@ std::string SmallerTypes(CacheType t) {
 }  // namespace
 
 Status Session::CheckContextFits(size_t tokens) const {
+  if (engine_.offload()) return Status::Ok();  // GPU caches: their allocation says when the GPU is full
   const uint64_t need = cache_.BytesFor(tokens), held = cache_.bytes();
   if (need <= held) return Status::Ok();  // no new page
   uint64_t can_have = memory_budget_;
@@ -122,7 +145,7 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
       Str("evaluating ", ids.size(), " tokens at position ", before),
       [&] {
         if (logits) logits->resize(rows * vocab);
-        cache_.Reserve(before + ids.size());  // the whole context before any work
+        if (!engine_.offload()) cache_.Reserve(before + ids.size());  // the whole context before any work
         // Chunks of the prompt in order: each appends its positions to the cache, which the next
         // attends to, so the result is the one of a single pass up to float rounding.
         for (size_t i = 0; i < ids.size(); i += prefill_chunk_) {
@@ -130,8 +153,8 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
           const bool last = i + n == ids.size();
           const LogitsMode chunk_mode = mode == LogitsMode::kAllRows || last ? mode : LogitsMode::kNone;
           float* out = mode == LogitsMode::kAllRows ? logits->data() + i * vocab : logits ? logits->data() : nullptr;
-          M3_RETURN_IF_ERROR(
-              engine_.model().Forward(Context(), ids.data() + i, n, &cache_, chunk_mode, out, observer));
+          const Model::Segment one{ids.data() + i, n, &cache_};
+          M3_RETURN_IF_ERROR(engine_.Forward(Context(), {&one, 1}, chunk_mode, out, observer));
         }
         return Status::Ok();
       },
@@ -169,9 +192,8 @@ Status Session::EvalBatch(std::span<Session* const> sessions, std::span<const st
       Str("evaluating ", sessions.size(), " sessions"),
       [&] {
         if (logits) logits->resize(total_rows * static_cast<size_t>(engine.model().config().vocab_size));
-        return engine.model().ForwardBatch(sessions.front()->Context(), segments,
-                                           logits ? LogitsMode::kLastRow : LogitsMode::kNone,
-                                           logits ? logits->data() : nullptr, observer);
+        return engine.Forward(sessions.front()->Context(), segments, logits ? LogitsMode::kLastRow : LogitsMode::kNone,
+                              logits ? logits->data() : nullptr, observer);
       },
       [&] {
         for (Session* s : sessions) s->cache_.Truncate(s->tokens_.size());

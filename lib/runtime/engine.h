@@ -10,6 +10,7 @@
 
 #include "base/status.h"
 #include "model/model.h"
+#include "offload/dense_offload.h"
 #include "ops/context.h"
 #include "ops/moe_numa.h"
 #include "ops/workspace.h"
@@ -23,6 +24,16 @@ struct EngineOptions {
   // The kernels, chosen here once: "" or "auto" for this CPU's best, or one implementation by
   // name (Kernels::Names(): "ref", "avx2", "avx512-vnni", ...) to compare them.
   std::string kernels = "auto";
+  // "dense": the dense part of every pass on an accelerator, the routed experts on the CPU
+  // (lib/offload, issue 34); "" or "none": all on the CPU.
+  std::string gpu = "";
+  // The accelerator of --gpu dense: "cuda" (GPU `gpu_ordinal`), or "host", the reference device
+  // that runs the same offloaded pass on the CPU (tests; slow).
+  std::string gpu_device = "cuda";
+  int gpu_ordinal = 0;
+  // Tokens of cache the dense part must leave room for on the device when it loads (0: 8192 or
+  // the model's maximum if smaller); the caches grow as sessions need and fail clearly when full.
+  size_t gpu_context = 0;
 };
 
 class Engine {
@@ -35,6 +46,11 @@ class Engine {
   std::string simd_target() const { return kernels_.Describe(); }
   // How the weights were placed: NUMA mode and topology, bytes locked ("numa off" when off).
   const std::string& placement() const { return placement_; }
+  // The offloaded dense part (--gpu dense), or null.
+  DenseOffload* offload() const { return offload_.get(); }
+  // One forward pass (Model::ForwardBatch), on the offload when there is one.
+  Status Forward(const OpContext& tc, std::span<const Model::Segment> segments, LogitsMode mode, float* logits,
+                 ForwardObserver* observer) const;
 
  private:
   Engine() = default;
@@ -42,6 +58,7 @@ class Engine {
   ThreadConfig threads_;
   Kernels kernels_;
   std::string placement_;
+  std::unique_ptr<DenseOffload> offload_;
 };
 
 struct SessionOptions {

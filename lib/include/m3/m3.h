@@ -38,6 +38,12 @@ typedef enum m3_cache_type {
   M3_CACHE_INT8 = 2  /* int8 with one fp32 scale per stored vector: about a quarter */
 } m3_cache_type;
 
+typedef enum m3_gpu_mode {
+  M3_GPU_NONE = 0, /* everything on the CPU */
+  M3_GPU_DENSE = 1 /* the dense part (attention, indexer, shared experts, dense MLPs, lm_head) on a GPU,
+                      the routed experts on the CPU; needs a build with CUDA */
+} m3_gpu_mode;
+
 typedef struct m3_engine_options {
   size_t struct_size; /* sizeof(m3_engine_options); set by m3_engine_options_init */
   int32_t threads;    /* 0: all cores; more than the process may run on: capped to them */
@@ -49,6 +55,10 @@ typedef struct m3_engine_options {
    * covers both fields (the padding of the previous layout ends where kv_cache starts). */
   int32_t kv_cache;    /* m3_cache_type of the attention K/V cache; default M3_CACHE_F32 */
   int32_t index_cache; /* m3_cache_type of the sparse-attention indexer keys; default M3_CACHE_F32 */
+  /* Read only when struct_size covers both: the GPU offload (M3_GPU_DENSE keeps the caches in GPU
+   * memory in f32, so kv_cache and index_cache must then be M3_CACHE_F32). */
+  int32_t gpu_mode;   /* m3_gpu_mode; default M3_GPU_NONE */
+  int32_t gpu_device; /* which CUDA GPU (0 = the first) */
 } m3_engine_options;
 
 void m3_engine_options_init(m3_engine_options* options);
