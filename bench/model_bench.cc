@@ -804,7 +804,9 @@ Status MeasureOffload(const Plan& p, Result* r, FILE* log) {
   o.model_dir = r->model_dir;
   M3_RETURN_IF_ERROR(OpenEngine(q, &b, &o));
   DenseOffload& offload = *b.engine->offload();
-  b.fp = MeasureFootprint(b.engine->model());
+  // This engine's own mapping of the weights read through once, as for the CPU-only run: else
+  // each expert's first use pays its page faults inside the timed steps.
+  ReadWeightsIn(&b, &o, nullptr);
   M3_RETURN_IF_ERROR(MeasurePrefill(q, &b, &o, log));
   offload.stats().Reset();
   std::vector<double> rest_s, layer_mean_s;

@@ -12,6 +12,7 @@
 #include "format/safetensors.h"
 #include "model/packer.h"
 #include "model/weights.h"
+#include "offload/gpu.h"
 #include "runtime/engine.h"
 #include "test_util.h"
 
@@ -64,23 +65,37 @@ std::string DamagedCopy(const std::string& golden, const fs::path& dir, const st
 
 // Runs the prompt (chunks of 7, so that later chunks see a damaged cache too) and expects the
 // error to name `where` (and the position, when >= 0); the session is left at position 0.
+// The same report on the CPU and, with f32 caches, with the dense part offloaded (--gpu dense on
+// the host reference device, and on the GPU where there is one).
 void ExpectReported(const std::string& dir, const std::vector<int32_t>& prompt, const std::string& where,
                     int64_t position, CacheType kv = CacheType::kF32) {
-  auto engine = Engine::Open(dir, EngineOptions{2});
-  INFO(engine.status().ToString());
-  REQUIRE(engine.ok());
-  SessionOptions o;
-  o.prefill_chunk = 7;
-  o.cache.kv = kv;
-  Session s(**engine, o);
-  std::vector<float> logits;
-  const Status st = s.Eval(prompt, LogitsMode::kAllRows, &logits);
-  INFO("message: " << st.message());
-  REQUIRE_FALSE(st.ok());
-  CHECK(st.code() == StatusCode::kCorrupt);
-  CHECK_THAT(st.message(), Contains(where + " gave a non-finite value") && Contains("damaged"));
-  if (position >= 0) CHECK_THAT(st.message(), Contains("at position " + std::to_string(position) + ":"));
-  CHECK(s.position() == 0);
+  std::vector<EngineOptions> runs = {EngineOptions{2}};
+  if (kv == CacheType::kF32)
+    for (const char* device : {"host", "cuda"}) {
+      if (std::string(device) == "cuda" && !QueryGpu(0).ok()) continue;
+      EngineOptions o{2};
+      o.gpu = "dense";
+      o.gpu_device = device;
+      runs.push_back(o);
+    }
+  for (const EngineOptions& options : runs) {
+    INFO("--gpu " << (options.gpu.empty() ? "none" : "dense on " + options.gpu_device));
+    auto engine = Engine::Open(dir, options);
+    INFO(engine.status().ToString());
+    REQUIRE(engine.ok());
+    SessionOptions o;
+    o.prefill_chunk = 7;
+    o.cache.kv = kv;
+    Session s(**engine, o);
+    std::vector<float> logits;
+    const Status st = s.Eval(prompt, LogitsMode::kAllRows, &logits);
+    INFO("message: " << st.message());
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.code() == StatusCode::kCorrupt);
+    CHECK_THAT(st.message(), Contains(where + " gave a non-finite value") && Contains("damaged"));
+    if (position >= 0) CHECK_THAT(st.message(), Contains("at position " + std::to_string(position) + ":"));
+    CHECK(s.position() == 0);
+  }
 }
 
 std::vector<int32_t> Prompt(const std::string& dir) {

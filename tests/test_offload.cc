@@ -189,15 +189,15 @@ void CompareOperations(Device& dev) {
     float* ds = cmp.Put(scale);
     float* dr = cmp.Put(rope);
     float* dy = cmp.Put(std::vector<float>(x.size()));
-    dev.RmsNorm(dx, n * heads, dim, ds, 1e-6f, dy);
+    dev.RmsNorm(dx, n * heads, dim, ds, 1e-6f, dy, {});
     std::vector<float> want(x.size());
-    host.RmsNorm(x.data(), n * heads, dim, scale.data(), 1e-6f, want.data());
+    host.RmsNorm(x.data(), n * heads, dim, scale.data(), 1e-6f, want.data(), {});
     CHECK(RelDiff(cmp.Get(dy, want.size()).data(), want.data(), want.size()) < 1e-6);
     for (const bool with_norm : {false, true}) {
       std::vector<float> h = x;
       float* dh = cmp.Put(h);
-      dev.NormRope(dh, n, heads, dim, with_norm ? ds : nullptr, 1e-6f, dr, rot);
-      host.NormRope(h.data(), n, heads, dim, with_norm ? scale.data() : nullptr, 1e-6f, rope.data(), rot);
+      dev.NormRope(dh, n, heads, dim, with_norm ? ds : nullptr, 1e-6f, dr, rot, {});
+      host.NormRope(h.data(), n, heads, dim, with_norm ? scale.data() : nullptr, 1e-6f, rope.data(), rot, {});
       CHECK(RelDiff(cmp.Get(dh, h.size()).data(), h.data(), h.size()) < 1e-6);
     }
     std::vector<float> g = test::RandomVec(x.size(), 14, 10.0f), u = test::RandomVec(x.size(), 15, 10.0f);
@@ -272,6 +272,16 @@ void CompareOperations(Device& dev) {
     CHECK(cmp.Get(flag, 1)[0] == (uint64_t{3} << 40 | 2));
     dev.FlagNonFinite(dx, 2, 10, 1, flag);  // rows 0 and 1 are finite
     CHECK(cmp.Get(flag, 1)[0] == (uint64_t{3} << 40 | 2));
+    // Folded into the norms: RmsNorm checks its input rows, NormRope its output per token.
+    const std::vector<float> ones(10, 1.0f), rope(4 * 4, 0.5f);
+    float* scale = cmp.Put(ones);
+    float* y = cmp.Put(std::vector<float>(x.size()));
+    dev.RmsNorm(dx, 4, 10, scale, 1e-6f, y, {flag, 2});
+    CHECK(cmp.Get(flag, 1)[0] == (uint64_t{2} << 40 | 2));
+    dev.NormRope(dx, 2, 2, 10, scale, 1e-6f, cmp.Put(rope), 8, {flag, 1});  // tokens of 2 x 10: x[23] is token 1's
+    CHECK(cmp.Get(flag, 1)[0] == (uint64_t{1} << 40 | 1));
+    dev.RmsNorm(dx, 2, 10, scale, 1e-6f, y, {flag, 0});  // rows 0 and 1 are finite
+    CHECK(cmp.Get(flag, 1)[0] == (uint64_t{1} << 40 | 1));
   }
 }
 

@@ -168,7 +168,8 @@ Status DenseOffload::EnsureBuffers(size_t rows, size_t logit_rows, size_t score_
   const size_t inter = std::max<size_t>(c.dense_intermediate_size, c.shared_intermediate_size);
   const size_t E = c.any_moe() ? c.num_experts : 0, V = c.vocab_size, half = c.rotary_dim / 2;
   auto dev = [&](auto** p, size_t count, const char* what) -> Status {
-    M3_ASSIGN_OR_RETURN(void* a, device_->Allocate(std::max<size_t>(count, 1) * sizeof(**p), Str("activations (", what, ")")));
+    M3_ASSIGN_OR_RETURN(void* a,
+                        device_->Allocate(std::max<size_t>(count, 1) * sizeof(**p), Str("activations (", what, ")")));
     b.device_owned.push_back(a);
     *p = static_cast<std::remove_reference_t<decltype(*p)>>(a);
     return Status::Ok();
@@ -320,7 +321,9 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
   dev.ToDevice(b.flag, b.host_flag, sizeof(uint64_t));
   dev.FlagNonFinite(b.h, n, H, EmbeddingStage(), b.flag);
 
-  const MoeParams moe_params{c.experts_per_token, c.routed_scaling_factor, c.use_routing_bias,
+  const MoeParams moe_params{c.experts_per_token,
+                             c.routed_scaling_factor,
+                             c.use_routing_bias,
                              {c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta}};
   const DeviceSwiglu act{c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta};
   std::vector<int32_t> routed_ids(n * K);
@@ -329,31 +332,44 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
   // The layer whose selections in host_blocks/host_counts were queued to the device and not
   // waited for since (-1: none); each segment of a layer has its own rows there.
   int blocks_in_flight = -1;
+  // One sequence (most passes): its keys, values and index keys go straight into its cache rows
+  // (the projections write there, RoPE rotates them there); several: through the pass's buffers.
+  const bool direct = segments.size() == 1;
+  const size_t kv_width = Hkv * D;
   for (int l = 0; l < c.num_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
-    dev.RmsNorm(b.h, n, H, L.input_norm, c.rms_norm_eps, b.x);
+    // The norm's input is the residual stream as the previous block left it: its check is that
+    // block's (the embedding's for layer 0).
+    const FiniteCheck previous{b.flag, l == 0 ? EmbeddingStage() : LayerStage(l - 1, kFeedForward)};
+    dev.RmsNorm(b.h, n, H, L.input_norm, c.rms_norm_eps, b.x, previous);
+    const size_t first = segments[0].cache->length();
+    float* keys = direct ? caches[0]->k[l] + first * kv_width : b.k;
+    float* values = direct ? caches[0]->v[l] + first * kv_width : b.v;
+    float* index_keys = direct && L.sparse ? caches[0]->ik[l] + first * Di : b.ik;
     dev.MatMul(L.q, b.x, n, b.q, Hq * D, false);
-    dev.MatMul(L.k, b.x, n, b.k, Hkv * D, false);
-    dev.MatMul(L.v, b.x, n, b.v, Hkv * D, false);
-    dev.NormRope(b.q, n, Hq, D, L.q_norm, c.rms_norm_eps, b.rope, c.rotary_dim);
-    dev.NormRope(b.k, n, Hkv, D, L.k_norm, c.rms_norm_eps, b.rope, c.rotary_dim);
+    dev.MatMul(L.k, b.x, n, keys, kv_width, false);
+    dev.MatMul(L.v, b.x, n, values, kv_width, false);
+    dev.NormRope(b.q, n, Hq, D, L.q_norm, c.rms_norm_eps, b.rope, c.rotary_dim, {});
+    dev.NormRope(keys, n, Hkv, D, L.k_norm, c.rms_norm_eps, b.rope, c.rotary_dim, {});
     if (L.sparse) {
       dev.MatMul(L.index_q, b.x, n, b.iq, Hi * Di, false);
-      dev.MatMul(L.index_k, b.x, n, b.ik, Di, false);
-      dev.NormRope(b.iq, n, Hi, Di, L.index_q_norm, c.rms_norm_eps, b.rope, c.rotary_dim);
-      dev.NormRope(b.ik, n, 1, Di, L.index_k_norm, c.rms_norm_eps, b.rope, c.rotary_dim);
-      dev.FlagNonFinite(b.iq, n, Hi * Di, LayerStage(l, kIndexQueries), b.flag);
-      dev.FlagNonFinite(b.ik, n, Di, LayerStage(l, kIndexKeys), b.flag);
+      dev.MatMul(L.index_k, b.x, n, index_keys, Di, false);
+      // The indexer only chooses blocks: a NaN there would change the choice, not the values.
+      dev.NormRope(b.iq, n, Hi, Di, L.index_q_norm, c.rms_norm_eps, b.rope, c.rotary_dim,
+                   {b.flag, LayerStage(l, kIndexQueries)});
+      dev.NormRope(index_keys, n, 1, Di, L.index_k_norm, c.rms_norm_eps, b.rope, c.rotary_dim,
+                   {b.flag, LayerStage(l, kIndexKeys)});
     }
     size_t row = 0;
     for (size_t i = 0; i < segments.size(); ++i) {
       const Model::Segment& s = segments[i];
       DeviceCache& dc = *caches[i];
       const size_t pos0 = s.cache->length();
-      const size_t kv = Hkv * D * sizeof(float);
-      dev.Copy(dc.k[l] + pos0 * Hkv * D, b.k + row * Hkv * D, s.n * kv);
-      dev.Copy(dc.v[l] + pos0 * Hkv * D, b.v + row * Hkv * D, s.n * kv);
-      if (L.sparse) dev.Copy(dc.ik[l] + pos0 * Di, b.ik + row * Di, s.n * Di * sizeof(float));
+      if (!direct) {
+        dev.Copy(dc.k[l] + pos0 * kv_width, b.k + row * kv_width, s.n * kv_width * sizeof(float));
+        dev.Copy(dc.v[l] + pos0 * kv_width, b.v + row * kv_width, s.n * kv_width * sizeof(float));
+        if (L.sparse) dev.Copy(dc.ik[l] + pos0 * Di, b.ik + row * Di, s.n * Di * sizeof(float));
+      }
       DeviceAttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 1, 1, 1};
       const int32_t* blocks = nullptr;
       const int32_t* counts = nullptr;
@@ -378,8 +394,8 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
           for (size_t t = q0; t < q0 + qn; ++t)
             for (size_t h = 0; h < Hi; ++h)
               selection.counts[t * Hi + h] = SelectBlocksForQuery(
-                  scored ? b.host_scores + ((t - q0) * Hi + h) * blocks_seen : nullptr,
-                  static_cast<int64_t>(pos0 + t), sp, &selection.blocks[(t * Hi + h) * topk], &order);
+                  scored ? b.host_scores + ((t - q0) * Hi + h) * blocks_seen : nullptr, static_cast<int64_t>(pos0 + t),
+                  sp, &selection.blocks[(t * Hi + h) * topk], &order);
         }
         if (observer) observer->OnBlockSelection(l, static_cast<int64_t>(pos0), selection);
         // The staging of an earlier layer's selection may still be on its way to the device
@@ -403,8 +419,7 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
       row += s.n;
     }
     dev.MatMul(L.o, b.core, n, b.h, H, /*accumulate=*/true);
-    dev.FlagNonFinite(b.h, n, H, LayerStage(l, kAttention), b.flag);
-    dev.RmsNorm(b.h, n, H, L.post_norm, c.rms_norm_eps, b.x);
+    dev.RmsNorm(b.h, n, H, L.post_norm, c.rms_norm_eps, b.x, {b.flag, LayerStage(l, kAttention)});
     if (L.moe) {
       // Handoff: the normed rows and the router's logits to the host; the shared expert goes on
       // the device while the CPU runs the routed experts; their sum comes back.
@@ -438,7 +453,7 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
       dev.Swiglu(b.g, b.u, n * L.gate.layout.rows, act);
       dev.MatMul(L.down, b.g, n, b.h, H, /*accumulate=*/true);
     }
-    dev.FlagNonFinite(b.h, n, H, LayerStage(l, kFeedForward), b.flag);
+    if (l == c.num_layers - 1) dev.FlagNonFinite(b.h, n, H, LayerStage(l, kFeedForward), b.flag);  // no norm follows for every row
     if (observer) observer->OnLayerEnd(l, n);
   }
 
@@ -446,7 +461,7 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
   // The logits buffer holds kLogitChunk rows: a prompt's every row (perplexity) in parts.
   const size_t out_rows = logit_rows.size();
   for (size_t i = 0; i < out_rows; ++i) dev.Copy(b.x + i * H, b.h + logit_rows[i] * H, H * sizeof(float));
-  dev.RmsNorm(b.x, out_rows, H, final_norm_, c.rms_norm_eps, b.x);
+  dev.RmsNorm(b.x, out_rows, H, final_norm_, c.rms_norm_eps, b.x, {});
   for (size_t r0 = 0; r0 < out_rows; r0 += b.logit_rows) {
     const size_t rn = std::min(b.logit_rows, out_rows - r0);
     dev.MatMul(lm_head_, b.x + r0 * H, rn, b.logits, V, false);

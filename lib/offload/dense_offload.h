@@ -41,7 +41,7 @@ class DenseOffload {
   // Uploads the dense part of `model` to `device` (refused with what it needs when it does not
   // fit beside caches for `context` tokens of `cache` types). The model must outlive this.
   static StatusOr<std::unique_ptr<DenseOffload>> Open(const Model& model, std::unique_ptr<Device> device,
-                                                       uint64_t context);
+                                                      uint64_t context);
   ~DenseOffload();
 
   // Model::ForwardBatch with the dense part on the device (same contract; the caches' rows live

@@ -35,6 +35,14 @@ struct DeviceAttentionShape {
   int index_heads = 1, block_size = 1, topk = 1;  // with a selection only
 };
 
+// A check for NaN and inf folded into an operation that reads (RmsNorm: its input) or writes
+// (NormRope: its output) the values anyway: a row with one sets *flag = min(*flag, stage << 40 |
+// row), as FlagNonFinite does. No flag: no check.
+struct FiniteCheck {
+  uint64_t* flag = nullptr;
+  uint32_t stage = 0;
+};
+
 struct DeviceSwiglu {
   float alpha = 1.702f, limit = 7.0f, beta = 1.0f;
 };
@@ -70,13 +78,15 @@ class Device {
   // ---- Operations (fp32 activations; weights decoded exactly, fp32 accumulation). ----
   // y[t * ldy + r] (accumulate ? += : =) sum_c W[r, c] * x[t * W.cols + c] for t < n.
   virtual void MatMul(const DeviceMatrix& w, const float* x, size_t n, float* y, size_t ldy, bool accumulate) = 0;
-  // y row = x row / sqrt(mean(x row^2) + eps) * scale, n rows of dim (contiguous).
-  virtual void RmsNorm(const float* x, size_t n, size_t dim, const float* scale, float eps, float* y) = 0;
+  // y row = x row / sqrt(mean(x row^2) + eps) * scale, n rows of dim (contiguous); y may be x.
+  virtual void RmsNorm(const float* x, size_t n, size_t dim, const float* scale, float eps, float* y,
+                       FiniteCheck check) = 0;
   // For each of n * heads vectors of dim (contiguous; token t's heads together): an RMSNorm with
   // `scale` (none when null), then NeoX RoPE on the first rotary_dim values with token t's
   // cos/sin pairs rope[t][i] = {cos, sin} (i < rotary_dim / 2).
-  virtual void NormRope(float* x, size_t n, size_t heads, size_t dim, const float* scale, float eps,
-                        const float* rope, size_t rotary_dim) = 0;
+  // The check's row is the token.
+  virtual void NormRope(float* x, size_t n, size_t heads, size_t dim, const float* scale, float eps, const float* rope,
+                        size_t rotary_dim, FiniteCheck check) = 0;
   // Lightning-indexer block scores of n queries at positions pos0.. (iq [n][heads][dim]; keys
   // [rows][dim]): scores[t][h][b] = max over visible keys u of block b (u <= pos0 + t) of
   // iq[t][h] . key[u] (fma over d in order; a NaN dot never wins), -inf for a block not yet

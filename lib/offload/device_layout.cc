@@ -8,12 +8,18 @@ using simd::WeightFormat;
 
 const char* DeviceFormatName(DeviceFormat f) {
   switch (f) {
-    case DeviceFormat::kF32: return "f32";
-    case DeviceFormat::kBF16: return "bf16";
-    case DeviceFormat::kF16: return "f16";
-    case DeviceFormat::kFp8: return "fp8";
-    case DeviceFormat::kQ8: return "q8";
-    case DeviceFormat::kQ4: return "q4";
+    case DeviceFormat::kF32:
+      return "f32";
+    case DeviceFormat::kBF16:
+      return "bf16";
+    case DeviceFormat::kF16:
+      return "f16";
+    case DeviceFormat::kFp8:
+      return "fp8";
+    case DeviceFormat::kQ8:
+      return "q8";
+    case DeviceFormat::kQ4:
+      return "q4";
   }
   return "?";
 }
@@ -21,24 +27,44 @@ const char* DeviceFormatName(DeviceFormat f) {
 DeviceLayout DeviceLayoutFor(const simd::WeightRef& w) {
   DeviceLayout l;
   switch (w.format) {
-    case WeightFormat::kF32: l.format = DeviceFormat::kF32; break;
+    case WeightFormat::kF32:
+      l.format = DeviceFormat::kF32;
+      break;
     case WeightFormat::kBF16:
-    case WeightFormat::kBF16Tiled: l.format = DeviceFormat::kBF16; break;
-    case WeightFormat::kF16: l.format = DeviceFormat::kF16; break;
-    case WeightFormat::kE4M3Mx32: l.format = DeviceFormat::kFp8; break;
-    case WeightFormat::kQ8: l.format = DeviceFormat::kQ8; break;
-    case WeightFormat::kQ4: l.format = DeviceFormat::kQ4; break;
+    case WeightFormat::kBF16Tiled:
+      l.format = DeviceFormat::kBF16;
+      break;
+    case WeightFormat::kF16:
+      l.format = DeviceFormat::kF16;
+      break;
+    case WeightFormat::kE4M3Mx32:
+      l.format = DeviceFormat::kFp8;
+      break;
+    case WeightFormat::kQ8:
+      l.format = DeviceFormat::kQ8;
+      break;
+    case WeightFormat::kQ4:
+      l.format = DeviceFormat::kQ4;
+      break;
   }
   l.rows = w.rows;
   l.cols = w.cols;
   l.padded_cols = (w.cols + kDeviceGroup - 1) / kDeviceGroup * kDeviceGroup;
   switch (l.format) {
-    case DeviceFormat::kF32: l.row_bytes = l.padded_cols * 4; break;
+    case DeviceFormat::kF32:
+      l.row_bytes = l.padded_cols * 4;
+      break;
     case DeviceFormat::kBF16:
-    case DeviceFormat::kF16: l.row_bytes = l.padded_cols * 2; break;
+    case DeviceFormat::kF16:
+      l.row_bytes = l.padded_cols * 2;
+      break;
     case DeviceFormat::kFp8:
-    case DeviceFormat::kQ8: l.row_bytes = l.padded_cols; break;
-    case DeviceFormat::kQ4: l.row_bytes = l.padded_cols / 2; break;
+    case DeviceFormat::kQ8:
+      l.row_bytes = l.padded_cols;
+      break;
+    case DeviceFormat::kQ4:
+      l.row_bytes = l.padded_cols / 2;
+      break;
   }
   l.code_bytes = static_cast<uint64_t>(l.rows) * l.row_bytes;
   l.scale_bytes = static_cast<uint64_t>(l.rows) * l.scale_cols() * sizeof(float);
@@ -50,8 +76,7 @@ bool IsDeviceVerbatim(const simd::WeightRef& w) {
          w.cols % kDeviceGroup == 0;
 }
 
-void ConvertRows(const simd::WeightRef& w, const DeviceLayout& l, size_t r0, size_t r1, uint8_t* codes,
-                 float* scales) {
+void ConvertRows(const simd::WeightRef& w, const DeviceLayout& l, size_t r0, size_t r1, uint8_t* codes, float* scales) {
   const size_t groups = l.scale_cols();
   for (size_t r = r0; r < r1; ++r) {
     uint8_t* out = codes + (r - r0) * l.row_bytes;
@@ -138,8 +163,10 @@ float DeviceWeightAt(const DeviceLayout& l, const uint8_t* codes, const float* s
       std::memcpy(&h, row + 2 * c, 2);
       return simd::F16ToF32(h);
     }
-    case DeviceFormat::kFp8: return simd::E4M3ToF32(row[c]) * scale;
-    case DeviceFormat::kQ8: return static_cast<float>(static_cast<int>(row[c]) - simd::kQ8Zero) * scale;
+    case DeviceFormat::kFp8:
+      return simd::E4M3ToF32(row[c]) * scale;
+    case DeviceFormat::kQ8:
+      return static_cast<float>(static_cast<int>(row[c]) - simd::kQ8Zero) * scale;
     case DeviceFormat::kQ4: {
       const int code = c % 2 ? row[c / 2] >> 4 : row[c / 2] & 0xF;
       return static_cast<float>(code - simd::kQ4Zero) * scale;

@@ -30,7 +30,9 @@ struct DeviceLayout {
   size_t padded_cols = 0;  // cols rounded up to kDeviceGroup
   size_t row_bytes = 0;    // bytes of codes per row (a multiple of 16)
   uint64_t code_bytes = 0, scale_bytes = 0;
-  bool quantized() const { return format == DeviceFormat::kFp8 || format == DeviceFormat::kQ8 || format == DeviceFormat::kQ4; }
+  bool quantized() const {
+    return format == DeviceFormat::kFp8 || format == DeviceFormat::kQ8 || format == DeviceFormat::kQ4;
+  }
   size_t scale_cols() const { return quantized() ? padded_cols / kDeviceGroup : 0; }
 };
 

@@ -11,8 +11,8 @@
 namespace m3 {
 
 struct GpuInfo {
-  std::string name;          // e.g. "NVIDIA H100 80GB HBM3"
-  int compute_major = 0;     // compute capability
+  std::string name;       // e.g. "NVIDIA H100 80GB HBM3"
+  int compute_major = 0;  // compute capability
   int compute_minor = 0;
   uint64_t total_bytes = 0;  // device memory
   uint64_t free_bytes = 0;   // free now

@@ -69,12 +69,14 @@ class HostDevice final : public Device {
     });
   }
 
-  void RmsNorm(const float* x, size_t n, size_t dim, const float* scale, float eps, float* y) override {
+  void RmsNorm(const float* x, size_t n, size_t dim, const float* scale, float eps, float* y,
+               FiniteCheck check) override {
+    if (check.flag) FlagNonFinite(x, n, dim, check.stage, check.flag);  // before y, which may be x
     for (size_t t = 0; t < n; ++t) NormRow(x + t * dim, dim, scale, eps, y + t * dim);
   }
 
   void NormRope(float* x, size_t n, size_t heads, size_t dim, const float* scale, float eps, const float* rope,
-                size_t rotary_dim) override {
+                size_t rotary_dim, FiniteCheck check) override {
     const size_t half = rotary_dim / 2;
     for (size_t t = 0; t < n; ++t)
       for (size_t h = 0; h < heads; ++h) {
@@ -87,6 +89,7 @@ class HostDevice final : public Device {
           v[i + half] = x2 * c + x1 * s;
         }
       }
+    if (check.flag) FlagNonFinite(x, n, heads * dim, check.stage, check.flag);
   }
 
   void IndexScores(const float* iq, size_t n, int64_t pos0, const float* keys, size_t heads, size_t dim,

@@ -8,8 +8,9 @@ const char* GpuBackendName() { return ""; }
 namespace {
 
 Status NoCuda() {
-  return Unsupported("this build of m3 has no CUDA: configure with -DM3_CUDA=ON on a machine with the CUDA "
-                     "toolkit to use a GPU");
+  return Unsupported(
+      "this build of m3 has no CUDA: configure with -DM3_CUDA=ON on a machine with the CUDA "
+      "toolkit to use a GPU");
 }
 
 }  // namespace

@@ -22,9 +22,9 @@ Status CudaError(cudaError_t e, const std::string& what) {
   return Internal("CUDA error in ", what, ": ", cudaGetErrorString(e));
 }
 
-#define M3_CUDA_RETURN(expr, what)                                   \
-  do {                                                               \
-    const cudaError_t m3_cuda_e_ = (expr);                           \
+#define M3_CUDA_RETURN(expr, what)                                     \
+  do {                                                                 \
+    const cudaError_t m3_cuda_e_ = (expr);                             \
     if (m3_cuda_e_ != cudaSuccess) return CudaError(m3_cuda_e_, what); \
   } while (0)
 
@@ -90,7 +90,98 @@ __device__ __forceinline__ void LoadX8(const float* __restrict__ xt, size_t c, s
   }
 }
 
-// Decode: one warp a row, each lane 8 inputs at a time, U chunks in flight; up to NT tokens.
+// ---- One token (decode): R rows a warp, each lane one 16-byte chunk of each row at a time. ----
+// A chunk is 4 (f32), 8 (bf16, f16), 16 (fp8, q8) or 32 (q4) inputs, never across a scale group;
+// the x values of a chunk are loaded once for the R rows.
+template <DeviceFormat F>
+__host__ __device__ constexpr int ChunkInputs() {
+  return F == DeviceFormat::kF32 ? 4 : (F == DeviceFormat::kBF16 || F == DeviceFormat::kF16) ? 8 : F == DeviceFormat::kQ4 ? 32 : 16;
+}
+template <DeviceFormat F>
+__host__ __device__ constexpr bool Scaled() {
+  return F == DeviceFormat::kFp8 || F == DeviceFormat::kQ8 || F == DeviceFormat::kQ4;
+}
+
+// The chunk's dot product with x (codes unscaled: the caller multiplies by the group's scale).
+template <DeviceFormat F>
+__device__ __forceinline__ float ChunkDot(uint4 raw, const float* xv) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < ChunkInputs<F>(); ++i) {
+    float v;
+    if constexpr (F == DeviceFormat::kF32) {
+      v = __uint_as_float(w[i]);
+    } else if constexpr (F == DeviceFormat::kBF16) {
+      v = __uint_as_float(i % 2 ? w[i / 2] & 0xFFFF0000u : w[i / 2] << 16);
+    } else if constexpr (F == DeviceFormat::kF16) {
+      v = __half2float(__ushort_as_half(static_cast<unsigned short>((w[i / 2] >> (16 * (i % 2))) & 0xFFFFu)));
+    } else if constexpr (F == DeviceFormat::kQ4) {
+      v = static_cast<float>(static_cast<int>((w[i / 8] >> (4 * (i % 8))) & 0xFu) - 8);
+    } else {
+      const uint32_t code = (w[i / 4] >> (8 * (i % 4))) & 0xFFu;
+      if constexpr (F == DeviceFormat::kFp8)
+        v = kFp8Values[code];
+      else
+        v = static_cast<float>(static_cast<int>(code) - 128);
+    }
+    s = fmaf(v, xv[i], s);
+  }
+  return s;
+}
+
+template <DeviceFormat F, int R>
+__global__ void GemvRowsKernel(MatrixArgs m, const float* __restrict__ x, float* y, bool accumulate) {
+  constexpr int E = ChunkInputs<F>();
+  const size_t r0 = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32 * R;
+  const int lane = threadIdx.x % 32;
+  if (r0 >= m.rows) return;
+  const size_t chunks = m.padded / E;
+  const bool vec = m.cols % 4 == 0;
+  float sum[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) sum[i] = 0.0f;
+#pragma unroll 2
+  for (size_t k = lane; k < chunks; k += 32) {
+    const size_t c = k * E;
+    uint4 raw[R];
+    float sc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const size_t r = min(r0 + i, m.rows - 1);  // rows past the end: computed, never written
+      raw[i] = __ldg(reinterpret_cast<const uint4*>(m.codes + r * m.row_bytes) + k);
+      if constexpr (Scaled<F>()) sc[i] = __ldg(m.scales + r * m.scale_cols + c / kDeviceGroup);
+    }
+    float xv[E];
+#pragma unroll
+    for (int j = 0; j < E; j += 4) {
+      if (vec && c + j + 4 <= m.cols) {
+        const float4 p = __ldg(reinterpret_cast<const float4*>(x + c + j));
+        xv[j] = p.x, xv[j + 1] = p.y, xv[j + 2] = p.z, xv[j + 3] = p.w;
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) xv[j + i] = c + j + i < m.cols ? x[c + j + i] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const float d = ChunkDot<F>(raw[i], xv);
+      if constexpr (Scaled<F>())
+        sum[i] = fmaf(d, sc[i], sum[i]);
+      else
+        sum[i] += d;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    float s = sum[i];
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+    if (lane == 0 && r0 + i < m.rows) y[r0 + i] = accumulate ? y[r0 + i] + s : s;
+  }
+}
+
+// Decode of 2-8 tokens: one warp a row, each lane 8 inputs at a time, U chunks in flight.
 constexpr int kGemvMaxTokens = 8;
 template <DeviceFormat F, int NT>
 __global__ void GemvKernel(MatrixArgs m, const float* __restrict__ x, size_t n, float* y, size_t ldy, bool accumulate) {
@@ -207,12 +298,20 @@ __device__ float BlockReduce(float v, float* scratch) {
   return r;
 }
 
-__global__ void RmsNormKernel(const float* x, size_t dim, const float* __restrict__ scale, float eps, float* y) {
+__global__ void RmsNormKernel(const float* x, size_t dim, const float* __restrict__ scale, float eps, float* y,
+                              FiniteCheck check) {
   __shared__ float scratch[kThreads / 32];
   const float* xr = x + blockIdx.x * dim;
   float* yr = y + blockIdx.x * dim;
   float ss = 0.0f;
-  for (size_t d = threadIdx.x; d < dim; d += kThreads) ss = fmaf(xr[d], xr[d], ss);
+  int bad = 0;
+  for (size_t d = threadIdx.x; d < dim; d += kThreads) {
+    ss = fmaf(xr[d], xr[d], ss);
+    bad |= !isfinite(xr[d]);
+  }
+  if (check.flag && __syncthreads_or(bad) && threadIdx.x == 0)
+    atomicMin(reinterpret_cast<unsigned long long*>(check.flag),
+              static_cast<unsigned long long>(uint64_t{check.stage} << 40 | blockIdx.x));
   ss = BlockReduce<false>(ss, scratch);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
   for (size_t d = threadIdx.x; d < dim; d += kThreads) yr[d] = xr[d] * inv * scale[d];
@@ -220,7 +319,7 @@ __global__ void RmsNormKernel(const float* x, size_t dim, const float* __restric
 
 // One warp a vector (token t, head h): norm, then rotate pairs (i, i + half).
 __global__ void NormRopeKernel(float* x, size_t vectors, size_t heads, size_t dim, const float* __restrict__ scale,
-                               float eps, const float* __restrict__ rope, size_t half) {
+                               float eps, const float* __restrict__ rope, size_t half, FiniteCheck check) {
   const size_t vi = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (vi >= vectors) return;
@@ -238,6 +337,14 @@ __global__ void NormRopeKernel(float* x, size_t vectors, size_t heads, size_t di
     const float x1 = v[i], x2 = v[i + half], c = cs[2 * i], s = cs[2 * i + 1];
     v[i] = x1 * c - x2 * s;
     v[i + half] = x2 * c + x1 * s;
+  }
+  if (check.flag) {
+    __syncwarp();
+    int bad = 0;
+    for (size_t d = lane; d < dim; d += 32) bad |= !isfinite(v[d]);
+    if (__any_sync(0xFFFFFFFFu, bad) && lane == 0)
+      atomicMin(reinterpret_cast<unsigned long long*>(check.flag),
+                static_cast<unsigned long long>(uint64_t{check.stage} << 40 | (vi / heads)));
   }
 }
 
@@ -339,7 +446,8 @@ __global__ void AddKernel(const float* __restrict__ x, size_t n, float* y) {
     y[i] += x[i];
 }
 
-__global__ void FlagKernel(const float* __restrict__ x, size_t n, size_t width, uint64_t stage, unsigned long long* flag) {
+__global__ void FlagKernel(const float* __restrict__ x, size_t n, size_t width, uint64_t stage,
+                           unsigned long long* flag) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
     if (!isfinite(x[i])) atomicMin(flag, static_cast<unsigned long long>(stage << 40 | (i / width)));
@@ -394,8 +502,8 @@ class CudaDevice final : public Device {
     void* p = nullptr;
     if (const cudaError_t e = cudaMallocHost(&p, std::max<size_t>(bytes, 1)); e != cudaSuccess) {
       cudaGetLastError();
-      return Status(StatusCode::kOutOfMemory, Str("no pinned host memory for ", bytes >> 20, " MiB of handoff buffers: ",
-                                                  cudaGetErrorString(e)));
+      return Status(StatusCode::kOutOfMemory,
+                    Str("no pinned host memory for ", bytes >> 20, " MiB of handoff buffers: ", cudaGetErrorString(e)));
     }
     return p;
   }
@@ -489,37 +597,45 @@ class CudaDevice final : public Device {
   void MatMul(const DeviceMatrix& w, const float* x, size_t n, float* y, size_t ldy, bool accumulate) override {
     if (n == 0) return;
     switch (w.layout.format) {
-      case DeviceFormat::kF32: return MatMulAs<DeviceFormat::kF32>(w, x, n, y, ldy, accumulate);
-      case DeviceFormat::kBF16: return MatMulAs<DeviceFormat::kBF16>(w, x, n, y, ldy, accumulate);
-      case DeviceFormat::kF16: return MatMulAs<DeviceFormat::kF16>(w, x, n, y, ldy, accumulate);
-      case DeviceFormat::kFp8: return MatMulAs<DeviceFormat::kFp8>(w, x, n, y, ldy, accumulate);
-      case DeviceFormat::kQ8: return MatMulAs<DeviceFormat::kQ8>(w, x, n, y, ldy, accumulate);
-      case DeviceFormat::kQ4: return MatMulAs<DeviceFormat::kQ4>(w, x, n, y, ldy, accumulate);
+      case DeviceFormat::kF32:
+        return MatMulAs<DeviceFormat::kF32>(w, x, n, y, ldy, accumulate);
+      case DeviceFormat::kBF16:
+        return MatMulAs<DeviceFormat::kBF16>(w, x, n, y, ldy, accumulate);
+      case DeviceFormat::kF16:
+        return MatMulAs<DeviceFormat::kF16>(w, x, n, y, ldy, accumulate);
+      case DeviceFormat::kFp8:
+        return MatMulAs<DeviceFormat::kFp8>(w, x, n, y, ldy, accumulate);
+      case DeviceFormat::kQ8:
+        return MatMulAs<DeviceFormat::kQ8>(w, x, n, y, ldy, accumulate);
+      case DeviceFormat::kQ4:
+        return MatMulAs<DeviceFormat::kQ4>(w, x, n, y, ldy, accumulate);
     }
   }
 
-  void RmsNorm(const float* x, size_t n, size_t dim, const float* scale, float eps, float* y) override {
-    if (n) RmsNormKernel<<<static_cast<unsigned>(n), kThreads, 0, stream_>>>(x, dim, scale, eps, y);
+  void RmsNorm(const float* x, size_t n, size_t dim, const float* scale, float eps, float* y,
+               FiniteCheck check) override {
+    if (n) RmsNormKernel<<<static_cast<unsigned>(n), kThreads, 0, stream_>>>(x, dim, scale, eps, y, check);
   }
   void NormRope(float* x, size_t n, size_t heads, size_t dim, const float* scale, float eps, const float* rope,
-                size_t rotary_dim) override {
+                size_t rotary_dim, FiniteCheck check) override {
     const size_t vectors = n * heads;
     if (vectors)
       NormRopeKernel<<<static_cast<unsigned>((vectors + 7) / 8), 256, 0, stream_>>>(x, vectors, heads, dim, scale, eps,
-                                                                                    rope, rotary_dim / 2);
+                                                                                    rope, rotary_dim / 2, check);
   }
   void IndexScores(const float* iq, size_t n, int64_t pos0, const float* keys, size_t heads, size_t dim,
                    size_t block_size, size_t blocks, float* scores) override {
     if (n == 0 || blocks == 0) return;
     const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(blocks));
-    IndexScoresKernel<<<grid, kThreads, heads * dim * sizeof(float), stream_>>>(iq, pos0, keys, heads, dim,
-                                                                                  block_size, blocks, scores);
+    IndexScoresKernel<<<grid, kThreads, heads * dim * sizeof(float), stream_>>>(iq, pos0, keys, heads, dim, block_size,
+                                                                                blocks, scores);
   }
-  void Attention(const DeviceAttentionShape& s, const float* q, size_t n, int64_t pos0, const float* k,
-                 const float* v, const int32_t* blocks, const int32_t* counts, float* out) override {
+  void Attention(const DeviceAttentionShape& s, const float* q, size_t n, int64_t pos0, const float* k, const float* v,
+                 const int32_t* blocks, const int32_t* counts, float* out) override {
     if (n == 0) return;
     if (s.head_dim > kMaxHeadDim) {
-      if (error_.ok()) static_cast<void>(error_ = Unsupported("the GPU attention takes heads of at most ", kMaxHeadDim, " values"));
+      if (error_.ok())
+        static_cast<void>(error_ = Unsupported("the GPU attention takes heads of at most ", kMaxHeadDim, " values"));
       return;
     }
     const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>(s.heads));
@@ -534,24 +650,41 @@ class CudaDevice final : public Device {
   void FlagNonFinite(const float* x, size_t rows, size_t width, uint32_t stage, uint64_t* flag) override {
     const size_t n = rows * width;
     if (n)
-      FlagKernel<<<GridFor(n, 256), 256, 0, stream_>>>(x, n, width, stage,
-                                                       reinterpret_cast<unsigned long long*>(flag));
+      FlagKernel<<<GridFor(n, 256), 256, 0, stream_>>>(x, n, width, stage, reinterpret_cast<unsigned long long*>(flag));
   }
 
  private:
   template <DeviceFormat F>
   void MatMulAs(const DeviceMatrix& w, const float* x, size_t n, float* y, size_t ldy, bool accumulate) {
     const DeviceLayout& l = w.layout;
-    const MatrixArgs m{static_cast<const uint8_t*>(w.codes), w.scales, l.rows, l.cols, l.padded_cols, l.row_bytes,
-                       l.scale_cols()};
+    const MatrixArgs m{
+        static_cast<const uint8_t*>(w.codes), w.scales, l.rows, l.cols, l.padded_cols, l.row_bytes, l.scale_cols()};
+    if (n == 1) {  // 4 warps a block; rows a warp by the matrix's height, so that small ones fill the GPU too
+      if (l.rows >= 16384) {
+        GemvRowsKernel<F, 4><<<static_cast<unsigned>((l.rows + 15) / 16), 128, 0, stream_>>>(m, x, y, accumulate);
+      } else if (l.rows >= 4096) {
+        GemvRowsKernel<F, 2><<<static_cast<unsigned>((l.rows + 7) / 8), 128, 0, stream_>>>(m, x, y, accumulate);
+      } else {
+        GemvRowsKernel<F, 1><<<static_cast<unsigned>((l.rows + 3) / 4), 128, 0, stream_>>>(m, x, y, accumulate);
+      }
+      return;
+    }
     if (n <= static_cast<size_t>(kGemvMaxTokens)) {
       const unsigned blocks = static_cast<unsigned>((l.rows + 7) / 8);  // 8 warps, a row each
       switch (n) {
-        case 1: GemvKernel<F, 1><<<blocks, 256, 0, stream_>>>(m, x, n, y, ldy, accumulate); break;
-        case 2: GemvKernel<F, 2><<<blocks, 256, 0, stream_>>>(m, x, n, y, ldy, accumulate); break;
+        case 1:
+          GemvKernel<F, 1><<<blocks, 256, 0, stream_>>>(m, x, n, y, ldy, accumulate);
+          break;
+        case 2:
+          GemvKernel<F, 2><<<blocks, 256, 0, stream_>>>(m, x, n, y, ldy, accumulate);
+          break;
         case 3:
-        case 4: GemvKernel<F, 4><<<blocks, 256, 0, stream_>>>(m, x, n, y, ldy, accumulate); break;
-        default: GemvKernel<F, 8><<<blocks, 256, 0, stream_>>>(m, x, n, y, ldy, accumulate); break;
+        case 4:
+          GemvKernel<F, 4><<<blocks, 256, 0, stream_>>>(m, x, n, y, ldy, accumulate);
+          break;
+        default:
+          GemvKernel<F, 8><<<blocks, 256, 0, stream_>>>(m, x, n, y, ldy, accumulate);
+          break;
       }
       return;
     }
