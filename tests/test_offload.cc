@@ -181,23 +181,85 @@ void CompareOperations(Device& dev) {
           if (hm->scales) host.Free(hm->scales);
         }
   }
+  SECTION("several matrices of one input at once, as the projections of one layer") {
+    for (const WeightFormat f : {WeightFormat::kQ8, WeightFormat::kBF16, WeightFormat::kF32})
+      for (const size_t n : {1, 3}) {
+        AnyWeight any[3];
+        const size_t rows[3] = {300, 40, 9};
+        std::vector<DeviceMatrix> dm, hm;
+        for (int i = 0; i < 3; ++i) {
+          // The last in another format: one launch for the others is not possible then.
+          const WeightFormat fi = i == 2 && f == WeightFormat::kQ8 ? WeightFormat::kF32 : f;
+          const simd::WeightRef w = any[i].Make(fi, rows[i], 192, static_cast<uint32_t>(40 + i));
+          dm.push_back(*dev.Upload(w, "test"));
+          hm.push_back(*host.Upload(w, "test"));
+        }
+        const std::vector<float> x = test::RandomVec(n * 192, 41, 1.0f);
+        std::vector<float> want(n * 349, 0.5f);
+        float* dx = cmp.Put(x);
+        float* dy = cmp.Put(want);
+        const size_t at[3] = {0, 300, 340};
+        std::vector<Device::MatMulJob> djobs, hjobs;
+        for (int i = 0; i < 3; ++i) {
+          djobs.push_back({&dm[static_cast<size_t>(i)], dy + at[i], 349, i == 1});
+          hjobs.push_back({&hm[static_cast<size_t>(i)], want.data() + at[i], 349, i == 1});
+        }
+        dev.MatMulMany(djobs.data(), 3, dx, n);
+        host.MatMulMany(hjobs.data(), 3, x.data(), n);
+        INFO(simd::WeightFormatName(f) << " tokens " << n);
+        CHECK(RelDiff(cmp.Get(dy, want.size()).data(), want.data(), want.size()) < 1e-5);
+        for (size_t i = 0; i < 3; ++i) {
+          dev.Free(dm[i].codes);
+          if (dm[i].scales) dev.Free(dm[i].scales);
+          host.Free(hm[i].codes);
+          if (hm[i].scales) host.Free(hm[i].scales);
+        }
+      }
+  }
   SECTION("norms, RoPE, SwiGLU, add") {
     const size_t n = 5, heads = 3, dim = 96, rot = 64;
-    const std::vector<float> x = test::RandomVec(n * heads * dim, 11, 2.0f), scale = test::RandomVec(dim, 12, 1.0f);
+    std::vector<float> x = test::RandomVec(n * heads * dim, 11, 2.0f);
+    const std::vector<float> scale = test::RandomVec(dim, 12, 1.0f);
     const std::vector<float> rope = test::RandomVec(n * rot, 13, 1.0f);
     float* dx = cmp.Put(x);
     float* ds = cmp.Put(scale);
     float* dr = cmp.Put(rope);
     float* dy = cmp.Put(std::vector<float>(x.size()));
-    dev.RmsNorm(dx, n * heads, dim, ds, 1e-6f, dy, {});
+    dev.RmsNorm(dx, nullptr, n * heads, dim, ds, 1e-6f, dy, {});
     std::vector<float> want(x.size());
-    host.RmsNorm(x.data(), n * heads, dim, scale.data(), 1e-6f, want.data(), {});
+    host.RmsNorm(x.data(), nullptr, n * heads, dim, scale.data(), 1e-6f, want.data(), {});
     CHECK(RelDiff(cmp.Get(dy, want.size()).data(), want.data(), want.size()) < 1e-6);
+    {  // with a block's output added to the rows first: both the rows and the norm
+      const std::vector<float> delta = test::RandomVec(x.size(), 16, 1.0f);
+      std::vector<float> h = x, y(x.size());
+      float* dh = cmp.Put(h);
+      dev.RmsNorm(dh, cmp.Put(delta), n * heads, dim, ds, 1e-6f, dy, {});
+      host.RmsNorm(h.data(), delta.data(), n * heads, dim, scale.data(), 1e-6f, y.data(), {});
+      CHECK(RelDiff(cmp.Get(dh, h.size()).data(), h.data(), h.size()) < 1e-6);
+      CHECK(RelDiff(cmp.Get(dy, y.size()).data(), y.data(), y.size()) < 1e-6);
+    }
+    {  // several vectors' jobs in one call, as q, k and the indexer's q and k
+      std::vector<float> a = test::RandomVec(n * 4 * dim, 17, 1.0f), b2 = test::RandomVec(n * 1 * dim, 18, 1.0f),
+                         c2 = test::RandomVec(n * 2 * dim, 19, 1.0f);
+      float* da = cmp.Put(a);
+      float* db = cmp.Put(b2);
+      float* dc = cmp.Put(c2);
+      const Device::NormRopeJob djobs[] = {{da, 4, dim, ds, {}}, {db, 1, dim, nullptr, {}}, {dc, 2, dim, ds, {}}};
+      const Device::NormRopeJob hjobs[] = {
+          {a.data(), 4, dim, scale.data(), {}}, {b2.data(), 1, dim, nullptr, {}}, {c2.data(), 2, dim, scale.data(), {}}};
+      dev.NormRope(djobs, 3, n, 1e-6f, dr, rot);
+      host.NormRope(hjobs, 3, n, 1e-6f, rope.data(), rot);
+      CHECK(RelDiff(cmp.Get(da, a.size()).data(), a.data(), a.size()) < 1e-6);
+      CHECK(RelDiff(cmp.Get(db, b2.size()).data(), b2.data(), b2.size()) < 1e-6);
+      CHECK(RelDiff(cmp.Get(dc, c2.size()).data(), c2.data(), c2.size()) < 1e-6);
+    }
     for (const bool with_norm : {false, true}) {
       std::vector<float> h = x;
       float* dh = cmp.Put(h);
-      dev.NormRope(dh, n, heads, dim, with_norm ? ds : nullptr, 1e-6f, dr, rot, {});
-      host.NormRope(h.data(), n, heads, dim, with_norm ? scale.data() : nullptr, 1e-6f, rope.data(), rot, {});
+      const Device::NormRopeJob dj{dh, heads, dim, with_norm ? ds : nullptr, {}};
+      dev.NormRope(&dj, 1, n, 1e-6f, dr, rot);
+      const Device::NormRopeJob hj{h.data(), heads, dim, with_norm ? scale.data() : nullptr, {}};
+      host.NormRope(&hj, 1, n, 1e-6f, rope.data(), rot);
       CHECK(RelDiff(cmp.Get(dh, h.size()).data(), h.data(), h.size()) < 1e-6);
     }
     std::vector<float> g = test::RandomVec(x.size(), 14, 10.0f), u = test::RandomVec(x.size(), 15, 10.0f);
@@ -276,11 +338,12 @@ void CompareOperations(Device& dev) {
     const std::vector<float> ones(10, 1.0f), rope(4 * 4, 0.5f);
     float* scale = cmp.Put(ones);
     float* y = cmp.Put(std::vector<float>(x.size()));
-    dev.RmsNorm(dx, 4, 10, scale, 1e-6f, y, {flag, 2});
+    dev.RmsNorm(dx, nullptr, 4, 10, scale, 1e-6f, y, {flag, 2});
     CHECK(cmp.Get(flag, 1)[0] == (uint64_t{2} << 40 | 2));
-    dev.NormRope(dx, 2, 2, 10, scale, 1e-6f, cmp.Put(rope), 8, {flag, 1});  // tokens of 2 x 10: x[23] is token 1's
+    const Device::NormRopeJob job{dx, 2, 10, scale, {flag, 1}};  // tokens of 2 x 10: x[23] is token 1's
+    dev.NormRope(&job, 1, 2, 1e-6f, cmp.Put(rope), 8);
     CHECK(cmp.Get(flag, 1)[0] == (uint64_t{1} << 40 | 1));
-    dev.RmsNorm(dx, 2, 10, scale, 1e-6f, y, {flag, 0});  // rows 0 and 1 are finite
+    dev.RmsNorm(dx, nullptr, 2, 10, scale, 1e-6f, y, {flag, 0});  // rows 0 and 1 are finite
     CHECK(cmp.Get(flag, 1)[0] == (uint64_t{1} << 40 | 1));
   }
 }

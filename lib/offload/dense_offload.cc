@@ -57,12 +57,12 @@ struct DenseOffload::Buffers {
   float *h = nullptr, *x = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *iq = nullptr, *ik = nullptr;
   float *core = nullptr, *g = nullptr, *u = nullptr, *routed = nullptr, *router = nullptr, *rope = nullptr;
   float *logits = nullptr, *scores = nullptr;
-  int32_t *blocks = nullptr, *counts = nullptr;
+  int32_t* blocks = nullptr;  // per segment: its blocks [n][Hi][topk], then its counts [n][Hi]
   uint64_t* flag = nullptr;
   // Host side.
   float *host_h = nullptr, *host_x = nullptr, *host_router = nullptr, *host_routed = nullptr, *host_scores = nullptr;
   float* host_rope = nullptr;
-  int32_t *host_blocks = nullptr, *host_counts = nullptr;
+  int32_t* host_blocks = nullptr;
   uint64_t* host_flag = nullptr;
   std::vector<void*> device_owned, host_owned;
 
@@ -153,6 +153,17 @@ StatusOr<std::unique_ptr<DenseOffload>> DenseOffload::Open(const Model& model, s
   return o;
 }
 
+// A dense MLP, or a MoE layer's shared expert, of b.x into b.h (added).
+void DenseOffload::RunMlp(const Layer& L, size_t n) {
+  const ModelConfig& c = model_->config();
+  Buffers& b = *buf_;
+  const size_t inter = L.gate.layout.rows;
+  const Device::MatMulJob gate_up[] = {{&L.gate, b.g, inter, false}, {&L.up, b.u, inter, false}};
+  device_->MatMulMany(gate_up, 2, b.x, n);
+  device_->Swiglu(b.g, b.u, n * inter, DeviceSwiglu{c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta});
+  device_->MatMul(L.down, b.g, n, b.h, c.hidden_size, /*accumulate=*/true);
+}
+
 Status DenseOffload::EnsureBuffers(size_t rows, size_t logit_rows, size_t score_floats) {
   Buffers& b = *buf_;
   if (rows <= b.rows && logit_rows <= b.logit_rows && score_floats <= b.score_floats) return Status::Ok();
@@ -195,8 +206,7 @@ Status DenseOffload::EnsureBuffers(size_t rows, size_t logit_rows, size_t score_
   M3_RETURN_IF_ERROR(dev(&b.rope, rows * half * 2, "rope"));
   M3_RETURN_IF_ERROR(dev(&b.logits, logit_rows * V, "logits"));
   M3_RETURN_IF_ERROR(dev(&b.scores, score_floats, "block scores"));
-  M3_RETURN_IF_ERROR(dev(&b.blocks, rows * Hi * topk, "selected blocks"));
-  M3_RETURN_IF_ERROR(dev(&b.counts, rows * Hi, "selected blocks"));
+  M3_RETURN_IF_ERROR(dev(&b.blocks, rows * Hi * (topk + 1), "selected blocks"));
   M3_RETURN_IF_ERROR(dev(&b.flag, 1, "flag"));
   M3_RETURN_IF_ERROR(host(&b.host_h, rows * H));
   M3_RETURN_IF_ERROR(host(&b.host_x, rows * H));
@@ -204,8 +214,7 @@ Status DenseOffload::EnsureBuffers(size_t rows, size_t logit_rows, size_t score_
   M3_RETURN_IF_ERROR(host(&b.host_routed, rows * H));
   M3_RETURN_IF_ERROR(host(&b.host_scores, score_floats));
   M3_RETURN_IF_ERROR(host(&b.host_rope, rows * half * 2));
-  M3_RETURN_IF_ERROR(host(&b.host_blocks, rows * Hi * topk));
-  M3_RETURN_IF_ERROR(host(&b.host_counts, rows * Hi));
+  M3_RETURN_IF_ERROR(host(&b.host_blocks, rows * Hi * (topk + 1)));
   M3_RETURN_IF_ERROR(host(&b.host_flag, 1));
   b.rows = rows;
   b.logit_rows = logit_rows;
@@ -325,13 +334,13 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
                              c.routed_scaling_factor,
                              c.use_routing_bias,
                              {c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta}};
-  const DeviceSwiglu act{c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta};
   std::vector<int32_t> routed_ids(n * K);
   std::vector<float> routed_weights(n * K);
   std::vector<int32_t> order;
-  // The layer whose selections in host_blocks/host_counts were queued to the device and not
+  // The layer whose selections in host_blocks were queued to the device and not
   // waited for since (-1: none); each segment of a layer has its own rows there.
   int blocks_in_flight = -1;
+  bool pending_routed = false;  // b.routed holds a MoE layer's routed experts not yet in h
   // One sequence (most passes): its keys, values and index keys go straight into its cache rows
   // (the projections write there, RoPE rotates them there); several: through the pass's buffers.
   const bool direct = segments.size() == 1;
@@ -340,26 +349,27 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
     const Layer& L = layers_[static_cast<size_t>(l)];
     // The norm's input is the residual stream as the previous block left it: its check is that
     // block's (the embedding's for layer 0).
+    // The previous MoE layer's routed experts join the residual stream here (pending_routed).
     const FiniteCheck previous{b.flag, l == 0 ? EmbeddingStage() : LayerStage(l - 1, kFeedForward)};
-    dev.RmsNorm(b.h, n, H, L.input_norm, c.rms_norm_eps, b.x, previous);
+    dev.RmsNorm(b.h, pending_routed ? b.routed : nullptr, n, H, L.input_norm, c.rms_norm_eps, b.x, previous);
+    pending_routed = false;
     const size_t first = segments[0].cache->length();
     float* keys = direct ? caches[0]->k[l] + first * kv_width : b.k;
     float* values = direct ? caches[0]->v[l] + first * kv_width : b.v;
     float* index_keys = direct && L.sparse ? caches[0]->ik[l] + first * Di : b.ik;
-    dev.MatMul(L.q, b.x, n, b.q, Hq * D, false);
-    dev.MatMul(L.k, b.x, n, keys, kv_width, false);
-    dev.MatMul(L.v, b.x, n, values, kv_width, false);
-    dev.NormRope(b.q, n, Hq, D, L.q_norm, c.rms_norm_eps, b.rope, c.rotary_dim, {});
-    dev.NormRope(keys, n, Hkv, D, L.k_norm, c.rms_norm_eps, b.rope, c.rotary_dim, {});
-    if (L.sparse) {
-      dev.MatMul(L.index_q, b.x, n, b.iq, Hi * Di, false);
-      dev.MatMul(L.index_k, b.x, n, index_keys, Di, false);
-      // The indexer only chooses blocks: a NaN there would change the choice, not the values.
-      dev.NormRope(b.iq, n, Hi, Di, L.index_q_norm, c.rms_norm_eps, b.rope, c.rotary_dim,
-                   {b.flag, LayerStage(l, kIndexQueries)});
-      dev.NormRope(index_keys, n, 1, Di, L.index_k_norm, c.rms_norm_eps, b.rope, c.rotary_dim,
-                   {b.flag, LayerStage(l, kIndexKeys)});
-    }
+    // The projections of x, and the per-head norms and RoPE of q and k (and the indexer's: a NaN
+    // there would change the choice of blocks, not the values, so it is checked apart).
+    const Device::MatMulJob projections[] = {{&L.q, b.q, Hq * D, false},
+                                             {&L.k, keys, kv_width, false},
+                                             {&L.v, values, kv_width, false},
+                                             {&L.index_q, b.iq, Hi * Di, false},
+                                             {&L.index_k, index_keys, Di, false}};
+    dev.MatMulMany(projections, L.sparse ? 5 : 3, b.x, n);
+    const Device::NormRopeJob rotations[] = {{b.q, Hq, D, L.q_norm, {}},
+                                             {keys, Hkv, D, L.k_norm, {}},
+                                             {b.iq, Hi, Di, L.index_q_norm, {b.flag, LayerStage(l, kIndexQueries)}},
+                                             {index_keys, 1, Di, L.index_k_norm, {b.flag, LayerStage(l, kIndexKeys)}}};
+    dev.NormRope(rotations, L.sparse ? 4 : 2, n, c.rms_norm_eps, b.rope, c.rotary_dim);
     size_t row = 0;
     for (size_t i = 0; i < segments.size(); ++i) {
       const Model::Segment& s = segments[i];
@@ -402,12 +412,13 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
         // (no wait since: a layer with a dense MLP and no scores to read).
         if (blocks_in_flight >= 0 && blocks_in_flight != l) M3_RETURN_IF_ERROR(dev.Wait());
         blocks_in_flight = l;
-        std::copy(selection.blocks.begin(), selection.blocks.end(), b.host_blocks + row * Hi * topk);
-        std::copy(selection.counts.begin(), selection.counts.end(), b.host_counts + row * Hi);
-        dev.ToDevice(b.blocks + row * Hi * topk, b.host_blocks + row * Hi * topk, s.n * Hi * topk * sizeof(int32_t));
-        dev.ToDevice(b.counts + row * Hi, b.host_counts + row * Hi, s.n * Hi * sizeof(int32_t));
-        blocks = b.blocks + row * Hi * topk;
-        counts = b.counts + row * Hi;
+        // The segment's blocks, then its counts, in one run of the staging: one copy.
+        const size_t at = row * Hi * (topk + 1), counts_at = at + s.n * Hi * topk;
+        std::copy(selection.blocks.begin(), selection.blocks.end(), b.host_blocks + at);
+        std::copy(selection.counts.begin(), selection.counts.end(), b.host_blocks + counts_at);
+        dev.ToDevice(b.blocks + at, b.host_blocks + at, s.n * Hi * (topk + 1) * sizeof(int32_t));
+        blocks = b.blocks + at;
+        counts = b.blocks + counts_at;
         shape.index_heads = static_cast<int>(Hi);
         shape.block_size = static_cast<int>(B);
         shape.topk = static_cast<int>(topk);
@@ -419,7 +430,7 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
       row += s.n;
     }
     dev.MatMul(L.o, b.core, n, b.h, H, /*accumulate=*/true);
-    dev.RmsNorm(b.h, n, H, L.post_norm, c.rms_norm_eps, b.x, {b.flag, LayerStage(l, kAttention)});
+    dev.RmsNorm(b.h, nullptr, n, H, L.post_norm, c.rms_norm_eps, b.x, {b.flag, LayerStage(l, kAttention)});
     if (L.moe) {
       // Handoff: the normed rows and the router's logits to the host; the shared expert goes on
       // the device while the CPU runs the routed experts; their sum comes back.
@@ -431,10 +442,7 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
       blocks_in_flight = -1;
       const int shared_start = dev.Mark();
       if (L.mlp) {
-        dev.MatMul(L.gate, b.x, n, b.g, L.gate.layout.rows, false);
-        dev.MatMul(L.up, b.x, n, b.u, L.up.layout.rows, false);
-        dev.Swiglu(b.g, b.u, n * L.gate.layout.rows, act);
-        dev.MatMul(L.down, b.g, n, b.h, H, /*accumulate=*/true);
+        RunMlp(L, n);
       }
       shared.emplace_back(shared_start, dev.Mark());
       const double t_experts = Now();
@@ -446,13 +454,11 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
       experts_seconds += Now() - t_experts;
       dev.ToDevice(b.routed, b.host_routed, n * H * sizeof(float));
       segment_start = dev.Mark();  // once the experts' sum is on the device
-      dev.Add(b.routed, n * H, b.h);
+      pending_routed = true;  // added by the next norm
     } else {
-      dev.MatMul(L.gate, b.x, n, b.g, L.gate.layout.rows, false);
-      dev.MatMul(L.up, b.x, n, b.u, L.up.layout.rows, false);
-      dev.Swiglu(b.g, b.u, n * L.gate.layout.rows, act);
-      dev.MatMul(L.down, b.g, n, b.h, H, /*accumulate=*/true);
+      RunMlp(L, n);
     }
+    if (pending_routed && l == c.num_layers - 1) dev.Add(b.routed, n * H, b.h);
     if (l == c.num_layers - 1) dev.FlagNonFinite(b.h, n, H, LayerStage(l, kFeedForward), b.flag);  // no norm follows for every row
     if (observer) observer->OnLayerEnd(l, n);
   }
@@ -461,7 +467,7 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
   // The logits buffer holds kLogitChunk rows: a prompt's every row (perplexity) in parts.
   const size_t out_rows = logit_rows.size();
   for (size_t i = 0; i < out_rows; ++i) dev.Copy(b.x + i * H, b.h + logit_rows[i] * H, H * sizeof(float));
-  dev.RmsNorm(b.x, out_rows, H, final_norm_, c.rms_norm_eps, b.x, {});
+  dev.RmsNorm(b.x, nullptr, out_rows, H, final_norm_, c.rms_norm_eps, b.x, {});
   for (size_t r0 = 0; r0 < out_rows; r0 += b.logit_rows) {
     const size_t rn = std::min(b.logit_rows, out_rows - r0);
     dev.MatMul(lm_head_, b.x + r0 * H, rn, b.logits, V, false);

@@ -62,6 +62,7 @@ class DenseOffload {
   Status Upload(const std::string& what, const simd::WeightRef& w, DeviceMatrix* m);
   Status UploadVector(const std::string& what, const std::vector<float>& v, float** out);
   Status EnsureBuffers(size_t rows, size_t logit_rows, size_t score_floats);
+  void RunMlp(const Layer& L, size_t n);
 
   const Model* model_ = nullptr;
   std::unique_ptr<Device> device_;

@@ -78,15 +78,34 @@ class Device {
   // ---- Operations (fp32 activations; weights decoded exactly, fp32 accumulation). ----
   // y[t * ldy + r] (accumulate ? += : =) sum_c W[r, c] * x[t * W.cols + c] for t < n.
   virtual void MatMul(const DeviceMatrix& w, const float* x, size_t n, float* y, size_t ldy, bool accumulate) = 0;
+  // Several products of one x (each w has x's cols): MatMul on each, in one launch where the
+  // device can (the attention's q/k/v and indexer projections; an MLP's gate and up).
+  struct MatMulJob {
+    const DeviceMatrix* w;
+    float* y;
+    size_t ldy;
+    bool accumulate;
+  };
+  virtual void MatMulMany(const MatMulJob* jobs, size_t count, const float* x, size_t n) {
+    for (size_t i = 0; i < count; ++i) MatMul(*jobs[i].w, x, n, jobs[i].y, jobs[i].ldy, jobs[i].accumulate);
+  }
   // y row = x row / sqrt(mean(x row^2) + eps) * scale, n rows of dim (contiguous); y may be x.
-  virtual void RmsNorm(const float* x, size_t n, size_t dim, const float* scale, float eps, float* y,
+  // With `add`, x += add first (the residual stream taking a block's output) and the check and
+  // the norm see the sum.
+  virtual void RmsNorm(float* x, const float* add, size_t n, size_t dim, const float* scale, float eps, float* y,
                        FiniteCheck check) = 0;
   // For each of n * heads vectors of dim (contiguous; token t's heads together): an RMSNorm with
   // `scale` (none when null), then NeoX RoPE on the first rotary_dim values with token t's
-  // cos/sin pairs rope[t][i] = {cos, sin} (i < rotary_dim / 2).
-  // The check's row is the token.
-  virtual void NormRope(float* x, size_t n, size_t heads, size_t dim, const float* scale, float eps, const float* rope,
-                        size_t rotary_dim, FiniteCheck check) = 0;
+  // cos/sin pairs rope[t][i] = {cos, sin} (i < rotary_dim / 2). The check's row is the token.
+  struct NormRopeJob {
+    float* x;
+    size_t heads, dim;
+    const float* scale;
+    FiniteCheck check;
+  };
+  // Several at once (q, k, and the indexer's q and k), in one launch where the device can.
+  virtual void NormRope(const NormRopeJob* jobs, size_t count, size_t n, float eps, const float* rope,
+                        size_t rotary_dim) = 0;
   // Lightning-indexer block scores of n queries at positions pos0.. (iq [n][heads][dim]; keys
   // [rows][dim]): scores[t][h][b] = max over visible keys u of block b (u <= pos0 + t) of
   // iq[t][h] . key[u] (fma over d in order; a NaN dot never wins), -inf for a block not yet

@@ -69,27 +69,31 @@ class HostDevice final : public Device {
     });
   }
 
-  void RmsNorm(const float* x, size_t n, size_t dim, const float* scale, float eps, float* y,
+  void RmsNorm(float* x, const float* add, size_t n, size_t dim, const float* scale, float eps, float* y,
                FiniteCheck check) override {
+    if (add) Add(add, n * dim, x);
     if (check.flag) FlagNonFinite(x, n, dim, check.stage, check.flag);  // before y, which may be x
     for (size_t t = 0; t < n; ++t) NormRow(x + t * dim, dim, scale, eps, y + t * dim);
   }
 
-  void NormRope(float* x, size_t n, size_t heads, size_t dim, const float* scale, float eps, const float* rope,
-                size_t rotary_dim, FiniteCheck check) override {
+  void NormRope(const NormRopeJob* jobs, size_t count, size_t n, float eps, const float* rope,
+                size_t rotary_dim) override {
     const size_t half = rotary_dim / 2;
-    for (size_t t = 0; t < n; ++t)
-      for (size_t h = 0; h < heads; ++h) {
-        float* v = x + (t * heads + h) * dim;
-        if (scale) NormRow(v, dim, scale, eps, v);
-        const float* cs = rope + t * half * 2;
-        for (size_t i = 0; i < half; ++i) {
-          const float x1 = v[i], x2 = v[i + half], c = cs[2 * i], s = cs[2 * i + 1];
-          v[i] = x1 * c - x2 * s;
-          v[i + half] = x2 * c + x1 * s;
+    for (size_t j = 0; j < count; ++j) {
+      const NormRopeJob& job = jobs[j];
+      for (size_t t = 0; t < n; ++t)
+        for (size_t h = 0; h < job.heads; ++h) {
+          float* v = job.x + (t * job.heads + h) * job.dim;
+          if (job.scale) NormRow(v, job.dim, job.scale, eps, v);
+          const float* cs = rope + t * half * 2;
+          for (size_t i = 0; i < half; ++i) {
+            const float x1 = v[i], x2 = v[i + half], c = cs[2 * i], s = cs[2 * i + 1];
+            v[i] = x1 * c - x2 * s;
+            v[i + half] = x2 * c + x1 * s;
+          }
         }
-      }
-    if (check.flag) FlagNonFinite(x, n, heads * dim, check.stage, check.flag);
+      if (job.check.flag) FlagNonFinite(job.x, n, job.heads * job.dim, job.check.stage, job.check.flag);
+    }
   }
 
   void IndexScores(const float* iq, size_t n, int64_t pos0, const float* keys, size_t heads, size_t dim,

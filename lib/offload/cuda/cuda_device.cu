@@ -130,12 +130,11 @@ __device__ __forceinline__ float ChunkDot(uint4 raw, const float* xv) {
   return s;
 }
 
+// Rows r0..r0+R-1 of m (those below m.rows) for one token, by one warp.
 template <DeviceFormat F, int R>
-__global__ void GemvRowsKernel(MatrixArgs m, const float* __restrict__ x, float* y, bool accumulate) {
+__device__ __forceinline__ void GemvRows(const MatrixArgs& m, size_t r0, int lane, const float* __restrict__ x,
+                                         float* y, bool accumulate) {
   constexpr int E = ChunkInputs<F>();
-  const size_t r0 = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32 * R;
-  const int lane = threadIdx.x % 32;
-  if (r0 >= m.rows) return;
   const size_t chunks = m.padded / E;
   const bool vec = m.cols % 4 == 0;
   float sum[R];
@@ -179,6 +178,30 @@ __global__ void GemvRowsKernel(MatrixArgs m, const float* __restrict__ x, float*
     for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
     if (lane == 0 && r0 + i < m.rows) y[r0 + i] = accumulate ? y[r0 + i] + s : s;
   }
+}
+
+template <DeviceFormat F, int R>
+__global__ void GemvRowsKernel(MatrixArgs m, const float* __restrict__ x, float* y, bool accumulate) {
+  const size_t r0 = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32 * R;
+  if (r0 < m.rows) GemvRows<F, R>(m, r0, threadIdx.x % 32, x, y, accumulate);
+}
+
+// Several matrices of one format and one input, one token: warp w takes row w of their rows in turn.
+constexpr int kMaxJobs = 6;
+struct ManyArgs {
+  MatrixArgs m[kMaxJobs];
+  float* y[kMaxJobs];
+  size_t first[kMaxJobs + 1];  // the first warp of each matrix; first[count] = all rows
+  bool accumulate[kMaxJobs];
+  int count;
+};
+template <DeviceFormat F>
+__global__ void GemvManyKernel(ManyArgs a, const float* __restrict__ x) {
+  const size_t w = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (w >= a.first[a.count]) return;
+  int j = 0;
+  while (w >= a.first[j + 1]) ++j;
+  GemvRows<F, 1>(a.m[j], w - a.first[j], threadIdx.x % 32, x, a.y[j], a.accumulate[j]);
 }
 
 // Decode of 2-8 tokens: one warp a row, each lane 8 inputs at a time, U chunks in flight.
@@ -298,16 +321,19 @@ __device__ float BlockReduce(float v, float* scratch) {
   return r;
 }
 
-__global__ void RmsNormKernel(const float* x, size_t dim, const float* __restrict__ scale, float eps, float* y,
-                              FiniteCheck check) {
+__global__ void RmsNormKernel(float* x, const float* __restrict__ add, size_t dim, const float* __restrict__ scale,
+                              float eps, float* y, FiniteCheck check) {
   __shared__ float scratch[kThreads / 32];
-  const float* xr = x + blockIdx.x * dim;
+  float* xr = x + blockIdx.x * dim;
   float* yr = y + blockIdx.x * dim;
+  const float* ar = add ? add + blockIdx.x * dim : nullptr;
   float ss = 0.0f;
   int bad = 0;
   for (size_t d = threadIdx.x; d < dim; d += kThreads) {
-    ss = fmaf(xr[d], xr[d], ss);
-    bad |= !isfinite(xr[d]);
+    float v = xr[d];
+    if (ar) xr[d] = v = v + ar[d];
+    ss = fmaf(v, v, ss);
+    bad |= !isfinite(v);
   }
   if (check.flag && __syncthreads_or(bad) && threadIdx.x == 0)
     atomicMin(reinterpret_cast<unsigned long long*>(check.flag),
@@ -317,34 +343,44 @@ __global__ void RmsNormKernel(const float* x, size_t dim, const float* __restric
   for (size_t d = threadIdx.x; d < dim; d += kThreads) yr[d] = xr[d] * inv * scale[d];
 }
 
-// One warp a vector (token t, head h): norm, then rotate pairs (i, i + half).
-__global__ void NormRopeKernel(float* x, size_t vectors, size_t heads, size_t dim, const float* __restrict__ scale,
-                               float eps, const float* __restrict__ rope, size_t half, FiniteCheck check) {
-  const size_t vi = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+// Up to four NormRope jobs; one warp a vector (token t, head h of a job): norm, then rotate pairs
+// (i, i + half), then the check.
+constexpr int kMaxNormRopeJobs = 4;
+struct NormRopeArgs {
+  Device::NormRopeJob job[kMaxNormRopeJobs];
+  size_t first[kMaxNormRopeJobs + 1];  // the first vector of each job
+  int count;
+};
+__global__ void NormRopeKernel(NormRopeArgs a, float eps, const float* __restrict__ rope, size_t half) {
+  const size_t w = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (vi >= vectors) return;
-  float* v = x + vi * dim;
-  if (scale) {
+  if (w >= a.first[a.count]) return;
+  int j = 0;
+  while (w >= a.first[j + 1]) ++j;
+  const Device::NormRopeJob& job = a.job[j];
+  const size_t vi = w - a.first[j], dim = job.dim;
+  float* v = job.x + vi * dim;
+  if (job.scale) {
     float ss = 0.0f;
     for (size_t d = lane; d < dim; d += 32) ss = fmaf(v[d], v[d], ss);
     ss = WarpSum(ss);
     const float inv = 1.0f / sqrtf(ss / static_cast<float>(dim) + eps);
-    for (size_t d = lane; d < dim; d += 32) v[d] = v[d] * inv * scale[d];
+    for (size_t d = lane; d < dim; d += 32) v[d] = v[d] * inv * job.scale[d];
     __syncwarp();
   }
-  const float* cs = rope + (vi / heads) * half * 2;
+  const float* cs = rope + (vi / job.heads) * half * 2;
   for (size_t i = lane; i < half; i += 32) {
     const float x1 = v[i], x2 = v[i + half], c = cs[2 * i], s = cs[2 * i + 1];
     v[i] = x1 * c - x2 * s;
     v[i + half] = x2 * c + x1 * s;
   }
-  if (check.flag) {
+  if (job.check.flag) {
     __syncwarp();
     int bad = 0;
     for (size_t d = lane; d < dim; d += 32) bad |= !isfinite(v[d]);
     if (__any_sync(0xFFFFFFFFu, bad) && lane == 0)
-      atomicMin(reinterpret_cast<unsigned long long*>(check.flag),
-                static_cast<unsigned long long>(uint64_t{check.stage} << 40 | (vi / heads)));
+      atomicMin(reinterpret_cast<unsigned long long*>(job.check.flag),
+                static_cast<unsigned long long>(uint64_t{job.check.stage} << 40 | (vi / job.heads)));
   }
 }
 
@@ -594,6 +630,20 @@ class CudaDevice final : public Device {
   }
   void ResetMarks() override { next_event_ = 0; }
 
+  void MatMulMany(const MatMulJob* jobs, size_t count, const float* x, size_t n) override {
+    bool one_launch = n == 1 && count <= static_cast<size_t>(kMaxJobs);
+    for (size_t j = 0; j < count && one_launch; ++j) one_launch = jobs[j].w->layout.format == jobs[0].w->layout.format;
+    if (!one_launch) return Device::MatMulMany(jobs, count, x, n);
+    switch (jobs[0].w->layout.format) {
+      case DeviceFormat::kF32: return ManyAs<DeviceFormat::kF32>(jobs, count, x);
+      case DeviceFormat::kBF16: return ManyAs<DeviceFormat::kBF16>(jobs, count, x);
+      case DeviceFormat::kF16: return ManyAs<DeviceFormat::kF16>(jobs, count, x);
+      case DeviceFormat::kFp8: return ManyAs<DeviceFormat::kFp8>(jobs, count, x);
+      case DeviceFormat::kQ8: return ManyAs<DeviceFormat::kQ8>(jobs, count, x);
+      case DeviceFormat::kQ4: return ManyAs<DeviceFormat::kQ4>(jobs, count, x);
+    }
+  }
+
   void MatMul(const DeviceMatrix& w, const float* x, size_t n, float* y, size_t ldy, bool accumulate) override {
     if (n == 0) return;
     switch (w.layout.format) {
@@ -612,16 +662,23 @@ class CudaDevice final : public Device {
     }
   }
 
-  void RmsNorm(const float* x, size_t n, size_t dim, const float* scale, float eps, float* y,
+  void RmsNorm(float* x, const float* add, size_t n, size_t dim, const float* scale, float eps, float* y,
                FiniteCheck check) override {
-    if (n) RmsNormKernel<<<static_cast<unsigned>(n), kThreads, 0, stream_>>>(x, dim, scale, eps, y, check);
+    if (n) RmsNormKernel<<<static_cast<unsigned>(n), kThreads, 0, stream_>>>(x, add, dim, scale, eps, y, check);
   }
-  void NormRope(float* x, size_t n, size_t heads, size_t dim, const float* scale, float eps, const float* rope,
-                size_t rotary_dim, FiniteCheck check) override {
-    const size_t vectors = n * heads;
-    if (vectors)
-      NormRopeKernel<<<static_cast<unsigned>((vectors + 7) / 8), 256, 0, stream_>>>(x, vectors, heads, dim, scale, eps,
-                                                                                    rope, rotary_dim / 2, check);
+  void NormRope(const NormRopeJob* jobs, size_t count, size_t n, float eps, const float* rope,
+                size_t rotary_dim) override {
+    for (size_t j0 = 0; j0 < count; j0 += kMaxNormRopeJobs) {
+      NormRopeArgs a{};
+      a.count = static_cast<int>(std::min<size_t>(kMaxNormRopeJobs, count - j0));
+      for (int j = 0; j < a.count; ++j) {
+        a.job[j] = jobs[j0 + static_cast<size_t>(j)];
+        a.first[j + 1] = a.first[j] + n * a.job[j].heads;
+      }
+      const size_t vectors = a.first[a.count];
+      if (vectors)
+        NormRopeKernel<<<static_cast<unsigned>((vectors + 7) / 8), 256, 0, stream_>>>(a, eps, rope, rotary_dim / 2);
+    }
   }
   void IndexScores(const float* iq, size_t n, int64_t pos0, const float* keys, size_t heads, size_t dim,
                    size_t block_size, size_t blocks, float* scores) override {
@@ -654,6 +711,26 @@ class CudaDevice final : public Device {
   }
 
  private:
+  static MatrixArgs Args(const DeviceMatrix& w) {
+    const DeviceLayout& l = w.layout;
+    return MatrixArgs{static_cast<const uint8_t*>(w.codes), w.scales, l.rows, l.cols, l.padded_cols, l.row_bytes,
+                      l.scale_cols()};
+  }
+
+  template <DeviceFormat F>
+  void ManyAs(const MatMulJob* jobs, size_t count, const float* x) {
+    ManyArgs a{};
+    a.count = static_cast<int>(count);
+    for (size_t j = 0; j < count; ++j) {
+      a.m[j] = Args(*jobs[j].w);
+      a.y[j] = jobs[j].y;
+      a.accumulate[j] = jobs[j].accumulate;
+      a.first[j + 1] = a.first[j] + jobs[j].w->layout.rows;
+    }
+    const size_t warps = a.first[count];
+    if (warps) GemvManyKernel<F><<<static_cast<unsigned>((warps + 3) / 4), 128, 0, stream_>>>(a, x);
+  }
+
   template <DeviceFormat F>
   void MatMulAs(const DeviceMatrix& w, const float* x, size_t n, float* y, size_t ldy, bool accumulate) {
     const DeviceLayout& l = w.layout;
