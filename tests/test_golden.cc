@@ -512,15 +512,7 @@ TEST_CASE("bf16 and int8 caches keep the golden argmax and greedy ids", "[golden
   }
 }
 
-// Largest |a - b| relative to 1 + max |b|.
-double RelDiff(const float* a, const float* b, size_t n) {
-  double err = 0, mag = 0;
-  for (size_t i = 0; i < n; ++i) {
-    err = std::max(err, std::fabs(double(a[i]) - b[i]));
-    mag = std::max(mag, std::fabs(double(b[i])));
-  }
-  return err / (1 + mag);
-}
+using test::RelDiff;
 
 // Other prompts to batch the golden one with: its first half, and its ids reversed.
 std::vector<std::vector<int32_t>> CompanionPrompts(const std::vector<int32_t>& prompt) {

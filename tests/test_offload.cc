@@ -108,15 +108,7 @@ TEST_CASE("the device layout holds every weight format exactly, padding decoding
     }
 }
 
-// Largest |a - b| / (1 + max |b|) over n values.
-double RelDiff(const float* a, const float* b, size_t n) {
-  double err = 0, mag = 0;
-  for (size_t i = 0; i < n; ++i) {
-    err = std::max(err, std::fabs(double(a[i]) - b[i]));
-    mag = std::max(mag, std::fabs(double(b[i])));
-  }
-  return err / (1 + mag);
-}
+using test::RelDiff;
 
 // One operation run on `dev` and on the host reference from the same inputs.
 class OpCompare {

@@ -1,6 +1,8 @@
 // Shared helpers for the tests.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +40,16 @@ inline void WriteBytes(const std::filesystem::path& p, const std::string& bytes)
   REQUIRE(out);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   REQUIRE(out);
+}
+
+// Largest |a - b| relative to 1 + max |b| over n values.
+inline double RelDiff(const float* a, const float* b, size_t n) {
+  double err = 0, mag = 0;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, std::fabs(double(a[i]) - b[i]));
+    mag = std::max(mag, std::fabs(double(b[i])));
+  }
+  return err / (1 + mag);
 }
 
 // Test data: the repository's copy (tests/data: golden cases, the oracle, the tokenizer files),

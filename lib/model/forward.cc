@@ -205,15 +205,9 @@ Status Model::Forward(const OpContext& tc, const int32_t* ids, size_t n, KvCache
   return ForwardBatch(tc, {&one, 1}, mode, logits, observer);
 }
 
-Status Model::ForwardBatch(const OpContext& ctx, std::span<const Segment> segments, LogitsMode mode, float* logits,
-                           ForwardObserver* observer) const {
-  const ModelConfig& c = config_;
-  const size_t H = c.hidden_size;
+StatusOr<Model::PassRows> Model::LayOutPass(std::span<const Segment> segments) {
   if (segments.empty()) return InvalidArgument("a forward pass needs at least one sequence");
-  // Every row's position and token, in segment order.
-  std::vector<int64_t> positions;
-  std::vector<int32_t> ids;
-  std::vector<size_t> logit_rows;  // kLastRow: each segment's last logit_rows rows
+  PassRows p;
   for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     if (s.n == 0) return InvalidArgument("sequence ", i, " of a forward pass has no tokens");
@@ -223,11 +217,22 @@ Status Model::ForwardBatch(const OpContext& ctx, std::span<const Segment> segmen
     for (size_t j = 0; j < i; ++j)
       if (segments[j].cache == s.cache) return InvalidArgument("sequences ", j, " and ", i, " share one KV cache");
     const int64_t pos0 = static_cast<int64_t>(s.cache->length());
-    for (size_t t = 0; t < s.n; ++t) positions.push_back(pos0 + static_cast<int64_t>(t));
-    ids.insert(ids.end(), s.ids, s.ids + s.n);
-    for (size_t r = ids.size() - s.logit_rows; r < ids.size(); ++r) logit_rows.push_back(r);
-    s.cache->Reserve(static_cast<size_t>(pos0) + s.n);
+    for (size_t t = 0; t < s.n; ++t) p.positions.push_back(pos0 + static_cast<int64_t>(t));
+    p.ids.insert(p.ids.end(), s.ids, s.ids + s.n);
+    for (size_t r = p.ids.size() - s.logit_rows; r < p.ids.size(); ++r) p.logit_rows.push_back(r);
   }
+  return p;
+}
+
+Status Model::ForwardBatch(const OpContext& ctx, std::span<const Segment> segments, LogitsMode mode, float* logits,
+                           ForwardObserver* observer) const {
+  const ModelConfig& c = config_;
+  const size_t H = c.hidden_size;
+  M3_ASSIGN_OR_RETURN(PassRows rows_of_pass, LayOutPass(segments));
+  std::vector<int64_t>& positions = rows_of_pass.positions;
+  const std::vector<int32_t>& ids = rows_of_pass.ids;
+  const std::vector<size_t>& logit_rows = rows_of_pass.logit_rows;  // kLastRow: each segment's last logit_rows rows
+  for (const Segment& s : segments) s.cache->Reserve(s.cache->length() + s.n);
   const size_t n = ids.size();
   const int64_t* pos = positions.data();
 

@@ -95,6 +95,17 @@ class Model {
   Status ForwardBatch(const OpContext& tc, std::span<const Segment> segments, LogitsMode mode, float* logits,
                       ForwardObserver* observer = nullptr) const;
 
+  // The rows of a pass over `segments`, in segment order: each row's token and position (from
+  // its cache's length), and the rows that give logits in kLastRow (each segment's last
+  // logit_rows). Refuses an empty pass, a segment without tokens or with more logit rows than
+  // tokens, and two segments on one cache. Every forward pass (here or offloaded) starts with it.
+  struct PassRows {
+    std::vector<int32_t> ids;
+    std::vector<int64_t> positions;
+    std::vector<size_t> logit_rows;
+  };
+  static StatusOr<PassRows> LayOutPass(std::span<const Segment> segments);
+
   // Memory placement, before the model is shared (Engine::Open).
   // --numa split: copies each node's row slices of every MoE layer's experts into memory local to
   // it (ops/moe_numa.h), and the dense matrices (attention, indexer, router, dense MLPs, an untied

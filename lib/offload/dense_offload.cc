@@ -275,30 +275,19 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
   const size_t Hi = c.any_sparse() ? sp.num_index_heads : 0, Di = c.any_sparse() ? sp.index_dim : 0;
   const size_t B = static_cast<size_t>(sp.block_size), topk = c.any_sparse() ? sp.topk_blocks : 0;
   const size_t E = c.num_experts, K = static_cast<size_t>(c.experts_per_token), half = c.rotary_dim / 2;
-  if (segments.empty()) return InvalidArgument("a forward pass needs at least one sequence");
-  std::vector<int64_t> positions;
-  std::vector<int32_t> ids;
-  std::vector<size_t> logit_rows;
-  for (size_t i = 0; i < segments.size(); ++i) {
-    const Model::Segment& s = segments[i];
-    if (s.n == 0) return InvalidArgument("sequence ", i, " of a forward pass has no tokens");
-    if (s.logit_rows < 1 || s.logit_rows > s.n)
-      return InvalidArgument("sequence ", i, " of a forward pass asks for ", s.logit_rows, " logit rows of its ", s.n,
-                             " tokens");
-    for (size_t j = 0; j < i; ++j)
-      if (segments[j].cache == s.cache) return InvalidArgument("sequences ", j, " and ", i, " share one KV cache");
+  M3_ASSIGN_OR_RETURN(Model::PassRows rows_of_pass, Model::LayOutPass(segments));
+  const std::vector<int64_t>& positions = rows_of_pass.positions;
+  const std::vector<int32_t>& ids = rows_of_pass.ids;
+  std::vector<size_t> logit_rows;  // every row (kAllRows), each segment's last ones (kLastRow), or none
+  if (mode == LogitsMode::kAllRows)
+    for (size_t r = 0; r < ids.size(); ++r) logit_rows.push_back(r);
+  else if (mode == LogitsMode::kLastRow)
+    logit_rows = rows_of_pass.logit_rows;
+  for (const Model::Segment& s : segments)
     if (s.cache->options().kv != CacheType::kF32 || s.cache->options().index_keys != CacheType::kF32)
       return Unsupported("the offloaded dense part keeps its caches in f32 on the device: a session with ",
                          CacheTypeName(s.cache->options().kv), " K/V or ", CacheTypeName(s.cache->options().index_keys),
                          " index keys cannot run on it");
-    const int64_t pos0 = static_cast<int64_t>(s.cache->length());
-    for (size_t t = 0; t < s.n; ++t) positions.push_back(pos0 + static_cast<int64_t>(t));
-    ids.insert(ids.end(), s.ids, s.ids + s.n);
-    if (mode == LogitsMode::kAllRows)
-      for (size_t r = ids.size() - s.n; r < ids.size(); ++r) logit_rows.push_back(r);
-    else if (mode == LogitsMode::kLastRow)
-      for (size_t r = ids.size() - s.logit_rows; r < ids.size(); ++r) logit_rows.push_back(r);
-  }
   const size_t n = ids.size();
   // Block scores of at most 16M floats at a time (queries of a long prompt in parts).
   size_t max_blocks = 1;
