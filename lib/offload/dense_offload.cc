@@ -460,7 +460,8 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
   for (size_t r0 = 0; r0 < out_rows; r0 += b.logit_rows) {
     const size_t rn = std::min(b.logit_rows, out_rows - r0);
     dev.MatMul(lm_head_, b.x + r0 * H, rn, b.logits, V, false);
-    dev.FlagNonFinite(b.logits, rn, V, LayerStage(c.num_layers, 0), b.flag);
+    // The stage numbers the chunk (its rows are the chunk's own).
+    dev.FlagNonFinite(b.logits, rn, V, LayerStage(c.num_layers, 0) + static_cast<uint32_t>(r0 / b.logit_rows), b.flag);
     dev.ToHost(logits + r0 * V, b.logits, rn * V * sizeof(float));
     if (r0 + rn < out_rows) M3_RETURN_IF_ERROR(dev.Wait());  // the buffer is reused
   }
@@ -484,7 +485,9 @@ Status DenseOffload::Forward(const OpContext& tc, std::span<const Model::Segment
                             layers_[static_cast<size_t>(layer)].moe ? "MoE block" : "MLP"};
       where = Str("layer ", layer, "'s ", what[(stage - 1) % kStagesPerLayer]);
     }
-    const int64_t pos = stage >= LayerStage(c.num_layers, 0) ? positions[logit_rows[r]] : positions[r];
+    const uint32_t logits_stage = LayerStage(c.num_layers, 0);
+    const int64_t pos = stage >= logits_stage ? positions[logit_rows[(stage - logits_stage) * b.logit_rows + r]]
+                                              : positions[r];
     return Corrupt(where, " gave a non-finite value at position ", pos,
                    ": the model's weights are damaged or overflow fp32 (`m3 inspect --verify` finds a damaged tensor)");
   }
