@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "base/json_guard.h"
 #include "runtime/chat.h"
 #include "runtime/openai.h"
 #include "runtime/scheduler.h"
@@ -110,11 +111,13 @@ int Batch(const BatchArgs& a) {
   Scheduler scheduler(**engine, (*text)->tokenizer(), scheduling);
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < lines.size(); ++i) {
-    const ojson body = ojson::parse(lines[i], nullptr, /*allow_exceptions=*/false);
-    StatusOr<openai::Request> parsed = InvalidArgument("line ", i + 1, " is not valid JSON");
-    if (!body.is_discarded())
+    const StatusOr<ojson> line = ParseJson<ojson>(lines[i], Str("line ", i + 1));
+    StatusOr<openai::Request> parsed = line.status();
+    if (line.ok()) {
+      const ojson& body = *line;
       parsed = body.is_object() && body.contains("messages") ? openai::ParseChatRequest(body, a.defaults)
                                                              : openai::ParseCompletionRequest(body, a.defaults);
+    }
     const std::string id = Str(parsed.ok() && parsed->chat ? "chatcmpl-batch-" : "cmpl-batch-", i);
     if (!parsed.ok()) {
       writer.Put(i, ErrorLine(i, parsed.status()));

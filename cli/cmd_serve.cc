@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "base/json_guard.h"
 #include "runtime/chat.h"
 #include "runtime/openai.h"
 #include "runtime/scheduler.h"
@@ -146,8 +147,9 @@ void SendError(httplib::Response& res, int status, const std::string& message) {
 // POST /v1/chat/completions (chat) and /v1/completions.
 void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const httplib::Request& req,
                       httplib::Response& res) {
-  const ojson body = ojson::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) return SendError(res, 400, "the request body is not valid JSON");
+  const StatusOr<ojson> parsed_body = ParseJson<ojson>(req.body, "the request body");
+  if (!parsed_body.ok()) return SendError(res, 400, parsed_body.status().message());
+  const ojson& body = *parsed_body;
   auto parsed = chat ? openai::ParseChatRequest(body, server->args.defaults)
                      : openai::ParseCompletionRequest(body, server->args.defaults);
   if (!parsed.ok()) return SendError(res, 400, parsed.status().message());

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "base/json_guard.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -27,12 +28,13 @@ int ForEachJsonLine(Fn&& fn) {
   int rc = 0;
   while (std::getline(std::cin, line)) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    ojson req = ojson::parse(line, nullptr, false);
-    if (req.is_discarded() || !req.is_object()) {
-      PrintLine({{"error", "invalid JSON request line"}});
+    const StatusOr<ojson> parsed = ParseJson<ojson>(line, "the request line");
+    if (!parsed.ok() || !parsed->is_object()) {
+      PrintLine({{"error", parsed.ok() ? "the request line is not a JSON object" : parsed.status().message()}});
       rc = 1;
       continue;
     }
+    ojson req = *parsed;
     if (!fn(req)) rc = 1;
   }
   return rc;

@@ -46,6 +46,14 @@ for skip, key in ((False, "decoded"), (True, "decoded_skip_special")):
         check(g.get("text") == c[key], f"decode skip={skip} {c['id']}")
 rc, out, _ = run(["tokenize", "--tokenizer", tok_dir], "not json\n{\"text\": 5}\n")
 check(rc != 0 and out.count("error") == 2, "tokenize reports malformed requests as errors")
+# 200 KB of nesting is refused by name and the next line still served (it once crashed both).
+deep = '{"text": "x", "y": ' + "[" * 100000 + "]" * 100000 + "}\n"
+for cmd in (["tokenize"], ["template"]):
+    ok_line = json.dumps({"text": "hi"} if cmd == ["tokenize"] else {"messages": [{"role": "user", "content": "hi"}]})
+    rc, out, err = run(cmd + ["--tokenizer", tok_dir], deep + ok_line + "\n")
+    outs = [json.loads(l) for l in out.rstrip("\n").split("\n") if l]
+    check(rc == 1 and len(outs) == 2 and "nested deeper than 256" in outs[0].get("error", "") and "error" not in outs[1],
+          f"{cmd[0]}: a deeply nested line: rc {rc}, {out[:300]} {err[-300:]}")
 
 # 2. chat template
 chats = lines(os.path.join(tok_dir, "chat_golden.jsonl"))

@@ -138,6 +138,11 @@ try:
         check(status == status_want and want in err.get("message", ""), f"{body or raw}: {status} {text}")
 
     error(400, "/v1/chat/completions", raw="{not json", want="not valid JSON")
+    # 200 KB of nesting (it once crashed the server: nlohmann copies recurse) is refused by name.
+    error(400, "/v1/chat/completions", raw='{"messages": [], "x": ' + "[" * 100000 + "]" * 100000 + "}",
+          want="nested deeper than 256 levels")
+    status, _, text = request("GET", "/health")
+    check(status == 200, f"/health after a deeply nested request: {status} {text}")
     error(400, "/v1/chat/completions", {"model": "tiny"}, want="\"messages\"")
     error(400, "/v1/chat/completions", dict(chat, n=3), want="\"n\"")
     error(400, "/v1/chat/completions", dict(chat, stop=["a", "b", "c", "d", "e"]), want="\"stop\"")
@@ -268,22 +273,24 @@ check(len(log3) == 2 and all("in batches of up to 2" in l for l in log3),
 # get their error in place; results in input order.
 with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
     f.write(json.dumps(long_req) + "\n" + "{not json\n" + json.dumps(short_req) + "\n"
-            + json.dumps({"prompt": "x", "n": 2}) + "\n")
+            + json.dumps({"prompt": "x", "n": 2}) + "\n" + "[" * 100000 + "]" * 100000 + "\n")
     requests_file = f.name
 p = subprocess.run([m3, "batch", "-m", model, "-i", requests_file, "--slots", "2", "-t", "2", "-c", "400"],
                    capture_output=True, text=True, timeout=300)
 os.unlink(requests_file)
 results = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
-check(p.returncode == 0 and [r.get("index") for r in results] == [0, 1, 2, 3],
+check(p.returncode == 0 and [r.get("index") for r in results] == [0, 1, 2, 3, 4],
       f"m3 batch: rc {p.returncode}, {p.stdout[:500]} {p.stderr[-500:]}")
-if len(results) == 4:
+if len(results) == 5:
     check(results[0].get("response", {}).get("choices", [{}])[0].get("message") == a_alone,
           f"m3 batch: A == A alone: {results[0]} vs {a_alone}")
     check(results[2].get("response", {}).get("choices", [{}])[0].get("message") == b_alone,
           f"m3 batch: B == B alone: {results[2]} vs {b_alone}")
     check("not valid JSON" in results[1].get("error", {}).get("message", "")
-          and "\"n\"" in results[3].get("error", {}).get("message", ""), f"m3 batch: errors in place: {results}")
-check("4 requests (2 failed)" in p.stderr, f"m3 batch: summary line: {p.stderr[-300:]}")
+          and "\"n\"" in results[3].get("error", {}).get("message", "")
+          and "nested deeper than 256" in results[4].get("error", {}).get("message", ""),
+          f"m3 batch: errors in place: {results}")
+check("5 requests (3 failed)" in p.stderr, f"m3 batch: summary line: {p.stderr[-300:]}")
 # With prompt lookup (--lookup: guesses verified in the batched steps) the greedy replies are the same.
 p = subprocess.run([m3, "batch", "-m", model, "--slots", "2", "-t", "2", "-c", "400", "--lookup", "4"],
                    input=json.dumps(long_req) + "\n" + json.dumps(short_req) + "\n", capture_output=True, text=True,

@@ -394,7 +394,7 @@ TEST_CASE("sharded checkpoints whose index and shards disagree are refused", "[c
   }
   SECTION("index is not JSON") {
     WriteBytes(index, "{\"weight_map\": ");
-    RequireError(m3::Checkpoint::Open(dir.string()), StatusCode::kCorrupt, {index.string(), "invalid JSON"});
+    RequireError(m3::Checkpoint::Open(dir.string()), StatusCode::kCorrupt, {index.string(), "not valid JSON"});
   }
   SECTION("tensor stored in two shards") {
     // Add a copy of shard 2's model.norm.weight to shard 1 (new bytes at the end of its data).
@@ -464,7 +464,7 @@ TEST_CASE("bad or missing config.json and folders are refused", "[checkpoint]") 
 
   SECTION("config.json is not JSON") {
     WriteBytes(cfg, "{\"hidden_size\": 64,");
-    RequireError(m3::Checkpoint::Open(dir.string()), StatusCode::kCorrupt, {cfg, "invalid JSON"});
+    RequireError(m3::Checkpoint::Open(dir.string()), StatusCode::kCorrupt, {cfg, "not valid JSON"});
     RequireError(m3::Model::Load(dir.string()), StatusCode::kCorrupt, {cfg});
   }
   SECTION("config.json is not an object") {

@@ -53,6 +53,7 @@ class [[nodiscard]] StatusOr {
   T* operator->() { return &*value_; }
   const T* operator->() const { return &*value_; }
   T& operator*() { return *value_; }
+  const T& operator*() const { return *value_; }
 
  private:
   Status status_;

@@ -1,5 +1,6 @@
 // Implements m3.h: converts Status to m3_status and keeps the message per thread. No logic here.
 #include "m3/m3.h"
+#include "base/json_guard.h"
 
 #include <algorithm>
 #include <atomic>
@@ -131,8 +132,7 @@ struct ChatRequest {
 };
 
 m3::StatusOr<ChatRequest> ParseChatRequest(const char* request_json, bool allow_prompt) {
-  ojson req = ojson::parse(request_json, nullptr, /*allow_exceptions=*/false);
-  if (req.is_discarded()) return m3::InvalidArgument("the request is not valid JSON");
+  M3_ASSIGN_OR_RETURN(ojson req, m3::ParseJson<ojson>(request_json, "the request"));
   if (!req.is_object()) return m3::InvalidArgument("the request must be a JSON object");
   ChatRequest out;
   if (allow_prompt && req.contains("stop")) {

@@ -1,4 +1,5 @@
 #include "format/pack_file.h"
+#include "base/json_guard.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -347,9 +348,11 @@ StatusOr<std::unique_ptr<PackFile>> PackFile::Open(const std::string& path) {
   const char* dir = reinterpret_cast<const char*>(base + h.directory_offset);
   if (Hash64(dir, h.directory_bytes) != h.directory_hash)
     return Corrupt(path, ": directory hash mismatch (the directory is damaged)");
-  pf->directory_ = nlohmann::json::parse(dir, dir + h.directory_bytes, nullptr, /*allow_exceptions=*/false);
+  StatusOr<nlohmann::json> directory =
+      ParseJson<nlohmann::json>(std::string_view(dir, h.directory_bytes), path + ": directory");
+  if (!directory.ok()) return Corrupt(directory.status().message());
+  pf->directory_ = std::move(directory).value();
   const nlohmann::json& j = pf->directory_;
-  if (j.is_discarded()) return Corrupt(path, ": directory is not valid JSON");
   if (!j.is_object()) return Corrupt(path, ": directory is not a JSON object");
   if (!j.contains("tensors") || !j["tensors"].is_array()) return Corrupt(path, ": directory has no 'tensors' array");
   if (!j.contains("experts") || !j["experts"].is_array()) return Corrupt(path, ": directory has no 'experts' array");

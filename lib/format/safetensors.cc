@@ -1,4 +1,5 @@
 #include "format/safetensors.h"
+#include "base/json_guard.h"
 
 #include <algorithm>
 #include <cstring>
@@ -30,8 +31,8 @@ StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {
   }
   std::stringstream ss;
   ss << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Corrupt(path, ": invalid JSON");
+  StatusOr<nlohmann::json> j = ParseJson<nlohmann::json>(ss.str(), path);
+  if (!j.ok()) return Corrupt(j.status().message());
   return j;
 }
 
@@ -59,8 +60,9 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
   if (header_len > f.size() - 8)
     return Corrupt(path, ": header length ", header_len, " runs past the end of the file (", f.size(), " bytes)");
   const char* hdr = reinterpret_cast<const char*>(f.data() + 8);
-  nlohmann::json j = nlohmann::json::parse(hdr, hdr + header_len, nullptr, false);
-  if (j.is_discarded()) return Corrupt(path, ": header is not valid JSON");
+  StatusOr<nlohmann::json> header = ParseJson<nlohmann::json>(std::string_view(hdr, header_len), path + ": header");
+  if (!header.ok()) return Corrupt(header.status().message());
+  const nlohmann::json& j = *header;
   if (!j.is_object()) return Corrupt(path, ": header is not a JSON object");
 
   const uint8_t* data_begin = f.data() + 8 + header_len;

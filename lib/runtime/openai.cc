@@ -1,4 +1,5 @@
 #include "runtime/openai.h"
+#include "base/json_guard.h"
 
 #include <climits>
 #include <limits>
@@ -145,9 +146,9 @@ Status ArgumentsToObjects(ojson& messages) {
       ojson& call = m["tool_calls"][j];
       ojson* fn = call.is_object() && call.contains("function") ? &call["function"] : &call;
       if (!fn->is_object() || !fn->contains("arguments") || !(*fn)["arguments"].is_string()) continue;
-      ojson args = ojson::parse((*fn)["arguments"].get<std::string>(), nullptr, /*allow_exceptions=*/false);
-      if (args.is_discarded() || !args.is_object())
-        return InvalidArgument("messages[", i, "].tool_calls[", j, "].function.arguments is not a JSON object");
+      const std::string where = Str("messages[", i, "].tool_calls[", j, "].function.arguments");
+      M3_ASSIGN_OR_RETURN(ojson args, ParseJson<ojson>((*fn)["arguments"].get<std::string>(), where));
+      if (!args.is_object()) return InvalidArgument(where, " is not a JSON object");
       (*fn)["arguments"] = std::move(args);
     }
   }

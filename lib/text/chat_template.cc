@@ -1,4 +1,5 @@
 #include "text/chat_template.h"
+#include "base/json_guard.h"
 
 #include <ctime>
 #include <filesystem>
@@ -25,8 +26,8 @@ Status ReadText(const fs::path& path, std::string& out) {
 StatusOr<ojson> ReadJson(const fs::path& path) {
   std::string text;
   M3_RETURN_IF_ERROR(ReadText(path, text));
-  ojson j = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Corrupt(path.string(), ": not valid JSON");
+  StatusOr<ojson> j = ParseJson<ojson>(text, path.string());
+  if (!j.ok()) return Corrupt(j.status().message());
   return j;
 }
 

@@ -1,4 +1,5 @@
 #include "text/output_parser.h"
+#include "base/json_guard.h"
 
 #include <algorithm>
 #include <charconv>
@@ -312,8 +313,9 @@ ordered_json LeafValue(std::string_view text, const json* schema) {
   }
   // A container written as JSON text instead of nested elements (the M2 habit).
   if (is_array || is_object) {
-    ordered_json parsed = ordered_json::parse(Trim(text), nullptr, /*allow_exceptions=*/false);
-    if ((is_array && parsed.is_array()) || (is_object && parsed.is_object())) return parsed;
+    // (Nested no deeper than any JSON the engine takes: else kept as the text it is.)
+    const StatusOr<ordered_json> parsed = ParseJson<ordered_json>(Trim(text), "a tool argument");
+    if (parsed.ok() && ((is_array && parsed->is_array()) || (is_object && parsed->is_object()))) return *parsed;
   }
   return std::string(text);  // no schema, or the text did not parse: keep it as written
 }

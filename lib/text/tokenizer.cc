@@ -1,4 +1,5 @@
 #include "text/tokenizer.h"
+#include "base/json_guard.h"
 
 #include <algorithm>
 #include <array>
@@ -378,6 +379,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path_or_
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_text, const std::string& source) {
   auto impl = std::make_unique<Impl>();
+  if (Status depth = CheckJsonDepth(json_text, source); !depth.ok()) return Corrupt(depth.message());
   try {
     const json root = json::parse(json_text);
     if (!root.is_object()) return Corrupt(source, ": top level is not a JSON object");
