@@ -8,6 +8,7 @@ packages=(
   libcpp-httplib-dev # m3 serve
   python3-numpy bc   # golden checks: the oracle's check_case.py needs NumPy
   gnuplot-nox        # m3 bench --attention: the plot (optional at run time)
+  clang libclang-rt-14-dev  # tests/fuzz.sh: libFuzzer, ASan and UBSan
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -6,3 +6,6 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 "$here/scripts/build.sh"
 cd "$here/build"
 ctest --output-on-failure -j "$(nproc)"
+# Every parser of untrusted input under libFuzzer, ASan and UBSan: the saved regression inputs,
+# then 20 s a target (tests/fuzz/README.md).
+"$here/tests/fuzz.sh" 20

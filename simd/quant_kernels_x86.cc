@@ -36,6 +36,7 @@ void ApplyQ8RowScales(const uint8_t* row_scales, const float* token_scales, size
 // GCC 12's AVX-512 headers trip -Wuninitialized in their _mm*_undefined idiom (false positive).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -492,11 +493,16 @@ M3_AVX512BF16 void RunBf16(const WeightRef& w, const uint32_t* xhi, const uint32
 
 }  // namespace
 
+// CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c").
+bool HasF16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
+}
+
 bool HasVnni() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
+                         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma") && HasF16c();
   return ok;
 }
 
@@ -508,8 +514,7 @@ GemvStreams PreferredGemvStreams() {
 bool HasAvx512Bf16() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                         __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
+                         __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma") && HasF16c();
   return ok;
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "format/npy.h"
 #include "format/safetensors.h"
 #include "model/dense_part.h"
 #include "model/model.h"
@@ -607,5 +608,34 @@ TEST_CASE("the GPU footprint is the dense part and the caches, and a GPU too sma
     if (longest < static_cast<size_t>(c.max_position_embeddings))
       CHECK(m3::EstimateGpuFootprint(c, dense, bf16, longest + 1).total() > f.total());
     CHECK(m3::LongestGpuContext(c, dense, bf16, dense.bytes() - 1) == 0);
+  }
+}
+
+TEST_CASE("damaged npy files are refused, never thrown or overrun", "[checkpoint][npy]") {
+  m3::test::TempDir tmp;
+  const std::string path = (tmp.path() / "a.npy").string();
+  // Header: magic, version 1.0, 2-byte length, the dict padded; then `payload` bytes.
+  auto npy = [&](const std::string& dict, size_t payload) {
+    std::string h = dict;
+    while ((10 + h.size() + 1) % 64) h += ' ';
+    h += '\n';
+    std::string bytes("\x93NUMPY\x01\x00", 8);
+    bytes += static_cast<char>(h.size() & 0xFF);
+    bytes += static_cast<char>(h.size() >> 8);
+    m3::test::WriteBytes(path, bytes + h + std::string(payload, '\0'));
+    return m3::ReadNpy(path);
+  };
+  auto ok = npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 24);
+  REQUIRE(ok.ok());
+  CHECK(ok->shape == std::vector<int64_t>{2, 3});
+  for (const auto& [dict, payload] : std::vector<std::pair<std::string, size_t>>{
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (f8, 3), }", 24},   // not a number (fuzz_npy)
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (-2, 3), }", 24},   // negative
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3, }", 24},     // no ')'
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", 24},  // overflows
+           {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }", 24}}) {  // more than the file holds
+    INFO(dict);
+    const auto bad = npy(dict, payload);
+    CHECK(bad.status().code() == m3::StatusCode::kCorrupt);
   }
 }

@@ -57,23 +57,34 @@ StatusOr<NpyArray> ReadNpy(const std::string& path) {
   size_t p = header.find("'shape': (");
   if (p == std::string::npos) return Corrupt(path, ": no shape");
   p += 10;
-  size_t q = header.find(')', p);
-  std::string dims = header.substr(p, q - p);
-  int64_t n = 1;
+  const size_t q = header.find(')', p);
+  if (q == std::string::npos) return Corrupt(path, ": shape has no closing ')'");
+  const std::string dims = header.substr(p, q - p);
+  // Dimensions: non-negative decimal integers separated by commas (a trailing one for 1-D); their
+  // product is bounded by the bytes the file holds, so it cannot overflow.
+  const size_t esize = f4 ? 4 : 8;
+  const size_t off = hstart + hlen;
+  const uint64_t max_values = (bytes.size() - off) / esize;
+  uint64_t n = 1;
   size_t i = 0;
   while (i < dims.size()) {
     while (i < dims.size() && (dims[i] == ' ' || dims[i] == ',')) ++i;
     if (i >= dims.size()) break;
-    int64_t d = std::stoll(dims.substr(i));
-    arr.shape.push_back(d);
+    if (dims[i] < '0' || dims[i] > '9') return Corrupt(path, ": shape '", dims, "' is not a list of integers");
+    uint64_t d = 0;
+    for (; i < dims.size() && dims[i] >= '0' && dims[i] <= '9'; ++i) {
+      d = d * 10 + static_cast<uint64_t>(dims[i] - '0');
+      if (d > max_values) return Corrupt(path, ": shape '", dims, "' needs more data than the file holds");
+    }
+    if (i < dims.size() && dims[i] != ',' && dims[i] != ' ')
+      return Corrupt(path, ": shape '", dims, "' is not a list of integers");
+    arr.shape.push_back(static_cast<int64_t>(d));
+    if (d != 0 && n > max_values / d) return Corrupt(path, ": shape '", dims, "' needs more data than the file holds");
     n *= d;
-    while (i < dims.size() && dims[i] != ',') ++i;
   }
-  const size_t esize = f4 ? 4 : 8;
-  const size_t off = hstart + hlen;
-  if (bytes.size() - off < static_cast<size_t>(n) * esize) return Corrupt(path, ": truncated data");
+  if (n > max_values) return Corrupt(path, ": truncated data");
   arr.data.resize(static_cast<size_t>(n));
-  for (int64_t k = 0; k < n; ++k) {
+  for (uint64_t k = 0; k < n; ++k) {
     if (f4) {
       std::memcpy(&arr.data[k], bytes.data() + off + 4 * k, 4);
     } else {

@@ -299,7 +299,9 @@ StatusOr<WeightStats> BindPackedWeights(const ModelConfig& cfg, const PackFile& 
 
 Status VerifyFiniteValues(const Checkpoint& ck, const ThreadConfig& tc) {
   constexpr size_t kChunk = size_t{1} << 20;  // values per step and thread
-  for (const auto& [name, t] : ck.text_tensors()) {
+  for (const auto& entry : ck.text_tensors()) {
+    const auto& name = entry.first;
+    const auto& t = entry.second;  // (not a structured binding: clang 14's lambdas cannot capture one)
     const bool e8m0 = t->dtype == DType::kF8E8M0 || (t->dtype == DType::kU8 && name.ends_with("_scale_inv"));
     const bool e4m3 = t->dtype == DType::kF8E4M3;
     const auto fmt = MatrixFormat(t->dtype);

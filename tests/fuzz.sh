@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Fuzzing of every parser of untrusted input (tests/fuzz/README.md): builds the libFuzzer targets
+# with clang, ASan and UBSan in build-fuzz/, seeds each from the repository's own test data,
+# replays every saved regression input, then fuzzes each target for SECONDS.
+#
+#   tests/fuzz.sh [SECONDS]   default 20 a target (CI's smoke run: 9 targets, ~3 minutes)
+#
+# A crash, leak, UB report or timeout fails the run; its input is copied to
+# tests/fuzz/regressions/<target>/ to be committed with the fix. Exit 0 when every target ran clean.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+SECONDS_EACH=${1:-20}
+BUILD=${M3_FUZZ_BUILD:-$ROOT/build-fuzz}
+TARGETS=(json request config safetensors npy pack tokenizer jinja output_parser)
+
+if ! command -v clang++ >/dev/null; then
+  echo "tests/fuzz.sh: clang++ is missing (scripts/install-deps.sh installs clang and libFuzzer)" >&2
+  exit 2
+fi
+set -e
+CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DM3_FUZZ=ON -DM3_CUDA=OFF \
+  -DM3_BUILD_TESTS=OFF -DM3_BUILD_BENCH=OFF >/dev/null
+cmake --build "$BUILD" --target $(printf 'fuzz_%s ' "${TARGETS[@]}")
+set +e
+
+# Seed corpora, made afresh from the repository's data.
+CORPUS=$BUILD/corpus
+rm -rf "$CORPUS" && mkdir -p "$CORPUS"
+python3 - "$ROOT" "$CORPUS" <<'EOF' || { echo "tests/fuzz.sh: could not make the seed corpora" >&2; exit 2; }
+import glob, json, os, struct, sys
+root, out = sys.argv[1], sys.argv[2]
+tok = os.path.join(root, "tests/data/tokenizer/minimax-m3")
+golden = sorted(d for d in glob.glob(os.path.join(root, "tests/data/golden/*")) if os.path.isdir(d))
+
+def put(target, name, data):
+    os.makedirs(os.path.join(out, target), exist_ok=True)
+    with open(os.path.join(out, target, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+
+chats = [json.loads(l) for l in open(os.path.join(tok, "chat_golden.jsonl"), encoding="utf-8") if l.strip()]
+texts = [json.loads(l)["text"] for l in open(os.path.join(tok, "golden.jsonl"), encoding="utf-8") if l.strip()]
+template = open(os.path.join(tok, "chat_template.jinja"), encoding="utf-8").read()
+for i, c in enumerate(chats[:40]):
+    body = {"messages": c["messages"], "max_tokens": 16, "temperature": 0.5}
+    if c.get("tools"):
+        body["tools"] = c["tools"]
+    put("request", f"chat{i}", json.dumps(body))
+    put("json", f"chat{i}", json.dumps(c))
+    data = {"messages": c["messages"], "tools": c.get("tools") or [], "add_generation_prompt": True}
+    put("jinja", f"chat{i}", template + "\0" + json.dumps(data))
+put("request", "completion", json.dumps({"prompt": ["a", "b"], "max_tokens": 4, "stop": ["x"], "logprobs": 2}))
+for i, t in enumerate(texts[:60]):
+    put("tokenizer", f"text{i}", t)
+for d in golden:
+    name = os.path.basename(d)
+    put("config", name, open(os.path.join(d, "config.json"), "rb").read())
+    put("json", "config_" + name, open(os.path.join(d, "config.json"), "rb").read())
+    for f in sorted(glob.glob(os.path.join(d, "*.safetensors")))[:1]:
+        raw = open(f, "rb").read(1 << 20)
+        (hlen,) = struct.unpack("<Q", raw[:8])
+        put("safetensors", name, raw[: 8 + hlen + 256])  # the header and the start of the data
+    for f in sorted(glob.glob(os.path.join(d, "*.npy"))):
+        put("npy", name + "_" + os.path.basename(f), open(f, "rb").read(512))
+ns = "]<]minimax[>["
+call = (ns + "<tool_call>\n" + ns + '<invoke name="get_weather">' + ns + "<city>Oslo" + ns + "</city>" + ns
+        + "<days>3" + ns + "</days>" + ns + "</invoke>\n" + ns + "</tool_call>")
+for i, s in enumerate(["plain answer", "<mm:think>reasoning</mm:think>answer", "reasoning</mm:think>" + call,
+                       "text " + call + " more", call + call]):
+    put("output_parser", f"seed{i}", bytes([i]) + s.encode("utf-8"))
+EOF
+# A packed model (the regular build's m3, when there is one).
+if [ -x build/bin/m3 ]; then
+  rm -rf "$BUILD/packed" && mkdir -p "$CORPUS/pack"
+  build/bin/m3 pack -m tests/data/golden/s1_fp32_basic -o "$BUILD/packed" --type q8 >/dev/null 2>&1 &&
+    cp "$BUILD/packed/model.m3w" "$CORPUS/pack/s1_q8"
+fi
+
+fail=0
+for t in "${TARGETS[@]}"; do
+  bin=$BUILD/tests/fuzz/fuzz_$t
+  regressions=tests/fuzz/regressions/$t
+  mkdir -p "$CORPUS/$t"
+  if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ]; then
+    if ! "$bin" "$regressions"/* >"$BUILD/fuzz_$t.regressions.log" 2>&1; then
+      echo "fuzz_$t: a saved regression input fails again ($BUILD/fuzz_$t.regressions.log)"
+      fail=1
+      continue
+    fi
+  fi
+  (cd "$BUILD" && "$bin" "$CORPUS/$t" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
+    -max_len=1048576 -print_final_stats=1 >"$BUILD/fuzz_$t.log" 2>&1)
+  rc=$?
+  runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$BUILD/fuzz_$t.log" | grep -o '[0-9]*$')
+  cov=$(grep -o 'cov: [0-9]*' "$BUILD/fuzz_$t.log" | tail -1 | grep -o '[0-9]*$')
+  if [ $rc -ne 0 ]; then
+    mkdir -p "$regressions"
+    for f in "$BUILD"/crash-* "$BUILD"/leak-* "$BUILD"/timeout-* "$BUILD"/oom-*; do
+      [ -e "$f" ] && mv "$f" "$regressions/"
+    done
+    echo "fuzz_$t: FAILED (rc $rc) after ${runs:-?} runs; input saved in $regressions; log $BUILD/fuzz_$t.log"
+    grep -m3 -E 'ERROR|SUMMARY' "$BUILD/fuzz_$t.log"
+    fail=1
+  else
+    echo "fuzz_$t: ${runs:-?} runs in ${SECONDS_EACH} s, coverage ${cov:-?} edges, clean"
+  fi
+done
+exit $fail
