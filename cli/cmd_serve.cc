@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -144,10 +145,36 @@ void SendError(httplib::Response& res, int status, const std::string& message) {
   res.set_content(Dump(openai::ErrorBody(message, status)), "application/json");
 }
 
+// The largest request body, counted as the handler receives it: after chunked transfer coding
+// and Content-Encoding (gzip, brotli) are undone. httplib's own limit sees the bytes on the wire
+// only, so a 100 KB gzip body could inflate to 100 MB.
+constexpr size_t kMaxBodyBytes = size_t{64} << 20;
+
+// A POST body read through the content reader, or nothing once it passes kMaxBodyBytes (the
+// reading stops there).
+std::optional<std::string> ReadBody(const httplib::ContentReader& reader) {
+  std::string body;
+  bool over = false;
+  reader([&](const char* data, size_t n) {
+    if (body.size() + n > kMaxBodyBytes) {
+      over = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+  if (over) return std::nullopt;
+  return body;
+}
+
 // POST /v1/chat/completions (chat) and /v1/completions.
-void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const httplib::Request& req,
+void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const httplib::ContentReader& reader,
                       httplib::Response& res) {
-  const StatusOr<ojson> parsed_body = ParseJson<ojson>(req.body, "the request body");
+  const std::optional<std::string> raw = ReadBody(reader);
+  if (!raw)
+    return SendError(res, 413, Str("the request body is larger than ", kMaxBodyBytes >> 20,
+                                   " MiB (counted after its transfer and content encodings are undone)"));
+  const StatusOr<ojson> parsed_body = ParseJson<ojson>(*raw, "the request body");
   if (!parsed_body.ok()) return SendError(res, 400, parsed_body.status().message());
   const ojson& body = *parsed_body;
   auto parsed = chat ? openai::ParseChatRequest(body, server->args.defaults)
@@ -276,7 +303,7 @@ int Serve(const ServeArgs& a) {
   server->scheduler->Start();
 
   httplib::Server http;
-  http.set_payload_max_length(64 << 20);
+  http.set_payload_max_length(kMaxBodyBytes);  // on the wire; ReadBody counts what it decodes to
   // A thread per request in flight (each streams or waits for its reply), plus a few for the rest.
   const size_t http_threads = static_cast<size_t>(a.slots) + 8;
   http.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
@@ -293,12 +320,14 @@ int Serve(const ServeArgs& a) {
                              {"max_model_len", server->scheduler->max_context()}}}}};
     res.set_content(Dump(models), "application/json");
   });
-  http.Post("/v1/chat/completions", [server](const httplib::Request& req, httplib::Response& res) {
-    HandleCompletion(server, true, req, res);
-  });
-  http.Post("/v1/completions", [server](const httplib::Request& req, httplib::Response& res) {
-    HandleCompletion(server, false, req, res);
-  });
+  http.Post("/v1/chat/completions",
+            [server](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
+              HandleCompletion(server, true, reader, res);
+            });
+  http.Post("/v1/completions",
+            [server](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
+              HandleCompletion(server, false, reader, res);
+            });
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler's own error
     const std::string what = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path

@@ -143,6 +143,46 @@ try:
           want="nested deeper than 256 levels")
     status, _, text = request("GET", "/health")
     check(status == 200, f"/health after a deeply nested request: {status} {text}")
+
+    # The 64 MiB body limit holds after the encodings are undone: a 64 KB gzip body that inflates
+    # to 65 MiB and a chunked body of 65 MiB are refused with 413; a small gzip body is served.
+    def raw_post(headers, chunks):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                "Connection: close\r\n")
+        sock.sendall((head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode())
+        try:
+            for c in chunks:
+                sock.sendall(c)
+        except OSError:
+            pass  # the server stopped reading: its answer is what counts (a half-closed client
+            # would read as one that left, and be cancelled)
+        reply = b""
+        try:
+            while True:
+                part = sock.recv(65536)
+                if not part:
+                    break
+                reply += part
+        except OSError:
+            pass
+        sock.close()
+        status_line = reply.split(b"\r\n", 1)[0].decode(errors="replace")
+        return status_line, reply.split(b"\r\n\r\n", 1)[-1].decode(errors="replace")
+
+    import gzip
+    bomb = gzip.compress(b" " * (65 << 20), compresslevel=9)
+    line, text = raw_post({"Content-Encoding": "gzip", "Content-Length": str(len(bomb))}, [bomb])
+    check(" 413 " in line and "larger than 64 MiB" in text, f"gzip bomb of {len(bomb)} bytes: {line} {text[:200]}")
+    big = b" " * (1 << 20)
+    chunked = [b"%x\r\n%s\r\n" % (len(big), big) for _ in range(65)] + [b"0\r\n\r\n"]
+    line, text = raw_post({"Transfer-Encoding": "chunked"}, chunked)
+    check(" 413 " in line and "larger than 64 MiB" in text, f"65 MiB chunked body: {line} {text[:200]}")
+    small = gzip.compress(json.dumps(dict(chat, max_tokens=2)).encode())
+    line, text = raw_post({"Content-Encoding": "gzip", "Content-Length": str(len(small))}, [small])
+    check(" 200 " in line and "chat.completion" in text, f"small gzip body: {line} {text[:200]}")
+    status, _, text = request("GET", "/health")
+    check(status == 200, f"/health after oversized bodies: {status} {text}")
     error(400, "/v1/chat/completions", {"model": "tiny"}, want="\"messages\"")
     error(400, "/v1/chat/completions", dict(chat, n=3), want="\"n\"")
     error(400, "/v1/chat/completions", dict(chat, stop=["a", "b", "c", "d", "e"]), want="\"stop\"")
