@@ -17,6 +17,8 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -41,7 +43,60 @@ struct ServeArgs {
   std::string cache_memory;  // --cache-memory: most bytes all slots' caches may hold ("" = no limit)
   EngineArgs engine_args;
   openai::Defaults defaults;
+  std::string api_key;                 // --api-key, or M3_API_KEY; "" = none
+  std::vector<std::string> allow_host; // --allow-host; empty = the loopback names
 };
+
+// Who may talk to the server (issue 35): a page in the user's browser must not reach it across
+// origins (a Host allow-list defeats DNS rebinding; JSON-only bodies need a CORS preflight that
+// is never granted), and with a key every route but /health needs "Authorization: Bearer KEY".
+struct Access {
+  std::string api_key;
+  std::vector<std::string> hosts;  // "*": any
+
+  // Equal strings in time that depends on their lengths only, not on where they differ.
+  static bool SameKey(const std::string& a, const std::string& b) {
+    unsigned char diff = a.size() == b.size() ? 0 : 1;
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i)
+      diff |= static_cast<unsigned char>((i < a.size() ? a[i] : 0) ^ (i < b.size() ? b[i] : 0));
+    return diff == 0;
+  }
+  // The Host header without its port ("[::1]:8080" -> "[::1]").
+  static std::string HostName(const std::string& host) {
+    if (!host.empty() && host[0] == '[') return host.substr(0, host.find(']') + 1);
+    return host.substr(0, host.find(':'));
+  }
+  bool HostAllowed(const std::string& host) const {
+    const std::string name = HostName(host);
+    for (const std::string& h : hosts)
+      if (h == "*" || h == name) return true;
+    return false;
+  }
+  // Empty: the request may go on; else the refusal (status, message).
+  std::optional<std::pair<int, std::string>> Check(const httplib::Request& req) const {
+    if (!req.has_header("Host") || !HostAllowed(req.get_header_value("Host")))
+      return std::pair{403, "Host '" + req.get_header_value("Host") +
+                                "' is not one this server answers to (--allow-host adds names; the "
+                                "loopback names are allowed by default)"};
+    if (req.path == "/health") return std::nullopt;
+    if (!api_key.empty()) {
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string prefix = "Bearer ";
+      if (auth.compare(0, prefix.size(), prefix) != 0 || !SameKey(auth.substr(prefix.size()), api_key))
+        return std::pair{401, std::string("a valid API key is needed: send \"Authorization: Bearer <key>\"")};
+    }
+    if (req.method == "POST") {
+      const std::string type = req.get_header_value("Content-Type");
+      if (type.substr(0, type.find(';')) != "application/json")
+        return std::pair{415, "request bodies must be sent as Content-Type: application/json, got '" + type + "'"};
+    }
+    return std::nullopt;
+  }
+};
+
+bool IsLoopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
 
 std::string Dump(const ojson& j) { return JsonText(j); }
 
@@ -303,6 +358,27 @@ int Serve(const ServeArgs& a) {
   server->scheduler->Start();
 
   httplib::Server http;
+  auto access = std::make_shared<Access>();
+  access->api_key = a.api_key;
+  if (access->api_key.empty())
+    if (const char* env = std::getenv("M3_API_KEY")) access->api_key = env;
+  access->hosts = a.allow_host.empty() ? std::vector<std::string>{"localhost", "127.0.0.1", "[::1]"} : a.allow_host;
+  if (!IsLoopback(a.host)) {
+    if (access->api_key.empty())
+      std::fprintf(stderr, "m3 serve: warning: listening on %s, beyond loopback, with no API key: anyone who can "
+                           "reach this port can use the model (--api-key or M3_API_KEY)\n", a.host.c_str());
+    if (a.allow_host.empty())
+      std::fprintf(stderr, "m3 serve: note: only requests to the loopback names are answered until --allow-host "
+                           "names the ones clients use (or '*')\n");
+  }
+  // Before routing and before any body is read.
+  http.set_pre_routing_handler([access](const httplib::Request& req, httplib::Response& res) {
+    const auto refusal = access->Check(req);
+    if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
+    if (refusal->first == 401) res.set_header("WWW-Authenticate", "Bearer");
+    SendError(res, refusal->first, refusal->second);
+    return httplib::Server::HandlerResponse::Handled;
+  });
   http.set_payload_max_length(kMaxBodyBytes);  // on the wire; ReadBody counts what it decodes to
   // A thread per request in flight (each streams or waits for its reply), plus a few for the rest.
   const size_t http_threads = static_cast<size_t>(a.slots) + 8;
@@ -373,6 +449,11 @@ void AddServeCommand(CLI::App& app, int* rc) {
   cmd->add_option("--host", a->host, "address to listen on")->default_val("127.0.0.1");
   cmd->add_option("--port", a->port, "port (0: any free one, printed at start)")->default_val(8080);
   cmd->add_option("--name", a->name, "model id reported to clients (default: the model folder's name)");
+  cmd->add_option("--api-key", a->api_key,
+                  "require \"Authorization: Bearer KEY\" on every route but /health (default: $M3_API_KEY if set)");
+  cmd->add_option("--allow-host", a->allow_host,
+                  "a Host name clients may use (repeatable; default: localhost, 127.0.0.1, [::1]; '*': any): "
+                  "other Host headers get 403, so a web page cannot reach the server by DNS rebinding");
   AddEngineOptions(cmd, &a->engine_args);
   cmd->add_option("-c,--context", a->context, "context limit in tokens (0 = the model's)")->default_val(0);
   cmd->add_option("--slots", a->slots,

@@ -183,6 +183,34 @@ try:
     check(" 200 " in line and "chat.completion" in text, f"small gzip body: {line} {text[:200]}")
     status, _, text = request("GET", "/health")
     check(status == 200, f"/health after oversized bodies: {status} {text}")
+
+    # Not reachable from a web page: a Host that is not loopback (DNS rebinding) gets 403, a body
+    # that is not application/json (a form or text/plain needs no CORS preflight) 415.
+    def with_headers(method, path, headers, data=None):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.putrequest(method, path, skip_host=True)
+        for k, v in headers.items():
+            conn.putheader(k, v)
+        body = data.encode() if data is not None else None
+        if body is not None:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        conn.close()
+        return resp.status, text, resp.getheader("WWW-Authenticate", "")
+
+    body = json.dumps(dict(chat, max_tokens=2))
+    status, text, _ = with_headers("POST", "/v1/chat/completions",
+                                   {"Host": "attacker.example:%d" % port, "Content-Type": "application/json"}, body)
+    check(status == 403 and "attacker.example" in text, f"foreign Host: {status} {text[:200]}")
+    status, text, _ = with_headers("GET", "/health", {"Host": "attacker.example"})
+    check(status == 403, f"foreign Host on /health: {status}")
+    status, text, _ = with_headers("POST", "/v1/chat/completions", {"Host": "localhost:%d" % port, "Content-Type": "text/plain"}, body)
+    check(status == 415 and "application/json" in text, f"text/plain body: {status} {text[:200]}")
+    status, text, _ = with_headers("POST", "/v1/chat/completions",
+                                   {"Host": "[::1]:%d" % port, "Content-Type": "application/json; charset=utf-8"}, body)
+    check(status == 200, f"[::1] Host, JSON with a charset: {status} {text[:200]}")
     error(400, "/v1/chat/completions", {"model": "tiny"}, want="\"messages\"")
     error(400, "/v1/chat/completions", dict(chat, n=3), want="\"n\"")
     error(400, "/v1/chat/completions", dict(chat, stop=["a", "b", "c", "d", "e"]), want="\"stop\"")
@@ -202,7 +230,7 @@ try:
     # A client that reads one event and hangs up: the server stops and serves the next request.
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     body = json.dumps(dict(chat, stream=True, max_tokens=300)).encode()
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     got = b""
     while b"data: " not in got:
@@ -381,6 +409,37 @@ check(p.returncode != 0 and "--cache-memory" in p.stderr, f"--cache-memory lots:
 
 log = [l for l in err.splitlines() if l.startswith("m3 serve: /v1/")]
 check(any("| caller" in l for l in log), "the hung-up stream was stopped (stop reason caller): " + "\n".join(log[-4:]))
+# An API key (from the environment here): every route but /health needs it as a Bearer token.
+env = dict(os.environ, M3_API_KEY="s3cret-key")
+keyed = subprocess.Popen([m3, "serve", "-m", model, "--port", "0", "-t", "2", "-c", "400"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+try:
+    port = int(keyed.stdout.readline().split("http://127.0.0.1:")[1].split()[0])
+
+    def keyed_request(method, path, auth=None, body=None):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        headers = {"Content-Type": "application/json"}
+        if auth is not None:
+            headers["Authorization"] = auth
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        conn.close()
+        return resp.status, text, resp.getheader("WWW-Authenticate", "")
+
+    small_chat = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    check(keyed_request("GET", "/health")[0] == 200, "/health needs no key")
+    for auth in (None, "Bearer wrong", "Bearer s3cret-ke", "Bearer s3cret-keyy", "s3cret-key", "Basic s3cret-key"):
+        status, text, www = keyed_request("POST", "/v1/chat/completions", auth, small_chat)
+        check(status == 401 and www == "Bearer" and "API key" in text, f"auth {auth!r}: {status} {www!r} {text[:120]}")
+    check(keyed_request("GET", "/v1/models")[0] == 401, "/v1/models needs the key")
+    check(keyed_request("GET", "/v1/models", "Bearer s3cret-key")[0] == 200, "/v1/models with the key")
+    status, text, _ = keyed_request("POST", "/v1/chat/completions", "Bearer s3cret-key", small_chat)
+    check(status == 200 and "chat.completion" in text, f"with the key: {status} {text[:200]}")
+finally:
+    keyed.terminate()
+    keyed.wait(timeout=30)
+
 for f in failures:
     print("FAIL:", f)
 print(f"serve checks: {len(failures)} failed")
