@@ -60,12 +60,21 @@ int RunTokenize(const std::string& dir, bool decode) {
       return false;
     }
     std::vector<int32_t> ids;
+    const size_t vocab = (*tok)->vocab_size();
     for (const auto& v : req["ids"]) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
         PrintLine({{"error", "'ids' must hold non-negative integers"}});
         return false;
       }
+      if (static_cast<uint64_t>(v.get<int64_t>()) >= vocab) {  // decoding would drop it silently
+        PrintLine({{"error", Str("id ", v.get<int64_t>(), " is not in the vocabulary (ids 0..", vocab - 1, ")")}});
+        return false;
+      }
       ids.push_back(v.get<int32_t>());
+    }
+    if (req.contains("skip_special_tokens") && !req["skip_special_tokens"].is_boolean()) {
+      PrintLine({{"error", "'skip_special_tokens' must be true or false"}});
+      return false;
     }
     const bool skip = req.value("skip_special_tokens", false);
     PrintLine({{"text", (*tok)->Decode(ids, skip)}});

@@ -46,6 +46,13 @@ for skip, key in ((False, "decoded"), (True, "decoded_skip_special")):
         check(g.get("text") == c[key], f"decode skip={skip} {c['id']}")
 rc, out, _ = run(["tokenize", "--tokenizer", tok_dir], "not json\n{\"text\": 5}\n")
 check(rc != 0 and out.count("error") == 2, "tokenize reports malformed requests as errors")
+# A bad line is reported and the next still served; an id past the vocabulary is an error, not "".
+rc, out, _ = run(["tokenize", "--tokenizer", tok_dir, "--decode"],
+                 '{"ids": [999999999]}\n{"ids": [1], "skip_special_tokens": "yes"}\n{"ids": "abc"}\n{"ids": [1]}\n')
+outs = [json.loads(l) for l in out.rstrip("\n").split("\n") if l]
+check(rc == 1 and len(outs) == 4 and "not in the vocabulary" in outs[0].get("error", "")
+      and "skip_special_tokens" in outs[1].get("error", "") and "error" in outs[2] and "text" in outs[3],
+      f"decode: bad lines reported, the rest served: {outs}")
 # 200 KB of nesting is refused by name and the next line still served (it once crashed both).
 deep = '{"text": "x", "y": ' + "[" * 100000 + "]" * 100000 + "}\n"
 for cmd in (["tokenize"], ["template"]):
