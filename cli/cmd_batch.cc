@@ -167,7 +167,8 @@ int Batch(const BatchArgs& a) {
         auto response = openai::WholeResponse((*text)->tokenizer(), request->request, id, created, model,
                                               request->choices);
         if (!response.ok()) ++failed;
-        writer.Put(i, response.ok() ? ojson{{"index", i}, {"response", *response}} : ErrorLine(i, response.status()));
+        writer.Put(i, response.ok() ? ojson{{"index", i}, {"seed", request->request.sampling.seed}, {"response", *response}}
+                                    : ErrorLine(i, response.status()));
         std::fprintf(stderr, "\rm3 batch: %zu / %zu requests done", done, lines.size());
       };
       scheduler.Submit(std::move(sr));

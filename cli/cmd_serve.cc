@@ -236,6 +236,7 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
                      : openai::ParseCompletionRequest(body, server->args.defaults);
   if (!parsed.ok()) return SendError(res, 400, parsed.status().message());
   const openai::Request& r = *parsed;
+  res.set_header("X-Seed", std::to_string(r.sampling.seed));  // the request's, or the fresh one it got
   auto job = std::make_shared<Job>();
   job->chat = chat;
   job->stream = r.stream;

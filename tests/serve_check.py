@@ -184,6 +184,18 @@ try:
     status, _, text = request("GET", "/health")
     check(status == 200, f"/health after oversized bodies: {status} {text}")
 
+    # A request without a seed gets a fresh one, reported in X-Seed; one with a seed keeps it.
+    def seed_of(body):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        return resp.getheader("X-Seed")
+    unseeded = [seed_of(dict(chat, max_tokens=1, temperature=1.0)) for _ in range(2)]
+    check(None not in unseeded and unseeded[0] != unseeded[1], f"fresh seeds: {unseeded}")
+    check(seed_of(dict(chat, max_tokens=1, seed=1234)) == "1234", "a given seed is kept")
+
     # Not reachable from a web page: a Host that is not loopback (DNS rebinding) gets 403, a body
     # that is not application/json (a form or text/plain needs no CORS preflight) 415.
     def with_headers(method, path, headers, data=None):

@@ -3,6 +3,8 @@
 
 #include <climits>
 #include <limits>
+#include <mutex>
+#include <random>
 
 #include "text/byte_level.h"
 
@@ -41,6 +43,13 @@ Status ReadBool(const ojson& body, const char* key, bool* out) {
   return Status::Ok();
 }
 
+uint64_t FreshSeed() {
+  static std::random_device device;
+  static std::mutex mutex;
+  const std::lock_guard<std::mutex> lock(mutex);
+  return (static_cast<uint64_t>(device()) << 32 | device()) & ((uint64_t{1} << 53) - 1);  // exact as a JSON number
+}
+
 // The fields both endpoints share: sampling, budget, streaming, and what is not supported.
 Status ReadCommon(const ojson& body, const Defaults& defaults, Request* r) {
   if (!body.is_object()) return InvalidArgument("the request body must be a JSON object");
@@ -53,6 +62,9 @@ Status ReadCommon(const ojson& body, const Defaults& defaults, Request* r) {
   M3_RETURN_IF_ERROR(ReadNumber(body, "min_p", &r->sampling.min_p));
   M3_RETURN_IF_ERROR(ReadNumber(body, "presence_penalty", &r->sampling.presence_penalty));
   M3_RETURN_IF_ERROR(ReadNumber(body, "repetition_penalty", &r->sampling.repetition_penalty));
+  // A request without a seed samples with a fresh one (each retry differs, as from OpenAI); the
+  // server reports it, so that a reply can be reproduced.
+  r->sampling.seed = FreshSeed();
   M3_RETURN_IF_ERROR(ReadNumber(body, "seed", &r->sampling.seed));
   M3_RETURN_IF_ERROR(ValidateSamplingParams(r->sampling));
   M3_RETURN_IF_ERROR(ReadNumber(body, "max_tokens", &r->max_tokens));
