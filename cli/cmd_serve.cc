@@ -94,6 +94,13 @@ struct Access {
   }
 };
 
+// The method a route of this server takes ("" for no such route).
+std::string AllowedMethod(const std::string& path) {
+  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
+  if (path == "/health" || path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "GET";
+  return "";
+}
+
 bool IsLoopback(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
@@ -387,15 +394,21 @@ int Serve(const ServeArgs& a) {
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
-  http.Get("/v1/models", [server](const httplib::Request&, httplib::Response& res) {
-    const ojson models = {{"object", "list"},
-                          {"data",
-                           {{{"id", server->args.name},
-                             {"object", "model"},
-                             {"created", 0},
-                             {"owned_by", "m3"},
-                             {"max_model_len", server->scheduler->max_context()}}}}};
-    res.set_content(Dump(models), "application/json");
+  auto model_object = [server] {
+    return ojson{{"id", server->args.name},
+                 {"object", "model"},
+                 {"created", 0},
+                 {"owned_by", "m3"},
+                 {"max_model_len", server->scheduler->max_context()}};
+  };
+  http.Get("/v1/models", [model_object](const httplib::Request&, httplib::Response& res) {
+    res.set_content(Dump(ojson{{"object", "list"}, {"data", ojson::array({model_object()})}}), "application/json");
+  });
+  http.Get(R"(/v1/models/(.+))", [server, model_object](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] != server->args.name)
+      return SendError(res, 404, "no model '" + std::string(req.matches[1]) + "': this server has '" +
+                                     server->args.name + "'");
+    res.set_content(Dump(model_object()), "application/json");
   });
   http.Post("/v1/chat/completions",
             [server](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
@@ -407,8 +420,15 @@ int Serve(const ServeArgs& a) {
             });
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler's own error
-    const std::string what = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
-                                               : "HTTP " + std::to_string(res.status);
+    // A route that exists under another method is a 405 naming the one it takes.
+    const std::string allowed = AllowedMethod(req.path);
+    if (res.status == 404 && !allowed.empty()) {
+      res.status = 405;
+      res.set_header("Allow", allowed);
+    }
+    const std::string what = res.status == 404   ? "no such endpoint: " + req.method + " " + req.path
+                             : res.status == 405 ? req.path + " takes " + allowed + ", not " + req.method
+                                                 : "HTTP " + std::to_string(res.status);
     res.set_content(Dump(openai::ErrorBody(what, res.status)), "application/json");
   });
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {

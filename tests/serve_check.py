@@ -55,6 +55,22 @@ try:
     check(status == 200 and json.loads(text) == {"status": "ok"}, f"/health: {status} {text}")
     status, _, text = request("GET", "/v1/models")
     check(status == 200 and json.loads(text)["data"][0]["id"] == "tiny", f"/v1/models: {status} {text}")
+    status, _, text = request("GET", "/v1/models/tiny")
+    check(status == 200 and json.loads(text)["id"] == "tiny", f"/v1/models/tiny: {status} {text}")
+    status, _, text = request("GET", "/v1/models/other")
+    check(status == 404 and "'other'" in text, f"/v1/models/other: {status} {text}")
+    # A route under another method: 405 with the one it takes; no route at all: 404.
+    for method, path, allow in (("GET", "/v1/chat/completions", "POST"), ("POST", "/health", "GET"),
+                                ("DELETE", "/v1/models", "GET")):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request(method, path, body="{}" if method == "POST" else None, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        conn.close()
+        check(resp.status == 405 and resp.getheader("Allow") == allow and "takes " + allow in text,
+              f"{method} {path}: {resp.status} {resp.getheader('Allow')} {text}")
+    status, _, text = request("GET", "/v2/nothing")
+    check(status == 404 and "no such endpoint" in text, f"/v2/nothing: {status} {text}")
 
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hello! Who are you?"}], "max_tokens": 10,
             "temperature": 0, "chat_template_kwargs": {"thinking_mode": "enabled"}}
