@@ -240,6 +240,11 @@ try:
                                    {"Host": "[::1]:%d" % port, "Content-Type": "application/json; charset=utf-8"}, body)
     check(status == 200, f"[::1] Host, JSON with a charset: {status} {text[:200]}")
     error(400, "/v1/chat/completions", {"model": "tiny"}, want="\"messages\"")
+    # OpenAI's error shape: param names the field, code is a string or null.
+    status, _, text = request("POST", "/v1/chat/completions", dict(chat, n=3))
+    err = json.loads(text)["error"]
+    check(status == 400 and err.get("param") == "n" and "code" in err and err["code"] is None
+          and err.get("type") == "invalid_request_error", f"error shape: {text}")
     error(400, "/v1/chat/completions", dict(chat, n=3), want="\"n\"")
     error(400, "/v1/chat/completions", dict(chat, stop=["a", "b", "c", "d", "e"]), want="\"stop\"")
     error(400, "/v1/chat/completions", dict(chat, temperature=-2), want="temperature")
@@ -459,7 +464,8 @@ try:
     check(keyed_request("GET", "/health")[0] == 200, "/health needs no key")
     for auth in (None, "Bearer wrong", "Bearer s3cret-ke", "Bearer s3cret-keyy", "s3cret-key", "Basic s3cret-key"):
         status, text, www = keyed_request("POST", "/v1/chat/completions", auth, small_chat)
-        check(status == 401 and www == "Bearer" and "API key" in text, f"auth {auth!r}: {status} {www!r} {text[:120]}")
+        check(status == 401 and www == "Bearer" and "API key" in text
+              and json.loads(text)["error"]["code"] == "invalid_api_key", f"auth {auth!r}: {status} {www!r} {text[:120]}")
     check(keyed_request("GET", "/v1/models")[0] == 401, "/v1/models needs the key")
     check(keyed_request("GET", "/v1/models", "Bearer s3cret-key")[0] == 200, "/v1/models with the key")
     status, text, _ = keyed_request("POST", "/v1/chat/completions", "Bearer s3cret-key", small_chat)

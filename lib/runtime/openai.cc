@@ -423,10 +423,30 @@ ojson UsageChunk(const std::string& id, int64_t created, const std::string& mode
 }
 
 ojson ErrorBody(const std::string& message, int http_status) {
+  // OpenAI's shape: `code` a string or null, `param` the request field at fault or null (our
+  // messages about a field start with its name in quotes: "\"n\" must be 1 ...").
+  const char* code = nullptr;
+  switch (http_status) {
+    case 401: code = "invalid_api_key"; break;
+    case 403: code = "forbidden"; break;
+    case 404: code = "not_found"; break;
+    case 405: code = "method_not_allowed"; break;
+    case 413: code = "request_too_large"; break;
+    case 415: code = "unsupported_media_type"; break;
+    case 429: code = "rate_limit_exceeded"; break;
+    case 503: code = "server_busy"; break;
+    default: break;
+  }
+  ojson param = nullptr;
+  if (message.size() > 2 && message[0] == '"') {
+    const size_t end = message.find('"', 1);
+    if (end != std::string::npos && end > 1) param = message.substr(1, end - 1);
+  }
   return {{"error",
            {{"message", message},
             {"type", http_status < 500 ? "invalid_request_error" : "server_error"},
-            {"code", http_status}}}};
+            {"param", param},
+            {"code", code ? ojson(code) : ojson(nullptr)}}}};
 }
 
 StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,

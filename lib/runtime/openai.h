@@ -165,7 +165,10 @@ void AddUsage(GenerateStats* total, const GenerateStats& choice);
 ojson UsageChunk(const std::string& id, int64_t created, const std::string& model, bool chat,
                  const GenerateStats& stats);
 
-// {"error": {"message", "type", "code"}}; type "invalid_request_error" for 4xx, "server_error" else.
+// {"error": {"message", "type", "param", "code"}} as OpenAI writes it: type "invalid_request_error"
+// for 4xx, "server_error" else; param the field a message names first (in quotes) or null; code a
+// string for the statuses that have one (401 "invalid_api_key", 429 "rate_limit_exceeded", ...)
+// or null.
 ojson ErrorBody(const std::string& message, int http_status);
 // The HTTP status of a failed turn: 400 for bad requests and context overflow, 503 when out of
 // memory, 500 for the rest (a folder without a chat template included).
