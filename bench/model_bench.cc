@@ -829,7 +829,7 @@ Status MeasureOffload(const Plan& p, Result* r, FILE* log) {
   f.experts_s = st.experts_seconds / steps;
   f.handoff_s = st.handoff_seconds / steps;
   f.selection_s = st.selection_seconds / steps;
-  f.dense_bytes = static_cast<double>(offload.bytes_per_pass());
+  f.dense_bytes = static_cast<double>(offload.weight_bytes());
   f.copy_gbps = DeviceCopyGbps(offload.device());
   r->logits_finite = r->logits_finite && o.logits_finite;
   return Status::Ok();

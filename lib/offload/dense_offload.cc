@@ -2,11 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
-#include <cstring>
-#include <limits>
 
-#include "base/bytes.h"
 #include "model/dense_part.h"
 #include "ops/matmul.h"
 #include "ops/moe.h"
@@ -106,7 +102,7 @@ StatusOr<std::unique_ptr<DenseOffload>> DenseOffload::Open(const Model& model, s
   // What the device will hold, in its layouts, before any of it is uploaded.
   uint64_t need = 0;
   ForEachDenseMatrix(w, /*shared_experts=*/true, /*lm_head=*/true, [&](const char* group, const simd::WeightRef& m) {
-    if (std::string(group) != "MTP projection") need += DeviceLayoutFor(m).code_bytes + DeviceLayoutFor(m).scale_bytes;
+    if (std::string(group) != "MTP projection") need += DeviceLayoutFor(m).bytes();
   });
   GpuFootprint footprint = EstimateGpuFootprint(c, MeasureDensePart(c, w), CacheOptions{}, context);
   footprint.weight_bytes = need;

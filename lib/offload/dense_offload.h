@@ -50,9 +50,9 @@ class DenseOffload {
                  ForwardObserver* observer);
 
   Device& device() { return *device_; }
-  uint64_t weight_bytes() const { return weight_bytes_; }  // the dense part in device memory
-  // Bytes of weights one pass reads on the device (every matrix once; the embedding not at all).
-  uint64_t bytes_per_pass() const { return weight_bytes_; }
+  // The dense part in device memory: also what one pass reads there (every matrix once; the
+  // embedding table stays on the host).
+  uint64_t weight_bytes() const { return weight_bytes_; }
   OffloadStats& stats() { return stats_; }
 
  private:

@@ -25,7 +25,7 @@ struct DeviceMatrix {
   DeviceLayout layout;
   void* codes = nullptr;    // layout.code_bytes
   float* scales = nullptr;  // layout.scale_bytes (quantized layouts only)
-  uint64_t bytes() const { return layout.code_bytes + layout.scale_bytes; }
+  uint64_t bytes() const { return layout.bytes(); }
 };
 
 // Shapes of one attention call: Hq query heads read KV head j / (Hq / Hkv); with a block

@@ -34,6 +34,7 @@ struct DeviceLayout {
     return format == DeviceFormat::kFp8 || format == DeviceFormat::kQ8 || format == DeviceFormat::kQ4;
   }
   size_t scale_cols() const { return quantized() ? padded_cols / kDeviceGroup : 0; }
+  uint64_t bytes() const { return code_bytes + scale_bytes; }
 };
 
 const char* DeviceFormatName(DeviceFormat f);
