@@ -148,11 +148,50 @@ TEST_CASE("openai: malformed and unsupported requests are refused by name", "[op
   CHECK_THAT(ChatError({{"logprobs", true}, {"top_logprobs", 21}}), Contains("\"top_logprobs\" must be 0..20, got 21"));
   CHECK_THAT(ChatError({{"logprobs", true}, {"top_logprobs", -1}}), Contains("must be 0..20"));
   CHECK_THAT(ChatError({{"max_tokens", 0}}), Contains("0 only with \"echo\""));
-  CHECK_THAT(ChatError({{"echo", true}, {"max_tokens", 0}}), Contains("0 only with \"echo\""));  // completions' field
+  CHECK_THAT(ChatError({{"echo", true}}), Contains("\"echo\" is not supported"));  // completions' field
   CHECK_THAT(ChatError({{"tool_choice", "required"}}), Contains("tool_choice"));
   CHECK_THAT(ChatError({{"tools", {{"type", "function"}}}}), Contains("\"tools\" must be an array"));
   CHECK_THAT(ChatError({{"response_format", {{"type", "json_object"}}}}), Contains("response_format"));
   CHECK_THAT(ChatError({{"chat_template_kwargs", "x"}}), Contains("chat_template_kwargs"));
+}
+
+TEST_CASE("openai: fields, roles and content parts the server does not implement are refused, never dropped",
+          "[openai]") {
+  // Unknown fields, and known ones that ask for what is not implemented.
+  CHECK_THAT(ChatError({{"functions", ojson::array()}}), Contains("\"functions\" is not supported"));
+  CHECK_THAT(ChatError({{"best_of", 2}}), Contains("\"best_of\" is not supported"));  // completions only
+  CHECK_THAT(ChatError({{"logit_bias", {{"50256", -100}}}}), Contains("\"logit_bias\" is not supported"));
+  CHECK(ChatError({{"logit_bias", ojson::object()}}) == "accepted");  // asks for nothing
+  CHECK(ChatError({{"logit_bias", nullptr}, {"user", "u-1"}, {"model", "any"}}) == "accepted");
+  CHECK_THAT(ChatError({{"user", 5}}), Contains("\"user\" must be a string"));
+  CHECK_THAT(ChatError({{"parallel_tool_calls", false}}), Contains("\"parallel_tool_calls\" must be true"));
+  CHECK(ChatError({{"parallel_tool_calls", true}}) == "accepted");
+  // Roles: missing, unknown, or where the template would skip them.
+  auto with = [](ojson messages) { return ChatError({{"messages", std::move(messages)}}); };
+  const ojson user = {{"role", "user"}, {"content", "hi"}};
+  CHECK_THAT(with({{{"content", "hi"}}}), Contains("\"messages[0].role\" is missing"));
+  CHECK_THAT(with({{{"role", "function"}, {"content", "x"}}}), Contains("'function' is not one of"));
+  CHECK_THAT(with({user, {{"role", "system"}, {"content", "late"}}}), Contains("\"messages[1].role\": a system message"));
+  CHECK_THAT(with({user, {{"role", "root"}, {"content", "x"}}}), Contains("root message may only come first"));
+  CHECK(with({{{"role", "root"}, {"content", "r"}}, {{"role", "developer"}, {"content", "d"}}, user}) == "accepted");
+  CHECK_THAT(with({{{"role", "user"}, {"content", "hi"}, {"name", "ann"}}}), Contains("\"messages[0].name\""));
+  CHECK_THAT(with({{{"role", "user"}}}), Contains("\"messages[0].content\" is missing"));
+  CHECK_THAT(with({{{"role", "user"}, {"content", 5}}}), Contains("must be a string or an array"));
+  // An echoed reply with its empty fields is fine.
+  CHECK(with({user, {{"role", "assistant"}, {"content", "yo"}, {"refusal", nullptr}, {"annotations", ojson::array()}},
+              user}) == "accepted");
+  // Content parts: text only.
+  const ojson image = {{"type", "image_url"}, {"image_url", {{"url", "data:image/png;base64,AAAA"}}}};
+  CHECK_THAT(with({{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "look"}}, image}}}}),
+             Contains("\"messages[0].content[1].type\" 'image_url' is not supported"));
+  CHECK_THAT(with({{{"role", "user"}, {"content", {{{"type", "text"}}}}}}), Contains("content[0].text\" must be a string"));
+  CHECK(with({{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, "b"}}}}) == "accepted");
+  // Completions: best_of 1 only; suffix refused.
+  CHECK_THAT(openai::ParseCompletionRequest({{"prompt", "x"}, {"best_of", 3}}, {}).status().message(),
+             Contains("\"best_of\" must be 1"));
+  CHECK(openai::ParseCompletionRequest({{"prompt", "x"}, {"best_of", 1}}, {}).ok());
+  CHECK_THAT(openai::ParseCompletionRequest({{"prompt", "x"}, {"messages", 1}}, {}).status().message(),
+             Contains("\"messages\" is not supported"));
 }
 
 TEST_CASE("openai: tool-call arguments arrive as JSON strings and reach the template as objects", "[openai]") {

@@ -1,6 +1,8 @@
 #include "runtime/chat.h"
 
 #include <algorithm>
+#include <atomic>
+#include <random>
 #include <utility>
 
 namespace m3 {
@@ -32,15 +34,81 @@ StatusOr<std::string> ChatText::Render(const ojson& messages, const ojson& tools
   return template_->Render(messages, tools, options);
 }
 
+namespace {
+
+// Literal content: each message's text goes through the template between two marks (private-use
+// code points around a random nonce, so that no text can forge one), which are then taken out of
+// the rendering, leaving the byte ranges they enclosed. The marks travel with the text wherever
+// the template puts it.
+struct LiteralMarks {
+  std::string open, close;
+  LiteralMarks() {
+    static std::atomic<uint64_t> counter{0};
+    const uint64_t nonce = (static_cast<uint64_t>(std::random_device()()) << 32) ^ ++counter;
+    const std::string hex = Str(std::hex, nonce);
+    open = "\uE000" + hex + "\uE000";
+    close = "\uE001" + hex + "\uE001";
+  }
+
+  // Non-empty text only: an empty one must stay falsy for the template.
+  void Wrap(ojson& text) const {
+    if (text.is_string() && !text.get_ref<const std::string&>().empty())
+      text = open + text.get<std::string>() + close;
+  }
+  ojson WrapMessages(const ojson& messages) const {
+    ojson out = messages;
+    for (ojson& m : out) {
+      if (!m.is_object() || !m.contains("content") || m.value("role", std::string()) == "assistant") continue;
+      ojson& content = m["content"];
+      Wrap(content);
+      if (content.is_array())
+        for (ojson& part : content) {
+          Wrap(part);
+          if (part.is_object() && part.contains("text")) Wrap(part["text"]);
+        }
+    }
+    return out;
+  }
+  // Takes the marks out of `rendered`; the byte ranges they enclosed, in order.
+  std::vector<std::pair<size_t, size_t>> Take(std::string& rendered) const {
+    std::string out;
+    std::vector<std::pair<size_t, size_t>> ranges;
+    constexpr size_t kNone = std::string::npos;
+    size_t begin = kNone;  // of the range open now
+    for (size_t pos = 0;;) {
+      const size_t o = rendered.find(open, pos), c = rendered.find(close, pos), next = std::min(o, c);
+      out.append(rendered, pos, next == kNone ? kNone : next - pos);
+      if (next == kNone) break;
+      if (next == o) {
+        if (begin == kNone) begin = out.size();
+        pos = o + open.size();
+      } else {
+        if (begin != kNone && begin < out.size()) ranges.emplace_back(begin, out.size());
+        begin = kNone;
+        pos = c + close.size();
+      }
+    }
+    if (begin != kNone && begin < out.size()) ranges.emplace_back(begin, out.size());
+    rendered = std::move(out);
+    return ranges;
+  }
+};
+
+}  // namespace
+
 StatusOr<std::vector<int32_t>> ChatText::TurnPrompt(const ojson& messages, const ojson& tools, ojson options,
-                                                    TurnOptions* turn) const {
+                                                    TurnOptions* turn, bool literal_content) const {
   if (options.is_null()) options = ojson::object();
   if (!options.is_object()) return InvalidArgument("chat options must be a JSON object");
   options["add_generation_prompt"] = true;
-  M3_ASSIGN_OR_RETURN(const std::string rendered, Render(messages, tools, options));
+  const LiteralMarks marks;
+  M3_ASSIGN_OR_RETURN(std::string rendered,
+                      Render(literal_content ? marks.WrapMessages(messages) : messages, tools, options));
+  const std::vector<std::pair<size_t, size_t>> literal =
+      literal_content ? marks.Take(rendered) : std::vector<std::pair<size_t, size_t>>();
   turn->start = OutputStart(rendered);
   turn->tools = nlohmann::json::parse(tools.dump());  // the parser takes unordered json
-  return tokenizer_->Encode(rendered);
+  return tokenizer_->Encode(rendered, literal);
 }
 
 StopStrings::StopStrings(std::vector<std::string> stops) {

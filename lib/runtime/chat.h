@@ -43,10 +43,13 @@ class ChatText {
   // The prompt ids of the next assistant turn: `messages` (and `tools`, null for none) rendered
   // with add_generation_prompt set, `options` (an object or null) as template variables
   // (thinking_mode, ...). Sets turn->start from the rendered prompt (OutputStart) and turn->tools
-  // (which types tool-call arguments).
+  // (which types tool-call arguments). With `literal_content`, the text of every message but the
+  // assistant's own is encoded as plain text: a user who types "<mm:think>" or "[e~[" gets the
+  // letters, not the control tokens (HF's apply_chat_template gives the tokens; that is the
+  // default).
   StatusOr<std::vector<int32_t>> TurnPrompt(const nlohmann::ordered_json& messages,
                                             const nlohmann::ordered_json& tools, nlohmann::ordered_json options,
-                                            TurnOptions* turn) const;
+                                            TurnOptions* turn, bool literal_content = false) const;
   // The end of an assistant turn and the defensive stops of docs/MODEL.md §6.5, those that exist.
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
 

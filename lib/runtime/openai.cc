@@ -1,7 +1,9 @@
 #include "runtime/openai.h"
 #include "base/json_guard.h"
 
+#include <algorithm>
 #include <climits>
+#include <initializer_list>
 #include <limits>
 #include <mutex>
 #include <random>
@@ -56,6 +58,7 @@ Status ReadCommon(const ojson& body, const Defaults& defaults, Request* r) {
   r->sampling = defaults.sampling;
   r->max_tokens = defaults.max_tokens;
   r->lookup = defaults.lookup;
+  r->literal_content = defaults.literal_content;
   M3_RETURN_IF_ERROR(ReadNumber(body, "temperature", &r->sampling.temperature));
   M3_RETURN_IF_ERROR(ReadNumber(body, "top_p", &r->sampling.top_p));
   M3_RETURN_IF_ERROR(ReadNumber(body, "top_k", &r->sampling.top_k));
@@ -85,6 +88,81 @@ Status ReadCommon(const ojson& body, const Defaults& defaults, Request* r) {
     return InvalidArgument("\"frequency_penalty\" is not supported (use presence_penalty or repetition_penalty)");
   if (body.contains("stop")) {
     M3_ASSIGN_OR_RETURN(r->stop, ParseStopStrings(body["stop"], 4));  // OpenAI's limit
+  }
+  return Status::Ok();
+}
+
+// Every top-level field must be one this server acts on (or one that asks for what it does
+// anyway): anything else is refused by name instead of being dropped. `extra`: the endpoint's own.
+Status CheckFields(const ojson& body, std::initializer_list<const char*> extra) {
+  static constexpr const char* kCommon[] = {
+      "model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty",
+      "frequency_penalty", "seed", "max_tokens", "max_completion_tokens", "stream", "stream_options", "n", "stop",
+      "logprobs", "user", "logit_bias"};
+  for (const auto& [key, value] : body.items()) {
+    const auto is = [&](const char* k) { return key == k; };
+    if (std::none_of(std::begin(kCommon), std::end(kCommon), is) && std::none_of(extra.begin(), extra.end(), is))
+      return InvalidArgument("\"", key, "\" is not supported by this server");
+  }
+  // Accepted only where they ask for nothing (an empty bias; one candidate; "user" is a label).
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
+      !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
+    return InvalidArgument("\"logit_bias\" is not supported");
+  if (body.contains("user") && !body["user"].is_null() && !body["user"].is_string())
+    return InvalidArgument("\"user\" must be a string");
+  return Status::Ok();
+}
+
+// The roles the chat template renders, where it renders them, and text-only content: a message
+// the template would skip, or a part it would drop (an image of a text-only server), is refused
+// by name rather than vanishing from the prompt.
+Status CheckMessages(const ojson& messages) {
+  size_t system_at = 0;  // where a system or developer message may stand: first, or after "root"
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    const std::string at = Str("messages[", i, "]");
+    if (!m.is_object()) return InvalidArgument("\"", at, "\" must be an object");
+    if (!m.contains("role") || !m["role"].is_string())
+      return InvalidArgument("\"", at, ".role\" is missing (one of root, system, developer, user, assistant, tool)");
+    const std::string role = m["role"].get<std::string>();
+    if (role == "root") {
+      if (i != 0) return InvalidArgument("\"", at, ".role\": a root message may only come first");
+      system_at = 1;
+    } else if (role == "system" || role == "developer") {
+      if (i != system_at)
+        return InvalidArgument("\"", at, ".role\": a ", role, " message may only come first (or after root); the "
+                               "template has no place for one later in the conversation");
+    } else if (role != "user" && role != "assistant" && role != "tool") {
+      return InvalidArgument("\"", at, ".role\" '", role, "' is not one of root, system, developer, user, assistant, tool");
+    }
+    for (const auto& [key, value] : m.items()) {
+      const bool known = key == "role" || key == "content" || (key == "name" && role == "tool") ||
+                         (role == "assistant" && (key == "tool_calls" || key == "reasoning_content")) ||
+                         (role == "tool" && key == "tool_call_id");
+      // Clients echo a reply back with its empty fields ("refusal": null, "annotations": []).
+      if (!known && !value.is_null() && !(value.is_array() && value.empty()))
+        return InvalidArgument("\"", at, ".", key, "\" is not supported in a ", role, " message");
+    }
+    if (!m.contains("content") || m["content"].is_null()) {
+      if (role == "assistant") continue;  // a message of tool calls only
+      return InvalidArgument("\"", at, ".content\" is missing");
+    }
+    const ojson& content = m["content"];
+    if (content.is_string()) continue;
+    if (!content.is_array())
+      return InvalidArgument("\"", at, ".content\" must be a string or an array of text parts");
+    for (size_t j = 0; j < content.size(); ++j) {
+      const ojson& part = content[j];
+      if (part.is_string()) continue;
+      const std::string where = Str(at, ".content[", j, "]");
+      if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+        return InvalidArgument("\"", where, "\" must be a string or an object with a \"type\"");
+      if (part["type"] != "text")
+        return InvalidArgument("\"", where, ".type\" '", part["type"].get<std::string>(),
+                               "' is not supported: this server runs the text model (text parts only)");
+      if (!part.contains("text") || !part["text"].is_string())
+        return InvalidArgument("\"", where, ".text\" must be a string");
+    }
   }
   return Status::Ok();
 }
@@ -177,8 +255,14 @@ StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults) 
   Request r;
   r.chat = true;
   M3_RETURN_IF_ERROR(ReadCommon(body, defaults, &r));
+  M3_RETURN_IF_ERROR(CheckFields(body, {"messages", "tools", "tool_choice", "parallel_tool_calls",
+                                         "chat_template_kwargs", "response_format", "top_logprobs"}));
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     return InvalidArgument("\"messages\" must be a non-empty array");
+  M3_RETURN_IF_ERROR(CheckMessages(body["messages"]));
+  if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_null() &&
+      body["parallel_tool_calls"] != true)
+    return InvalidArgument("\"parallel_tool_calls\" must be true: the model may call several tools in one turn");
   r.messages = body["messages"];
   M3_RETURN_IF_ERROR(ArgumentsToObjects(r.messages));
   r.tools = body.contains("tools") ? body["tools"] : ojson(nullptr);
@@ -207,6 +291,10 @@ StatusOr<Request> ParseCompletionRequest(const ojson& body, const Defaults& defa
   Request r;
   r.chat = false;
   M3_RETURN_IF_ERROR(ReadCommon(body, defaults, &r));
+  M3_RETURN_IF_ERROR(CheckFields(body, {"prompt", "echo", "suffix", "best_of"}));
+  int best_of = 1;
+  M3_RETURN_IF_ERROR(ReadNumber(body, "best_of", &best_of));
+  if (best_of != 1) return InvalidArgument("\"best_of\" must be 1: one candidate per prompt");
   M3_ASSIGN_OR_RETURN(r.prompts, ReadPrompts(body));
   if (r.stream && r.prompts.size() > 1)
     return InvalidArgument("\"stream\" takes one prompt (this request has ", r.prompts.size(), ")");
@@ -459,7 +547,7 @@ StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r
   turn->prompt_logprobs = !r.chat && r.echo && r.logprobs >= 0;
   std::vector<int32_t> ids;
   if (r.chat) {
-    M3_ASSIGN_OR_RETURN(ids, text.TurnPrompt(r.messages, r.tools, r.template_options, turn));
+    M3_ASSIGN_OR_RETURN(ids, text.TurnPrompt(r.messages, r.tools, r.template_options, turn, r.literal_content));
   } else if (prompt_index >= r.prompts.size()) {
     return InvalidArgument("no prompt ", prompt_index, " in a request of ", r.prompts.size());
   } else if (const CompletionPrompt& p = r.prompts[prompt_index]; !p.text.empty()) {
@@ -482,7 +570,8 @@ int HttpStatus(const Status& s) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kOutOfRange:
       return 400;
-    case StatusCode::kOutOfMemory:
+    case StatusCode::kOutOfMemory:  // memory others hold now (one that can never fit is kOutOfRange)
+    case StatusCode::kUnavailable:
       return 503;
     default:
       return 500;

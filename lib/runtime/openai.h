@@ -23,6 +23,9 @@ struct Defaults {
   SamplingParams sampling{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f};  // docs/MODEL.md §6.5
   int max_tokens = 512;
   LookupOptions lookup;  // the server's (not a request field)
+  // The server's: chat messages' text (but the assistant's) encoded as plain text, so that a
+  // user typing "<mm:think>" cannot inject control tokens (ChatText::TurnPrompt).
+  bool literal_content = false;
 };
 
 // Most likely tokens listed with each token's log-probability (OpenAI's chat top_logprobs limit).
@@ -50,6 +53,7 @@ struct Request {
   SamplingParams sampling;
   int max_tokens = 0;
   LookupOptions lookup;
+  bool literal_content = false;  // Defaults::literal_content
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
 };

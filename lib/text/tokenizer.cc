@@ -46,14 +46,15 @@ class AddedMatcher {
   bool empty() const {
     return std::all_of(by_first_.begin(), by_first_.end(), [](const auto& b) { return b.empty(); });
   }
-  // Calls text_fn(piece) for the text between matches and token_fn(id) for each match, in order.
-  template <class TextFn, class TokenFn>
-  void Split(std::string_view text, TextFn&& text_fn, TokenFn&& token_fn) const {
+  // Calls text_fn(piece) for the text between matches and token_fn(id) for each match, in order;
+  // a match of bytes [i, i + n) counts only where may_match(i, n).
+  template <class TextFn, class TokenFn, class MayMatch>
+  void Split(std::string_view text, TextFn&& text_fn, TokenFn&& token_fn, MayMatch&& may_match) const {
     size_t done = 0;
     for (size_t i = 0; i < text.size(); ++i) {
       const auto& bucket = by_first_[static_cast<uint8_t>(text[i])];
       for (const Entry& e : bucket) {
-        if (text.compare(i, e.content.size(), e.content) != 0) continue;
+        if (text.compare(i, e.content.size(), e.content) != 0 || !may_match(i, e.content.size())) continue;
         if (i > done) text_fn(text.substr(done, i - done));
         token_fn(e.id);
         done = i + e.content.size();
@@ -394,7 +395,9 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_t
   return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
-std::vector<int32_t> Tokenizer::Encode(std::string_view text) const {
+std::vector<int32_t> Tokenizer::Encode(std::string_view text) const { return Encode(text, {}); }
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, std::span<const std::pair<size_t, size_t>> literal) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
   // HF only ever sees valid strings; invalid input is repaired the way from_utf8_lossy would.
@@ -402,7 +405,14 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text) const {
   if (!byte_level::IsValidUtf8(text)) {
     byte_level::AppendLossyUtf8(repaired, text, false);
     text = repaired;
+    literal = {};  // its offsets no longer hold (callers pass valid text)
   }
+  // Whether bytes [i, i + n) of `text` stay clear of the literal ranges.
+  auto outside_literal = [&](size_t i, size_t n) {
+    for (const auto& [begin, end] : literal)
+      if (i < end && begin < i + n) return false;
+    return true;
+  };
   const Impl& m = *impl_;
   std::string storage;
   auto encode_plain = [&](std::string_view piece) {
@@ -411,11 +421,14 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text) const {
       m.EncodeNormalized(normalized, ids);
       return;
     }
+    // (Offsets in normalized text are not the input's: a piece touching a literal range has its
+    // normalized added tokens matched nowhere.)
+    const bool may = literal.empty() || outside_literal(static_cast<size_t>(piece.data() - text.data()), piece.size());
     m.normalized_added.Split(
-        normalized, [&](std::string_view p) { m.EncodeNormalized(p, ids); },
-        [&](int32_t id) { ids.push_back(id); });
+        normalized, [&](std::string_view p) { m.EncodeNormalized(p, ids); }, [&](int32_t id) { ids.push_back(id); },
+        [may](size_t, size_t) { return may; });
   };
-  m.raw_added.Split(text, encode_plain, [&](int32_t id) { ids.push_back(id); });
+  m.raw_added.Split(text, encode_plain, [&](int32_t id) { ids.push_back(id); }, outside_literal);
   return ids;
 }
 

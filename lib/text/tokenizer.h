@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -42,6 +43,10 @@ class Tokenizer {
 
   // HF encode(text, add_special_tokens=false). Thread-safe.
   std::vector<int32_t> Encode(std::string_view text) const;
+  // Same, but no added token is matched that overlaps one of the byte ranges [begin, end) of
+  // `literal`: text there (a user's message, say) is encoded as plain text even where it spells
+  // "<mm:think>". The ranges hold for valid UTF-8 (invalid input is repaired and they are dropped).
+  std::vector<int32_t> Encode(std::string_view text, std::span<const std::pair<size_t, size_t>> literal) const;
   // HF decode(ids, skip_special_tokens): invalid UTF-8 from partial byte tokens becomes U+FFFD.
   std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
 
