@@ -2,11 +2,17 @@
 // and rendered on their HTTP threads (a bad one gets its 400 before any work) and run by the
 // scheduler of lib/runtime/scheduler.h: up to --slots at once, batched into one forward pass per
 // step, each in the session that holds the longest cached prefix of its conversation.
-// Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions
-// (both with "stream": true as server-sent events).
+// Endpoints: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,
+// POST /v1/completions (both with "stream": true as server-sent events). Connections are handled
+// by cli/serve_connections.h; SIGTERM or SIGINT drains (Serve).
 #include <httplib.h>
+#include <pthread.h>
 
 #include <atomic>
+#include <chrono>
+#include <csignal>
+#include <set>
+#include <thread>
 #include <cctype>
 #include <cmath>
 #include <cstring>
@@ -25,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/serve_connections.h"
 #include "base/json_guard.h"
 #include "runtime/chat.h"
 #include "runtime/openai.h"
@@ -45,6 +52,9 @@ struct ServeArgs {
   openai::Defaults defaults;
   std::string api_key;                 // --api-key, or M3_API_KEY; "" = none
   std::vector<std::string> allow_host; // --allow-host; empty = the loopback names
+  ConnectionLimits limits;
+  size_t max_queue = 64;   // requests waiting for a slot; more get 429
+  int drain_seconds = 30;  // after SIGTERM, how long generating requests may take to finish
 };
 
 // Who may talk to the server (issue 35): a page in the user's browser must not reach it across
@@ -97,7 +107,7 @@ struct Access {
 // The method a route of this server takes ("" for no such route).
 std::string AllowedMethod(const std::string& path) {
   if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
-  if (path == "/health" || path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "GET";
+  if (path == "/health" || path == "/metrics" || path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "GET";
   return "";
 }
 
@@ -139,6 +149,9 @@ struct Job {
   std::string id, path;
   bool stream = false, include_usage = false;
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+  // Why it was cancelled: its client left (nothing to answer), or the server is shutting down (a 503).
+  std::atomic<bool> client_gone{false}, shut_down{false};
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
 
   std::mutex mu;
   std::condition_variable cv;
@@ -155,6 +168,41 @@ struct Server {
   std::unique_ptr<ChatText> text;
   std::unique_ptr<Scheduler> scheduler;
   std::atomic<uint64_t> next_id{0};
+  GuardedServer* http = nullptr;
+  std::atomic<bool> draining{false};
+
+  // Choices handed to the scheduler and not ended (a completions request may hold several).
+  std::atomic<size_t> in_flight{0};
+  // For /metrics: counters since start.
+  std::atomic<uint64_t> requests{0}, failed{0}, rejected{0}, cancelled{0}, prompt_tokens{0}, cached_tokens{0},
+      generated_tokens{0};
+  std::mutex jobs_mu;
+  std::set<std::shared_ptr<Job>> jobs;  // in flight, for a drain to cancel
+  double mean_seconds = 0;              // of recent requests (under jobs_mu)
+
+  // Takes room for `n` more choices: false when the queue is full.
+  bool Reserve(size_t n) {
+    const size_t cap = static_cast<size_t>(args.slots) + args.max_queue;
+    size_t cur = in_flight.load();
+    do {
+      if (cur + n > cap) return false;
+    } while (!in_flight.compare_exchange_weak(cur, cur + n));
+    return true;
+  }
+  // When to try again after a 429 or 503: the queue ahead served at the recent pace, 1..300 s.
+  int RetryAfterSeconds() {
+    std::lock_guard<std::mutex> lock(jobs_mu);
+    const double rounds = static_cast<double>(in_flight.load()) / std::max(1, args.slots);
+    return static_cast<int>(std::clamp(std::ceil(rounds * std::max(mean_seconds, 0.1)), 1.0, 300.0));
+  }
+  // Stops every request in flight within a step (a drain's last resort).
+  void CancelAll() {
+    std::lock_guard<std::mutex> lock(jobs_mu);
+    for (const auto& job : jobs) {
+      job->shut_down = true;
+      *job->cancelled = true;
+    }
+  }
 
   std::string NewId() {
     char buf[32];
@@ -178,19 +226,79 @@ struct Server {
       job->cv.notify_all();
       return !job->cancelled->load();  // a closed connection stops generation
     };
-    sr.on_end = [job, c](const Status& status, ParsedOutput out, const GenerateStats& st, size_t largest_batch) {
-      Log(job->path.c_str(), status.ok() ? 200 : openai::HttpStatus(status), st, largest_batch);
+    sr.on_end = [this, job, c](const Status& status, ParsedOutput out, const GenerateStats& st, size_t largest_batch) {
+      // 499: the client closed the connection (nginx's code); the log says so.
+      const int code = job->client_gone ? 499 : job->shut_down ? 503 : status.ok() ? 200 : openai::HttpStatus(status);
+      Log(job->path.c_str(), code, st, largest_batch);
+      if (code == 200) prompt_tokens += st.prompt_tokens;
+      else if (code != 499) ++failed;
+      cached_tokens += st.reused_tokens;
+      generated_tokens += st.generated_tokens;
+      bool last;
       {
         std::lock_guard<std::mutex> lock(job->mu);
         openai::ChoiceResult& choice = job->choices[c];
         choice.status = status;
         choice.output = std::move(out);
         choice.stats = st;
-        ++job->finished;
+        last = ++job->finished == job->choices.size();
       }
+      if (last) {
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
+        std::lock_guard<std::mutex> lock(jobs_mu);
+        mean_seconds = mean_seconds == 0 ? seconds : 0.8 * mean_seconds + 0.2 * seconds;
+        jobs.erase(job);
+      }
+      --in_flight;
       job->cv.notify_all();
     };
+    if (c == 0) {
+      std::lock_guard<std::mutex> lock(jobs_mu);
+      jobs.insert(job);
+    }
     scheduler->Submit(std::move(sr));
+  }
+
+  // Marks `job` as left by its client: the scheduler drops or stops it within a step.
+  void ClientLeft(Job& job) {
+    if (job.client_gone.exchange(true)) return;
+    *job.cancelled = true;
+    ++cancelled;
+    std::fprintf(stderr, "m3 serve: %s %s: the client closed the connection; cancelled\n", job.path.c_str(),
+                 job.id.c_str());
+  }
+
+  // Prometheus text: counters since start and the state now.
+  std::string Metrics() const {
+    const ConnectionCounts conn = http ? http->counts() : ConnectionCounts();
+    std::string out;
+    auto metric = [&](const char* name, const char* type, const char* help, double value) {
+      out += Str("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ", value, "\n");
+    };
+    metric("m3_requests_total", "counter", "completion requests accepted", static_cast<double>(requests));
+    metric("m3_requests_failed_total", "counter", "choices that ended in an error", static_cast<double>(failed));
+    metric("m3_requests_rejected_total", "counter", "requests refused with 429: the queue was full",
+           static_cast<double>(rejected));
+    metric("m3_requests_cancelled_total", "counter", "requests whose client closed the connection",
+           static_cast<double>(cancelled));
+    metric("m3_prompt_tokens_total", "counter", "prompt tokens of completed choices", static_cast<double>(prompt_tokens));
+    metric("m3_prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cache",
+           static_cast<double>(cached_tokens));
+    metric("m3_generated_tokens_total", "counter", "tokens generated", static_cast<double>(generated_tokens));
+    metric("m3_requests_queued", "gauge", "choices waiting for a slot", static_cast<double>(scheduler->queued()));
+    metric("m3_requests_generating", "gauge", "choices generating", static_cast<double>(scheduler->active()));
+    metric("m3_slots", "gauge", "sessions (the most choices generating at once)", args.slots);
+    metric("m3_queue_limit", "gauge", "choices that may wait for a slot before 429", static_cast<double>(args.max_queue));
+    metric("m3_connections_open", "gauge", "open HTTP connections", static_cast<double>(conn.open));
+    metric("m3_connections_accepted_total", "counter", "HTTP connections accepted", static_cast<double>(conn.accepted));
+    metric("m3_connections_timed_out_total", "counter", "connections closed for sending a request too slowly",
+           static_cast<double>(conn.timed_out));
+    metric("m3_connections_evicted_total", "counter", "idle or reading connections closed to make room",
+           static_cast<double>(conn.evicted));
+    metric("m3_connections_refused_total", "counter", "connections refused: all open ones were generating",
+           static_cast<double>(conn.refused));
+    metric("m3_draining", "gauge", "1 once SIGTERM or SIGINT asked the server to stop", draining ? 1 : 0);
+    return out;
   }
 
   static void Log(const char* path, int status, const GenerateStats& st, size_t largest_batch) {
@@ -202,8 +310,9 @@ struct Server {
   }
 };
 
-void SendError(httplib::Response& res, int status, const std::string& message) {
+void SendError(httplib::Response& res, int status, const std::string& message, int retry_after = 0) {
   res.status = status;
+  if (retry_after > 0) res.set_header("Retry-After", std::to_string(retry_after));
   res.set_content(Dump(openai::ErrorBody(message, status)), "application/json");
 }
 
@@ -230,12 +339,27 @@ std::optional<std::string> ReadBody(const httplib::ContentReader& reader) {
 }
 
 // POST /v1/chat/completions (chat) and /v1/completions.
-void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const httplib::ContentReader& reader,
-                      httplib::Response& res) {
-  const std::optional<std::string> raw = ReadBody(reader);
-  if (!raw)
+void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const httplib::Request& req,
+                      const httplib::ContentReader& reader, httplib::Response& res) {
+  // A body announced past the limit is refused before it is read (the connection then closes:
+  // its unread bytes are not skipped).
+  const std::string length = req.get_header_value("Content-Length");
+  const std::optional<std::string> raw =
+      !length.empty() && (length.size() > 19 || std::stoull("0" + length.substr(0, 19)) > kMaxBodyBytes)
+          ? std::nullopt
+          : ReadBody(reader);
+  GuardedServer::RequestRead();  // from here on, the reply takes what time it takes
+  if (!raw) {
+    res.set_header("Connection", "close");
+    GuardedServer::CloseAfterReply();
     return SendError(res, 413, Str("the request body is larger than ", kMaxBodyBytes >> 20,
                                    " MiB (counted after its transfer and content encodings are undone)"));
+  }
+  if (server->draining) {
+    res.set_header("Connection", "close");
+    GuardedServer::CloseAfterReply();
+    return SendError(res, 503, "the server is shutting down", 1);
+  }
   const StatusOr<ojson> parsed_body = ParseJson<ojson>(*raw, "the request body");
   if (!parsed_body.ok()) return SendError(res, 400, parsed_body.status().message());
   const ojson& body = *parsed_body;
@@ -257,18 +381,38 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   std::vector<TurnOptions> turns(n_choices);
   for (size_t c = 0; c < n_choices; ++c) {
     auto prompt = openai::TurnInputs(*server->text, r, job->id, server->scheduler->max_context(), &turns[c], c);
+    if (prompt.ok()) {
+      // Permanent: a prompt whose cache can never fit the budget is the client's to change (4xx).
+      if (Status fits = server->scheduler->CheckFitsBudget(prompt->size()); !fits.ok()) prompt = fits;
+    }
     if (!prompt.ok()) return SendError(res, openai::HttpStatus(prompt.status()), prompt.status().message());
     job->choices[c].prompt = std::move(prompt).value();
   }
+  if (!server->Reserve(n_choices)) {
+    ++server->rejected;
+    return SendError(res, 429,
+                     Str("the server is busy: ", server->args.slots, " requests generating and ",
+                         server->args.max_queue, " waiting (--slots, --max-queue); try again later"),
+                     server->RetryAfterSeconds());
+  }
+  ++server->requests;
   const int64_t created = std::time(nullptr);
   for (size_t c = 0; c < n_choices; ++c) server->Submit(job, c, r, std::move(turns[c]));
   const Tokenizer& tokenizer = server->text->tokenizer();
 
   if (!job->stream) {
     std::unique_lock<std::mutex> lock(job->mu);
-    job->cv.wait(lock, [&] { return job->finished == job->choices.size(); });
+    // Polled while it waits: a client that hangs up cancels its request, queued or generating.
+    while (!job->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return job->finished == job->choices.size(); }))
+      if (!job->client_gone && GuardedServer::ClientGone()) server->ClientLeft(*job);
+    if (job->client_gone) return;  // nobody to answer
+    if (job->shut_down)
+      return SendError(res, 503, "the server is shutting down: the reply was stopped before it was complete", 1);
     auto response = openai::WholeResponse(tokenizer, r, job->id, created, server->args.name, job->choices);
-    if (!response.ok()) return SendError(res, openai::HttpStatus(response.status()), response.status().message());
+    if (!response.ok()) {
+      const int status = openai::HttpStatus(response.status());
+      return SendError(res, status, response.status().message(), status == 503 ? server->RetryAfterSeconds() : 0);
+    }
     res.set_content(Dump(*response), "application/json");
     return;
   }
@@ -296,7 +440,12 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
       std::vector<TurnDelta> deltas;
       {
         std::unique_lock<std::mutex> lock(job->mu);
-        job->cv.wait(lock, [&] { return job->finished > 0 || !choice.deltas.empty(); });
+        // Polled while it waits (queued, or a long prompt): a client that hangs up cancels it.
+        if (!job->cv.wait_for(lock, std::chrono::milliseconds(100),
+                              [&] { return job->finished > 0 || !choice.deltas.empty(); })) {
+          client_gone = GuardedServer::ClientGone();
+          continue;
+        }
         deltas.swap(choice.deltas);
         finished = job->finished > 0;
       }
@@ -306,10 +455,12 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
       }
     }
     if (client_gone) {
-      *job->cancelled = true;  // the scheduler stops it at its next step
+      server->ClientLeft(*job);  // the scheduler stops it at its next step
       return false;
     }
-    if (!choice.status.ok()) {
+    if (job->shut_down) {
+      send(openai::ErrorBody("the server is shutting down: the reply was stopped before it was complete", 503));
+    } else if (!choice.status.ok()) {
       send(openai::ErrorBody(choice.status.message(), openai::HttpStatus(choice.status)));
     } else {
       const std::string reason = openai::FinishReason(choice.stats, choice.output);
@@ -325,6 +476,39 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   });
 }
 
+// Waits for SIGTERM or SIGINT (until `done`), then drains: new requests get 503, queued ones
+// end with 503 at once, generating ones may finish for --drain-timeout seconds (a second signal
+// cuts that short), and are then stopped (a 503 or an error event); then the server stops.
+void Drain(Server& server, GuardedServer& http, const sigset_t& signals, const std::atomic<bool>& done) {
+  const timespec slice{0, 100'000'000};
+  auto wait_signal = [&] { return sigtimedwait(&signals, nullptr, &slice) > 0; };
+  while (!done && !wait_signal()) {
+  }
+  if (done) return;
+  server.draining = true;
+  const size_t generating = server.scheduler->active();
+  std::fprintf(stderr,
+               "m3 serve: stopping: new requests get 503; %zu queued ones end now; %zu generating ones may finish "
+               "within %d s (a second signal stops them now)\n",
+               server.scheduler->queued(), generating, server.args.drain_seconds);
+  server.scheduler->DropQueued(Status(StatusCode::kUnavailable, "the server is shutting down"));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(server.args.drain_seconds);
+  bool again = false;
+  while (server.in_flight > 0 && std::chrono::steady_clock::now() < deadline && !(again = wait_signal())) {
+  }
+  if (server.in_flight > 0) {
+    std::fprintf(stderr, "m3 serve: stopping %zu requests still generating%s\n", server.in_flight.load(),
+                 again ? " (second signal)" : " (--drain-timeout)");
+    server.CancelAll();  // each ends at the scheduler's next step
+    const auto last = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (server.in_flight > 0 && std::chrono::steady_clock::now() < last)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Idle connections close now; those in a handler write their last bytes, and listen() returns
+  // once they have.
+  http.StopListening();
+}
+
 int Serve(const ServeArgs& a) {
   auto server = std::make_shared<Server>();
   server->args = a;
@@ -337,6 +521,20 @@ int Serve(const ServeArgs& a) {
   if (Status s = ValidateLookupOptions(a.defaults.lookup); !s.ok()) return fail(s);
   if (a.defaults.max_tokens < 1) return fail(InvalidArgument("--max-tokens must be at least 1"));
   if (a.slots < 1 || a.slots > 256) return fail(InvalidArgument("--slots must be 1..256, got ", a.slots));
+  if (a.max_queue > 100000) return fail(InvalidArgument("--max-queue must be 0..100000, got ", a.max_queue));
+  if (a.limits.max_connections < 1 || a.limits.max_connections > 100000)
+    return fail(InvalidArgument("--max-connections must be 1..100000, got ", a.limits.max_connections));
+  if (a.limits.read_request_seconds < 1 || a.limits.read_request_seconds > 3600)
+    return fail(InvalidArgument("--read-timeout must be 1..3600 seconds, got ", a.limits.read_request_seconds));
+  if (a.drain_seconds < 0 || a.drain_seconds > 86400)
+    return fail(InvalidArgument("--drain-timeout must be 0..86400 seconds, got ", a.drain_seconds));
+  // SIGTERM and SIGINT are taken by a thread of their own (Drain); blocked here, before any
+  // other thread exists, so that every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   SchedulerOptions scheduling;
   scheduling.slots = static_cast<size_t>(a.slots);
   scheduling.log = [](const std::string& note) { std::fprintf(stderr, "m3 serve: %s\n", note.c_str()); };
@@ -365,7 +563,8 @@ int Serve(const ServeArgs& a) {
 
   server->scheduler->Start();
 
-  httplib::Server http;
+  GuardedServer http(a.limits);
+  server->http = &http;
   auto access = std::make_shared<Access>();
   access->api_key = a.api_key;
   if (access->api_key.empty())
@@ -388,11 +587,12 @@ int Serve(const ServeArgs& a) {
     return httplib::Server::HandlerResponse::Handled;
   });
   http.set_payload_max_length(kMaxBodyBytes);  // on the wire; ReadBody counts what it decodes to
-  // A thread per request in flight (each streams or waits for its reply), plus a few for the rest.
-  const size_t http_threads = static_cast<size_t>(a.slots) + 8;
-  http.new_task_queue = [http_threads] { return new httplib::ThreadPool(http_threads); };
-  http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+  http.Get("/health", [server](const httplib::Request&, httplib::Response& res) {
+    if (server->draining) return SendError(res, 503, "the server is shutting down", 1);
     res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  http.Get("/metrics", [server](const httplib::Request&, httplib::Response& res) {
+    res.set_content(server->Metrics(), "text/plain; version=0.0.4");
   });
   auto model_object = [server] {
     return ojson{{"id", server->args.name},
@@ -411,12 +611,12 @@ int Serve(const ServeArgs& a) {
     res.set_content(Dump(model_object()), "application/json");
   });
   http.Post("/v1/chat/completions",
-            [server](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
-              HandleCompletion(server, true, reader, res);
+            [server](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+              HandleCompletion(server, true, req, reader, res);
             });
   http.Post("/v1/completions",
-            [server](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
-              HandleCompletion(server, false, reader, res);
+            [server](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+              HandleCompletion(server, false, req, reader, res);
             });
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler's own error
@@ -453,9 +653,13 @@ int Serve(const ServeArgs& a) {
               server->engine->simd_target().c_str(), a.host.c_str(), port, server->args.name.c_str(), max_context,
               a.slots);
   std::fflush(stdout);
+  std::atomic<bool> done{false};
+  std::thread drain([&] { Drain(*server, http, stop_signals, done); });
   const bool listened = http.listen_after_bind();
+  done = true;
+  drain.join();
   server->scheduler->Stop();
-  if (!listened) return fail(IoError("the server on ", a.host, ":", port, " stopped"));
+  if (!listened && !server->draining) return fail(IoError("the server on ", a.host, ":", port, " stopped"));
   return 0;
 }
 
@@ -487,6 +691,22 @@ void AddServeCommand(CLI::App& app, int* rc) {
                   "the process can get); idle conversations' caches are released first when a request needs more");
   cmd->add_option("-n,--max-tokens", a->defaults.max_tokens, "tokens per reply when a request gives no max_tokens")
       ->default_val(512);
+  cmd->add_option("--max-queue", a->max_queue,
+                  "requests that may wait for a slot; more get 429 with Retry-After")->default_val(64);
+  cmd->add_option("--max-connections", a->limits.max_connections,
+                  "open connections; past it, the one idle or sending its request the longest is closed to make "
+                  "room (one generating never is)")->default_val(1024);
+  cmd->add_option("--read-timeout", a->limits.read_request_seconds,
+                  "seconds a client has to send a request's headers and body (slower ones are closed)")
+      ->default_val(60);
+  cmd->add_option("--drain-timeout", a->drain_seconds,
+                  "on SIGTERM or SIGINT, seconds the requests generating may take to finish before they are stopped "
+                  "(queued ones end at once with 503; a second signal stops all)")
+      ->default_val(30);
+  cmd->add_flag("--literal-content", a->defaults.literal_content,
+                "encode the text of chat messages (all but the assistant's) as plain text: a user who types "
+                "\"<mm:think>\" or \"[e~[\" gets those letters, not the control tokens (the default, as HF's "
+                "chat template, gives the tokens)");
   AddSamplingOptions(cmd, &a->defaults.sampling);
   AddLookupOption(cmd, &a->defaults.lookup);
   cmd->callback([a, rc] { *rc = Serve(*a); });

@@ -1,6 +1,8 @@
 option(M3_BUILD_TESTS "Build the Catch2 test suite" ON)
 option(M3_BUILD_BENCH "Build the benchmarks" ON)
 option(M3_SANITIZE "Build with address and undefined-behaviour sanitizers" OFF)
+# ThreadSanitizer (clang): the scheduler and server tests of tests/sanitize.sh.
+option(M3_TSAN "Build with the thread sanitizer" OFF)
 # The libFuzzer targets of tests/fuzz (clang only; implies the sanitizers): tests/fuzz.sh.
 option(M3_FUZZ "Build the libFuzzer targets (clang, with ASan and UBSan)" OFF)
 # The tests' data lives in the repository (tests/data: golden cases, the oracle, tokenizer files,

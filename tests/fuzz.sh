@@ -20,7 +20,7 @@ if ! command -v clang++ >/dev/null; then
 fi
 set -e
 CC=clang CXX=clang++ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DM3_FUZZ=ON -DM3_CUDA=OFF \
-  -DM3_BUILD_TESTS=OFF -DM3_BUILD_BENCH=OFF >/dev/null
+  -DM3_BUILD_TESTS=ON -DM3_BUILD_BENCH=OFF >/dev/null
 cmake --build "$BUILD" --target $(printf 'fuzz_%s ' "${TARGETS[@]}")
 set +e
 

@@ -411,7 +411,7 @@ check(p.returncode != 0 and "no requests" in p.stderr, f"m3 batch, empty input: 
 
 # --cache-memory: room for one conversation of ~300 tokens (the template adds ~180 to each). A second one releases the idle first
 # one's cache instead of failing; the first one then comes back without its cache; a prompt that
-# cannot fit even alone is a 503 that says so.
+# cannot fit even alone is a 400 that says so.
 cfg = json.load(open(os.path.join(model, "config.json")))
 sparse = cfg["sparse_attention_config"]
 page = sparse["sparse_block_size"]
@@ -436,7 +436,9 @@ check(status_b == 200, f"--cache-memory: a second conversation releases the idle
 check(status_a2 == 200 and json.loads(text_a2)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0,
       f"--cache-memory: the first conversation again, its cache released: {status_a2} {text_a2[:300]}")
 check(err5.count("released an idle conversation") >= 2, f"--cache-memory: releases logged: {err5[-800:]}")
-check(big[0] == 503 and "KV cache" in big[2], f"--cache-memory: a prompt past the budget: {big[0]} {big[2][:300]}")
+# Permanent (the prompt alone needs more than the whole budget): a 4xx, not a retryable 503.
+check(big[0] == 400 and "KV cache" in big[2] and "can never run" in big[2],
+      f"--cache-memory: a prompt past the budget: {big[0]} {big[2][:300]}")
 p = subprocess.run([m3, "serve", "-m", model, "--cache-memory", "lots"], capture_output=True, text=True, timeout=60)
 check(p.returncode != 0 and "--cache-memory" in p.stderr, f"--cache-memory lots: {p.returncode} {p.stderr[-300:]}")
 

@@ -13,6 +13,7 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kOutOfRange: return "out of range";
     case StatusCode::kOutOfMemory: return "out of memory";
     case StatusCode::kInternal: return "internal error";
+    case StatusCode::kUnavailable: return "unavailable";
   }
   return "unknown";
 }

@@ -19,6 +19,7 @@ enum class StatusCode : int {
   kOutOfRange = 6,       // context or index past a limit
   kOutOfMemory = 7,
   kInternal = 8,
+  kUnavailable = 9,      // transient: the same request may succeed later (a server draining, memory held by others)
 };
 
 const char* StatusCodeName(StatusCode code);

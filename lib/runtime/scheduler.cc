@@ -4,6 +4,7 @@
 #include <exception>
 #include <utility>
 
+#include "base/bytes.h"
 #include "ops/sampling.h"
 
 namespace m3 {
@@ -32,6 +33,7 @@ void Scheduler::Submit(ScheduledRequest request) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(job));
+    queued_ = queue_.size();
   }
   wake_.notify_one();
 }
@@ -65,17 +67,38 @@ void Scheduler::RunUntilIdle() {
 }
 
 bool Scheduler::Admit() {
-  std::vector<std::unique_ptr<Job>> admitted;
+  std::vector<std::unique_ptr<Job>> admitted, cancelled;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Requests cancelled while they waited (their clients left) end here, without a step.
+    for (auto it = queue_.begin(); it != queue_.end();)
+      if ((*it)->request.cancelled && (*it)->request.cancelled->load()) {
+        cancelled.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
     while (!queue_.empty() && active_.size() + admitted.size() < slots_.size()) {
       admitted.push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
+    queued_ = queue_.size();
   }
+  for (auto& job : cancelled) End(*job, Status::Ok());
   for (auto& job : admitted)
     if (Begin(*job)) active_.push_back(std::move(job));
+  active_count_ = active_.size();
   return !active_.empty();
+}
+
+void Scheduler::DropQueued(const Status& status) {
+  std::deque<std::unique_ptr<Job>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped.swap(queue_);
+    queued_ = 0;
+  }
+  for (auto& job : dropped) End(*job, status);  // no generation: touches the job alone
 }
 
 void Scheduler::EndAll(const Status& status) {
@@ -83,9 +106,11 @@ void Scheduler::EndAll(const Status& status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     waiting.swap(queue_);
+    queued_ = 0;
   }
   for (auto& job : active_) End(*job, status);
   active_.clear();
+  active_count_ = 0;
   for (auto& job : waiting) End(*job, status);
 }
 
@@ -178,7 +203,7 @@ void Scheduler::Step() {
         // Out of memory: the caches of idle conversations go first; the step is retried next time
         // (a failed pass changes nothing, and Next gives the same step again).
         if (st[i].code() == StatusCode::kOutOfMemory && ReleaseIdleSlot()) continue;
-        if (!st[i].ok()) ended.emplace_back(stepped[i], st[i]);
+        if (!st[i].ok()) ended.emplace_back(stepped[i], Classify(*stepped[i], ids[i].size(), st[i]));
       }
     }
     for (auto& [job, st] : ended) End(*job, st);
@@ -186,6 +211,26 @@ void Scheduler::Step() {
     for (auto& job : active_) End(*job, Internal("decode step: ", e.what()));
   }
   std::erase_if(active_, [](const std::unique_ptr<Job>& j) { return j->ended; });
+  active_count_ = active_.size();
+}
+
+// Out of cache memory with no idle cache left to release: permanent (a 4xx, not worth a retry)
+// when the request's context needs more than the whole budget even alone, else transient (the
+// memory other requests hold now comes back when they end).
+Status Scheduler::Classify(const Job& job, size_t step_tokens, const Status& st) const {
+  if (st.code() != StatusCode::kOutOfMemory || !options_.cache_budget) return st;
+  const Session& s = *slots_[job.slot].session;
+  M3_RETURN_IF_ERROR(CheckFitsBudget(s.position() + step_tokens));
+  return Status(StatusCode::kUnavailable, st.message() + "; other requests hold the rest of the cache memory now");
+}
+
+Status Scheduler::CheckFitsBudget(size_t tokens) const {
+  if (!options_.cache_budget) return Status::Ok();
+  const uint64_t need = slots_.front().session->cache().BytesFor(tokens);
+  if (need <= options_.cache_budget) return Status::Ok();
+  return OutOfRange("a context of ", tokens, " tokens needs ", FormatBytes(need), " of KV cache, more than all ",
+                    FormatBytes(options_.cache_budget), " that the slots may hold together (the cache memory "
+                    "budget): this request can never run; make it shorter");
 }
 
 // With a cache budget, each stepped session may hold what the other slots leave of it.
@@ -224,6 +269,8 @@ void Scheduler::End(Job& job, const Status& status) {
   if (job.generation) {
     out = job.generation->Finish(&st);
     slots_[job.slot].busy = false;
+  } else if (job.request.cancelled && job.request.cancelled->load()) {
+    st.stop_reason = "caller";  // cancelled while it waited
   }
   if (job.request.on_end) job.request.on_end(status, std::move(out), st, job.largest_batch);
 }

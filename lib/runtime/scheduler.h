@@ -42,7 +42,8 @@ struct ScheduledRequest {
   // On the scheduler's thread, once: the status (on error, what was generated before it), the
   // turn, its stats, and the most sequences one of its decode passes ran with.
   std::function<void(const Status&, ParsedOutput, const GenerateStats&, size_t largest_batch)> on_end;
-  // Optional: set from any thread to stop the request at its next step (stop reason "caller").
+  // Optional: set from any thread to stop the request at its next step (stop reason "caller"); a
+  // request still queued then ends without running (its stats empty but for that reason).
   std::shared_ptr<std::atomic<bool>> cancelled;
 };
 
@@ -62,6 +63,15 @@ class Scheduler {
   void Stop();
   // Runs steps on the calling thread until no request is queued or generating (without Start).
   void RunUntilIdle();
+  // From any thread: ends every request still waiting for a slot with `status` (a server that
+  // drains before it exits); those generating go on.
+  void DropQueued(const Status& status);
+  // From any thread: OutOfRange when a context of `tokens` needs more cache memory than the
+  // whole budget, so that no wait would ever let it run (memory others hold is transient).
+  Status CheckFitsBudget(size_t tokens) const;
+  // From any thread: requests waiting for a slot, and those generating.
+  size_t queued() const { return queued_; }
+  size_t active() const { return active_count_; }
 
  private:
   struct Job;
@@ -79,6 +89,7 @@ class Scheduler {
   void End(Job& job, const Status& status);
   size_t PickSlot(const std::vector<int32_t>& prompt);
   void ShareCacheBudget(const std::vector<Job*>& stepped);
+  Status Classify(const Job& job, size_t step_tokens, const Status& st) const;
   bool ReleaseIdleSlot();
   void EndAll(const Status& status);
 
@@ -92,6 +103,7 @@ class Scheduler {
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Job>> queue_;
   bool stop_ = false;
+  std::atomic<size_t> queued_{0}, active_count_{0};
   std::thread thread_;
 };
 

@@ -20,7 +20,8 @@ typedef enum m3_status {
   M3_ERR_UNSUPPORTED = 5,
   M3_ERR_OUT_OF_RANGE = 6,
   M3_ERR_OUT_OF_MEMORY = 7,
-  M3_ERR_INTERNAL = 8
+  M3_ERR_INTERNAL = 8,
+  M3_ERR_UNAVAILABLE = 9 /* transient: the same call may succeed later */
 } m3_status;
 
 typedef struct m3_engine m3_engine;

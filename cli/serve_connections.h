@@ -1,0 +1,84 @@
+// The connections of `m3 serve` (issue 35). cpp-httplib's own loop gives each connection a
+// thread of a fixed pool and waits as long as a client keeps trickling bytes, so a dozen slow
+// clients left /health unanswered. Here:
+// - every connection has a thread of its own: /health and /metrics never queue behind slow or
+//   generating requests;
+// - a request's headers and body must arrive within a deadline (a connection trickling them is
+//   closed), and a connection waits for its next request for a few seconds only;
+// - past the connection limit, the connection that has been idle or reading longest is closed
+//   to make room (a generating one is never chosen): a new client always gets through;
+// - a handler can ask whether its client has hung up, so that work follows the client.
+#pragma once
+
+#include <httplib.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <mutex>
+#include <thread>
+
+namespace m3::cli {
+
+struct ConnectionLimits {
+  size_t max_connections = 1024;
+  int read_request_seconds = 60;  // the headers and body of one request, from its first byte
+  int keep_alive_seconds = 5;     // waiting for the next request on an open connection
+  int io_seconds = 30;            // one read or write that makes no progress
+};
+
+struct ConnectionCounts {
+  size_t open = 0;
+  uint64_t accepted = 0;
+  uint64_t timed_out = 0;  // closed for trickling a request past the deadline
+  uint64_t evicted = 0;    // closed to make room for a new one
+  uint64_t refused = 0;    // new ones turned away: every open one was busy generating
+};
+
+class GuardedServer : public httplib::Server {
+ public:
+  explicit GuardedServer(const ConnectionLimits& limits);
+  ~GuardedServer() override;
+
+  // On a handler's thread: its request's headers and body are read; the deadline stops.
+  static void RequestRead();
+  // On a handler's thread: its client closed the connection (or the connection broke).
+  static bool ClientGone();
+  // On a handler's thread: the connection closes once the reply is sent (e.g. a body left unread).
+  static void CloseAfterReply();
+  ConnectionCounts counts() const;
+  // Closes every connection that is not in a handler (waiting for a request, or sending one),
+  // then stops listening; handlers under way finish. For a drain before exit.
+  void StopListening();
+
+ private:
+  enum class Phase : int { kIdle, kReading, kWorking };
+  struct Connection {
+    int fd = -1;
+    std::atomic<Phase> phase{Phase::kIdle};
+    std::atomic<int64_t> since_ms{0};  // when the phase began
+    bool closed_by_us = false;         // under mu_
+    bool close_after_reply = false;    // its own thread's
+  };
+  class Stream;
+  class ThreadPerConnection;
+
+  bool process_and_close_socket(socket_t sock) override;
+  void Serve(Connection& c);
+  // Makes room for one more connection; false when none can give way.
+  bool MakeRoom(const Connection& self);
+  void Watch();
+  static int64_t NowMs();
+
+  const ConnectionLimits limits_;
+  mutable std::mutex mu_;
+  std::list<Connection*> open_;
+  ConnectionCounts counts_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace m3::cli

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""`m3 serve` against hostile clients and networks (issue 35), on the tiny real-vocabulary model:
+work follows the client (a non-streamed or queued request whose client hangs up is cancelled and
+logged), /health and /metrics answer under slow and queued connections, a full queue gives 429
+with Retry-After, requests trickled past --read-timeout are closed, past --max-connections the
+oldest idle connection gives way, SIGTERM drains and exits 0, --literal-content keeps control
+tokens out of user text. Latencies are printed; the only bounds are generous liveness limits.
+Usage: serve_hostile_check.py M3_BINARY REAL_VOCAB_MODEL_DIR"""
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+
+sys.path.insert(0, __import__("os").path.dirname(__file__))
+from serve_util import Server, events, fixture_env, metric, read_all  # noqa: E402
+
+m3, model = sys.argv[1], sys.argv[2]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+def timed_health(server, timeout=10):
+    start = time.time()
+    try:
+        status, _, _ = server.request("GET", "/health", timeout=timeout)
+    except OSError as e:
+        return f"error {e}", time.time() - start
+    return status, time.time() - start
+
+
+long_chat = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 3000,
+             "temperature": 0}  # ~6 s at the tiny model's ~500 tok/s
+short_chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+env = fixture_env()
+
+# 1. Work follows the client, with one slot so that a second request queues.
+s = Server(m3, model, "--slots", "1", "--max-queue", "2", env=env, context=4096)
+try:
+    # A non-streamed request whose client leaves while it generates: cancelled, logged as 499.
+    sock = s.send_request(long_chat)
+    time.sleep(0.5)
+    sock.close()
+    check(s.wait_log("the client closed the connection; cancelled"), f"non-streamed, client left: {s.log()[-600:]}")
+    check(s.wait_log("/v1/chat/completions 499"), f"logged as 499: {s.log()[-600:]}")
+    line = [l for l in s.log().splitlines() if " 499 " in l]
+    generated = int(line[0].split("| ")[2].split()[0]) if line else -1
+    check(0 <= generated < 3000, f"stopped early: {generated} tokens: {line}")
+
+    # A queued request (the slot busy with a stream) whose client leaves: ends without running.
+    stream = s.send_request(dict(long_chat, stream=True))
+    got = b""
+    while b"data: " not in got:
+        got += stream.recv(4096)
+    queued = s.send_request(short_chat)
+    time.sleep(0.3)
+    check(metric(s, "m3_requests_queued") == 1, "one request queued")
+    # The queue holds 2: one more fits, the next gets 429 with Retry-After.
+    extra = s.send_request(short_chat)
+    time.sleep(0.3)
+    status, headers, text = s.request("POST", "/v1/chat/completions", short_chat)
+    check(status == 429 and int(headers.get("Retry-After", "0")) >= 1 and "--max-queue" in text
+          and json.loads(text)["error"]["code"] == "rate_limit_exceeded", f"queue full: {status} {headers} {text}")
+    queued.close()
+    check(s.wait_log("cancelled", 2), f"queued request cancelled: {s.log()[-800:]}")
+    # /health and /metrics answer at once while the slot generates and a request waits.
+    status, seconds = timed_health(s)
+    print(f"/health with a stream generating and a request queued: {status} in {seconds * 1000:.1f} ms")
+    check(status == 200 and seconds < 5, f"/health while busy: {status} {seconds:.2f} s")
+    stream.close()
+    reply = read_all(extra)
+    check(b" 200 " in reply.split(b"\r\n")[0], f"the request queued behind them is served: {reply[:200]!r}")
+    check(metric(s, "m3_requests_cancelled_total") == 3, f"three cancelled: {s.log()[-800:]}")
+    queued_line = [l for l in s.log().splitlines() if " 499 " in l and "| 0 generated" in l]
+    check(len(queued_line) >= 1 and "prompt 0 tokens" in queued_line[0],
+          f"the queued one never ran: {queued_line}")
+finally:
+    rc = s.stop()
+check(rc == 0, f"exit code after SIGTERM: {rc}")
+
+# 2. Slow and idle connections: deadlines and the connection limit.
+s = Server(m3, model, "--slots", "1", "--read-timeout", "2", "--max-connections", "16", env=env)
+try:
+    # Forty connections that trickle headers: /health still answers, the oldest are closed to
+    # make room, and those left are closed at the deadline.
+    slow = []
+    for _ in range(40):
+        c = s.connect(timeout=30)
+        c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        slow.append(c)
+    status, seconds = timed_health(s)
+    print(f"/health with 40 slow-header connections open (limit 16): {status} in {seconds * 1000:.1f} ms")
+    check(status == 200 and seconds < 5, f"/health under slow connections: {status} {seconds:.2f} s")
+    check(metric(s, "m3_connections_evicted_total") >= 24, "the oldest connections gave way")
+    # Trickling one header line a second does not keep a connection past --read-timeout.
+    c = s.connect(timeout=30)
+    c.sendall(b"GET /health HTTP/1.1\r\n")
+    start, closed = time.time(), False
+    while time.time() - start < 10:
+        try:
+            c.sendall(b"X-Slow: 1\r\n")
+            c.settimeout(1)
+            if c.recv(1024) == b"":
+                closed = True
+                break
+        except socket.timeout:
+            continue
+        except OSError:
+            closed = True
+            break
+    print(f"a trickling client was closed after {time.time() - start:.1f} s (--read-timeout 2)")
+    check(closed and time.time() - start < 8, "a trickled request is closed at the deadline")
+    check(metric(s, "m3_connections_timed_out_total") >= 1, "timed-out connections counted")
+    for c in slow:
+        c.close()
+    status, _, text = s.request("POST", "/v1/chat/completions", short_chat)
+    check(status == 200, f"served after the slow clients: {status} {text[:200]}")
+    status, headers, text = s.request("GET", "/metrics")
+    check(status == 200 and "m3_requests_total 1" in text and "# TYPE m3_connections_open gauge" in text,
+          f"/metrics: {status} {text[:300]}")
+finally:
+    s.stop()
+
+# 3. SIGTERM drains: the generating stream finishes (or is stopped at --drain-timeout), the queued
+# request gets 503, and the server exits 0.
+s = Server(m3, model, "--slots", "1", "--drain-timeout", "1", env=env, context=4096)
+try:
+    stream = s.send_request(dict(long_chat, stream=True), timeout=60)
+    got = b""
+    while b"data: " not in got:
+        got += stream.recv(4096)
+    queued = s.send_request(short_chat)
+    time.sleep(0.3)
+    s.proc.send_signal(signal.SIGTERM)
+    queued_reply = read_all(queued)
+    check(b" 503 " in queued_reply.split(b"\r\n")[0] and b"shutting down" in queued_reply,
+          f"the queued request at SIGTERM: {queued_reply[:300]!r}")
+    rest = (got + read_all(stream)).decode(errors="replace")
+    body = rest.split("\r\n\r\n", 1)[-1]
+    check("shutting down" in body and body.rstrip().endswith("0"),
+          f"the stream past --drain-timeout ends with an error event: {body[-300:]!r}")
+    rc = s.proc.wait(timeout=60)
+    check(rc == 0, f"exit code after a drain: {rc} {s.log()[-500:]}")
+    check("stopping 1 requests still generating (--drain-timeout)" in s.log(), f"drain logged: {s.log()[-600:]}")
+finally:
+    s.stop()
+
+# 4. --literal-content: a user's "<mm:think>" stays text (more prompt tokens than the one control
+# token it would be), and a plain message renders the same tokens either way.
+counts = {}
+for flag in ([], ["--literal-content"]):
+    s = Server(m3, model, *flag, env=env)
+    try:
+        for name, text in (("plain", "Hello there"), ("control", "a <mm:think> b [e~[ c")):
+            status, _, body = s.request("POST", "/v1/chat/completions",
+                                        {"messages": [{"role": "user", "content": text}], "max_tokens": 1})
+            counts[(bool(flag), name)] = json.loads(body)["usage"]["prompt_tokens"] if status == 200 else None
+    finally:
+        s.stop()
+check(counts[(False, "plain")] == counts[(True, "plain")], f"--literal-content, plain text: {counts}")
+check(counts[(True, "control")] > counts[(False, "control")] + 2, f"--literal-content, control text: {counts}")
+
+for f in failures:
+    print("FAIL:", f)
+print(f"hostile serve checks: {len(failures)} failed")
+sys.exit(1 if failures else 0)
