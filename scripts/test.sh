@@ -7,5 +7,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here/build"
 ctest --output-on-failure -j "$(nproc)"
 # Every parser of untrusted input under libFuzzer, ASan and UBSan: the saved regression inputs,
-# then 20 s a target (tests/fuzz/README.md).
-"$here/tests/fuzz.sh" 20
+# then 15 s a target (tests/fuzz/README.md).
+"$here/tests/fuzz.sh" 15
+# The unit tests under ASan + UBSan (in the fuzz build), the scheduler and a serve soak under TSan.
+"$here/tests/sanitize.sh"

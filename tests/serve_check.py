@@ -312,7 +312,8 @@ try:
     texts = [json.loads(q[2])["choices"][0]["text"] if q[0] == 200 else None for q in queued]
     check(len(texts) == 3 and None not in texts and len(set(texts)) == 1, f"three queued requests on one slot: {queued}")
     status, _, text = request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
-    check(status == 500 and "chat_template.jinja" in text, f"chat without a template: {status} {text}")
+    check(status == 500 and "chat_template.jinja" in text and bare not in text,
+          f"chat without a template (named, without the server's paths): {status} {text}")
 finally:
     server2.terminate()
     _, err2 = server2.communicate(timeout=30)

@@ -25,6 +25,16 @@ def check(cond, what):
         failures.append(what)
 
 
+def wait_metric(server, name, value, timeout=30):
+    """Polls /metrics until `name` reads `value` (no fixed sleeps: a loaded machine is slow)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if metric(server, name) == value:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def timed_health(server, timeout=10):
     start = time.time()
     try:
@@ -58,11 +68,10 @@ try:
     while b"data: " not in got:
         got += stream.recv(4096)
     queued = s.send_request(short_chat)
-    time.sleep(0.3)
-    check(metric(s, "m3_requests_queued") == 1, "one request queued")
+    check(wait_metric(s, "m3_requests_queued", 1), "one request queued")
     # The queue holds 2: one more fits, the next gets 429 with Retry-After.
     extra = s.send_request(short_chat)
-    time.sleep(0.3)
+    check(wait_metric(s, "m3_requests_queued", 2), "two requests queued")
     status, headers, text = s.request("POST", "/v1/chat/completions", short_chat)
     check(status == 429 and int(headers.get("Retry-After", "0")) >= 1 and "--max-queue" in text
           and json.loads(text)["error"]["code"] == "rate_limit_exceeded", f"queue full: {status} {headers} {text}")
@@ -96,6 +105,9 @@ try:
     status, seconds = timed_health(s)
     print(f"/health with 40 slow-header connections open (limit 16): {status} in {seconds * 1000:.1f} ms")
     check(status == 200 and seconds < 5, f"/health under slow connections: {status} {seconds:.2f} s")
+    end = time.time() + 30
+    while time.time() < end and (metric(s, "m3_connections_evicted_total") or 0) < 24:
+        time.sleep(0.05)
     check(metric(s, "m3_connections_evicted_total") >= 24, "the oldest connections gave way")
     # Trickling one header line a second does not keep a connection past --read-timeout.
     c = s.connect(timeout=30)
@@ -135,7 +147,7 @@ try:
     while b"data: " not in got:
         got += stream.recv(4096)
     queued = s.send_request(short_chat)
-    time.sleep(0.3)
+    check(wait_metric(s, "m3_requests_queued", 1), "drain: one request queued")
     s.proc.send_signal(signal.SIGTERM)
     queued_reply = read_all(queued)
     check(b" 503 " in queued_reply.split(b"\r\n")[0] and b"shutting down" in queued_reply,

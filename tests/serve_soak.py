@@ -177,6 +177,11 @@ done.set()
 watcher.join()
 elapsed = time.time() - start
 time.sleep(1.0)
+if server.proc.poll() is not None:
+    log = server.log()
+    at = max(0, log.find("WARNING: ") if "WARNING: " in log else len(log) - 6000)
+    print(f"FAIL: the server died during the soak (exit code {server.proc.returncode}):\n{log[at:at + 12000]}")
+    sys.exit(1)
 rss["end"] = server.rss_kib()
 open_connections = metric(server, "m3_connections_open")
 status, _, _ = server.request("POST", "/v1/chat/completions", dict(chat, max_tokens=2))

@@ -538,6 +538,7 @@ TEST_CASE("m3_scheduler: queued chat requests over two slots equal each m3_sessi
   CHECK(m3_scheduler_submit(sched, "{not json", &o, nullptr, nullptr, nullptr) == M3_ERR_INVALID_ARGUMENT);
   CHECK_THAT(m3_last_error(), Contains("m3_scheduler_submit"));
   CHECK(m3_scheduler_submit(nullptr, "{}", &o, nullptr, nullptr, nullptr) == M3_ERR_INVALID_ARGUMENT);
+  m3_scheduler_free(sched);
   CHECK(m3_scheduler_new(engine.get(), tok.get(), 0, &sched) == M3_ERR_INVALID_ARGUMENT);
   CHECK(sched == nullptr);
   // A request left queued at free ends with an error.

@@ -104,11 +104,11 @@ TEST_CASE("scheduler: requests submitted from several threads all end, identical
   scheduler.Start();
   constexpr int kThreads = 4, kEach = 3;
   std::vector<Outcome> outcomes(kThreads * kEach);
+  const std::vector<int32_t> prompts[2] = {f.Prompt("Hello"), f.Prompt("Tell me a story")};  // Catch2 asserts on this thread only
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t)
     threads.emplace_back([&, t] {
-      for (int i = 0; i < kEach; ++i)
-        scheduler.Submit(Request(f.Prompt(i % 2 ? "Tell me a story" : "Hello"), 6, &outcomes[t * kEach + i]));
+      for (int i = 0; i < kEach; ++i) scheduler.Submit(Request(prompts[i % 2], 6, &outcomes[t * kEach + i]));
     });
   for (auto& t : threads) t.join();
   for (Outcome& o : outcomes) o.Wait();

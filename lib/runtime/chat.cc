@@ -30,7 +30,10 @@ StatusOr<std::unique_ptr<ChatText>> ChatText::Load(const std::string& dir, bool 
 }
 
 StatusOr<std::string> ChatText::Render(const ojson& messages, const ojson& tools, const ojson& options) const {
-  if (!template_) return template_error_;
+  // The load error names the folder; a client is told what is missing without the server's paths.
+  if (!template_)
+    return Status(template_error_.code(), "this model has no chat template (chat_template.jinja or a chat_template "
+                                          "in tokenizer_config.json): only completions are served");
   return template_->Render(messages, tools, options);
 }
 

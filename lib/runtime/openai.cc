@@ -99,7 +99,8 @@ Status CheckFields(const ojson& body, std::initializer_list<const char*> extra) 
       "model", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "repetition_penalty",
       "frequency_penalty", "seed", "max_tokens", "max_completion_tokens", "stream", "stream_options", "n", "stop",
       "logprobs", "user", "logit_bias"};
-  for (const auto& [key, value] : body.items()) {
+  for (const auto& item : body.items()) {
+    const std::string& key = item.key();
     const auto is = [&](const char* k) { return key == k; };
     if (std::none_of(std::begin(kCommon), std::end(kCommon), is) && std::none_of(extra.begin(), extra.end(), is))
       return InvalidArgument("\"", key, "\" is not supported by this server");

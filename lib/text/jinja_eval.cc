@@ -1,6 +1,7 @@
 // Jinja evaluator: runs the AST against a scope chain. Scoping follows Jinja2: a for-loop
 // iteration, a macro call and a with-block each get a fresh scope (so `set` inside them does not
 // leak out, and does not survive into the next iteration); if-blocks share their parent's.
+#include <filesystem>
 #include <algorithm>
 #include <optional>
 #include <unordered_map>
@@ -453,7 +454,8 @@ class Renderer {
 
 StatusOr<std::string> Template::Render(const std::map<std::string, Value>& globals) const {
   if (!program_) return InvalidArgument("template was not parsed");
-  const std::string& name = program_->options.name;
+  // Render errors reach a server's clients: the template's file name, never the folder it is in.
+  const std::string name = std::filesystem::path(program_->options.name).filename().string();
   std::optional<internal::Renderer> renderer;
   try {
     renderer.emplace(*program_, globals);
