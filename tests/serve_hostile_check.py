@@ -105,10 +105,13 @@ try:
     status, seconds = timed_health(s)
     print(f"/health with 40 slow-header connections open (limit 16): {status} in {seconds * 1000:.1f} ms")
     check(status == 200 and seconds < 5, f"/health under slow connections: {status} {seconds:.2f} s")
+    # 24 closed: evicted for room, or (on a slow machine, where connecting takes long) some at
+    # the 2 s deadline first.
+    closed = lambda: (metric(s, "m3_connections_evicted_total") or 0) + (metric(s, "m3_connections_timed_out_total") or 0)
     end = time.time() + 30
-    while time.time() < end and (metric(s, "m3_connections_evicted_total") or 0) < 24:
+    while time.time() < end and closed() < 24:
         time.sleep(0.05)
-    check(metric(s, "m3_connections_evicted_total") >= 24, "the oldest connections gave way")
+    check(metric(s, "m3_connections_evicted_total") >= 1 and closed() >= 24, "the oldest connections gave way")
     # Trickling one header line a second does not keep a connection past --read-timeout.
     c = s.connect(timeout=30)
     c.sendall(b"GET /health HTTP/1.1\r\n")
