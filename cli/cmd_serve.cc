@@ -476,15 +476,21 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   });
 }
 
-// Waits for SIGTERM or SIGINT (until `done`), then drains: new requests get 503, queued ones
-// end with 503 at once, generating ones may finish for --drain-timeout seconds (a second signal
-// cuts that short), and are then stopped (a 503 or an error event); then the server stops.
-void Drain(Server& server, GuardedServer& http, const sigset_t& signals, const std::atomic<bool>& done) {
+// Waits for SIGTERM or SIGINT (until `done`). Before the server listens (the model loading), the
+// process just ends. Then it drains: new requests get 503, queued ones end with 503 at once,
+// generating ones may finish for --drain-timeout seconds (a second signal cuts that short), and
+// are then stopped (a 503 or an error event); then the server stops listening.
+void Drain(Server& server, GuardedServer& http, const sigset_t& signals, const std::atomic<bool>& listening,
+           const std::atomic<bool>& done) {
   const timespec slice{0, 100'000'000};
   auto wait_signal = [&] { return sigtimedwait(&signals, nullptr, &slice) > 0; };
   while (!done && !wait_signal()) {
   }
   if (done) return;
+  if (!listening) {
+    std::fprintf(stderr, "m3 serve: stopped before it listened\n");
+    std::_Exit(0);  // nothing to drain; the model's mapping goes with the process
+  }
   server.draining = true;
   const size_t generating = server.scheduler->active();
   std::fprintf(stderr,
@@ -505,8 +511,11 @@ void Drain(Server& server, GuardedServer& http, const sigset_t& signals, const s
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // Idle connections close now; those in a handler write their last bytes, and listen() returns
-  // once they have.
-  http.StopListening();
+  // once they have. Again until it has: a signal may come just before listen() began.
+  while (!done) {
+    http.StopListening();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 int Serve(const ServeArgs& a) {
@@ -535,6 +544,18 @@ int Serve(const ServeArgs& a) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  GuardedServer http(a.limits);
+  server->http = &http;
+  std::atomic<bool> listening{false}, done{false};
+  std::thread drain([&] { Drain(*server, http, stop_signals, listening, done); });
+  struct JoinAtExit {  // on every return below
+    std::atomic<bool>& done;
+    std::thread& thread;
+    ~JoinAtExit() {
+      done = true;
+      thread.join();
+    }
+  } join_drain{done, drain};
   SchedulerOptions scheduling;
   scheduling.slots = static_cast<size_t>(a.slots);
   scheduling.log = [](const std::string& note) { std::fprintf(stderr, "m3 serve: %s\n", note.c_str()); };
@@ -563,8 +584,6 @@ int Serve(const ServeArgs& a) {
 
   server->scheduler->Start();
 
-  GuardedServer http(a.limits);
-  server->http = &http;
   auto access = std::make_shared<Access>();
   access->api_key = a.api_key;
   if (access->api_key.empty())
@@ -653,11 +672,9 @@ int Serve(const ServeArgs& a) {
               server->engine->simd_target().c_str(), a.host.c_str(), port, server->args.name.c_str(), max_context,
               a.slots);
   std::fflush(stdout);
-  std::atomic<bool> done{false};
-  std::thread drain([&] { Drain(*server, http, stop_signals, done); });
+  listening = true;
   const bool listened = http.listen_after_bind();
   done = true;
-  drain.join();
   server->scheduler->Stop();
   if (!listened && !server->draining) return fail(IoError("the server on ", a.host, ":", port, " stopped"));
   return 0;

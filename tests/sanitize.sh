@@ -35,7 +35,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = asan ]; then
   if ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
      UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions="$ROOT/tests/ubsan.supp" \
      ctest --test-dir "$BUILD" --output-on-failure -j "$(nproc)" -E "$slow" >"$BUILD/sanitize_asan.log" 2>&1; then
-    echo "ASan+UBSan: $(grep -o '[0-9]* tests passed' "$BUILD/sanitize_asan.log" | head -1 || true) in $(($(date +%s) - start)) s, clean"
+    echo "ASan+UBSan: $(grep -o 'out of [0-9]*' "$BUILD/sanitize_asan.log" | tail -1 | grep -o '[0-9]*' || true) tests in $(($(date +%s) - start)) s, clean"
   else
     echo "ASan+UBSan: FAILED ($BUILD/sanitize_asan.log)"
     grep -E 'FAILED|ERROR: AddressSanitizer|runtime error|LeakSanitizer' "$BUILD/sanitize_asan.log" | head -20
