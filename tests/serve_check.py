@@ -17,6 +17,9 @@ import sys
 import tempfile
 import threading
 
+sys.path.insert(0, os.path.dirname(__file__))
+from serve_util import events  # noqa: E402
+
 m3, model = sys.argv[1], sys.argv[2]
 failures = []
 
@@ -42,14 +45,6 @@ try:
         text = resp.read().decode("utf-8")
         conn.close()
         return resp.status, resp.getheader("Content-Type", ""), text
-
-    def events(text):
-        out = []
-        for block in text.split("\n\n"):
-            if block.startswith("data: "):
-                payload = block[len("data: "):]
-                out.append(payload if payload == "[DONE]" else json.loads(payload))
-        return out
 
     status, _, text = request("GET", "/health")
     check(status == 200 and json.loads(text) == {"status": "ok"}, f"/health: {status} {text}")

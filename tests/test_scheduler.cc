@@ -44,6 +44,12 @@ struct Fixture {
     REQUIRE(t.ok());
     text = std::move(t).value();
   }
+  std::unique_ptr<m3::Scheduler> NewScheduler(size_t slots, uint64_t cache_budget = 0) const {
+    m3::SchedulerOptions o;
+    o.slots = slots;
+    o.cache_budget = cache_budget;
+    return std::make_unique<m3::Scheduler>(*engine, text->tokenizer(), o);
+  }
   std::vector<int32_t> Prompt(const std::string& user) const {
     m3::TurnOptions turn;
     auto ids = text->TurnPrompt(ojson::array({{{"role", "user"}, {"content", user}}}), nullptr, nullptr, &turn);
@@ -65,6 +71,16 @@ struct Outcome {
   void Wait() {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return ended; });
+  }
+  // Until `n` pieces have come (it is generating).
+  void WaitDeltas(size_t n) {
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (deltas >= n) return;
+      }
+      std::this_thread::yield();
+    }
   }
 };
 
@@ -98,9 +114,8 @@ m3::ScheduledRequest Request(std::vector<int32_t> prompt, int max_tokens, Outcom
 
 TEST_CASE("scheduler: requests submitted from several threads all end, identical ones alike", "[scheduler]") {
   Fixture f;
-  m3::SchedulerOptions o;
-  o.slots = 2;
-  m3::Scheduler scheduler(*f.engine, f.text->tokenizer(), o);
+  auto owned = f.NewScheduler(2);
+  m3::Scheduler& scheduler = *owned;
   scheduler.Start();
   constexpr int kThreads = 4, kEach = 3;
   std::vector<Outcome> outcomes(kThreads * kEach);
@@ -124,9 +139,8 @@ TEST_CASE("scheduler: requests submitted from several threads all end, identical
 
 TEST_CASE("scheduler: a cancelled request ends within a step, queued or generating", "[scheduler]") {
   Fixture f;
-  m3::SchedulerOptions o;
-  o.slots = 1;
-  m3::Scheduler scheduler(*f.engine, f.text->tokenizer(), o);
+  auto owned = f.NewScheduler(1);
+  m3::Scheduler& scheduler = *owned;
   Outcome running, queued, after;
   auto cancel_running = std::make_shared<std::atomic<bool>>(false);
   auto cancel_queued = std::make_shared<std::atomic<bool>>(false);
@@ -135,10 +149,7 @@ TEST_CASE("scheduler: a cancelled request ends within a step, queued or generati
   scheduler.Submit(Request(f.Prompt("Hi"), 4, &after));
   scheduler.Start();
   // The queued one is cancelled from this thread while the first generates; then the first.
-  while (true) {
-    std::lock_guard<std::mutex> lock(running.mu);
-    if (running.deltas >= 3) break;
-  }
+  running.WaitDeltas(3);
   CHECK(scheduler.queued() == 2);
   *cancel_queued = true;
   queued.Wait();
@@ -157,18 +168,14 @@ TEST_CASE("scheduler: a cancelled request ends within a step, queued or generati
 
 TEST_CASE("scheduler: DropQueued ends the waiting requests and leaves the generating one", "[scheduler]") {
   Fixture f;
-  m3::SchedulerOptions o;
-  o.slots = 1;
-  m3::Scheduler scheduler(*f.engine, f.text->tokenizer(), o);
+  auto owned = f.NewScheduler(1);
+  m3::Scheduler& scheduler = *owned;
   Outcome first, second, third;
   scheduler.Submit(Request(f.Prompt("Count to ten"), 40, &first));
   scheduler.Submit(Request(f.Prompt("Hi"), 4, &second));
   scheduler.Submit(Request(f.Prompt("Hello"), 4, &third));
   scheduler.Start();
-  while (true) {
-    std::lock_guard<std::mutex> lock(first.mu);
-    if (first.deltas >= 1) break;
-  }
+  first.WaitDeltas(1);
   scheduler.DropQueued(m3::Status(m3::StatusCode::kUnavailable, "the server is shutting down"));
   second.Wait();
   third.Wait();
@@ -183,14 +190,11 @@ TEST_CASE("scheduler: DropQueued ends the waiting requests and leaves the genera
 TEST_CASE("scheduler: a context that can never fit the cache budget is permanent, not transient", "[scheduler]") {
   Fixture f;
   const std::vector<int32_t> prompt = f.Prompt("Hello there, how are you?");
-  m3::SchedulerOptions o;
-  o.slots = 1;
-  m3::Scheduler probe(*f.engine, f.text->tokenizer(), o);
-  CHECK(probe.CheckFitsBudget(100000).ok());  // no budget: nothing is refused up front
+  CHECK(f.NewScheduler(1)->CheckFitsBudget(100000).ok());  // no budget: nothing is refused up front
   // A budget below what the prompt needs: refused before it runs, and at its step.
   m3::Session session(*f.engine, {});
-  o.cache_budget = session.cache().BytesFor(prompt.size()) - 1;
-  m3::Scheduler scheduler(*f.engine, f.text->tokenizer(), o);
+  auto owned = f.NewScheduler(1, session.cache().BytesFor(prompt.size()) - 1);
+  m3::Scheduler& scheduler = *owned;
   const m3::Status st = scheduler.CheckFitsBudget(prompt.size());
   CHECK(st.code() == m3::StatusCode::kOutOfRange);
   CHECK_THAT(st.message(), Contains("can never run"));
