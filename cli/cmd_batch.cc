@@ -203,6 +203,7 @@ void AddBatchCommand(CLI::App& app, int* rc) {
       ->default_val(512);
   AddSamplingOptions(cmd, &a->defaults.sampling);
   AddLookupOption(cmd, &a->defaults.lookup);
+  AddLiteralContentOption(cmd, &a->defaults.literal_content);
   cmd->callback([a, rc] { *rc = Batch(*a); });
 }
 

@@ -720,10 +720,7 @@ void AddServeCommand(CLI::App& app, int* rc) {
                   "on SIGTERM or SIGINT, seconds the requests generating may take to finish before they are stopped "
                   "(queued ones end at once with 503; a second signal stops all)")
       ->default_val(30);
-  cmd->add_flag("--literal-content", a->defaults.literal_content,
-                "encode the text of chat messages (all but the assistant's) as plain text: a user who types "
-                "\"<mm:think>\" or \"[e~[\" gets those letters, not the control tokens (the default, as HF's "
-                "chat template, gives the tokens)");
+  AddLiteralContentOption(cmd, &a->defaults.literal_content);
   AddSamplingOptions(cmd, &a->defaults.sampling);
   AddLookupOption(cmd, &a->defaults.lookup);
   cmd->callback([a, rc] { *rc = Serve(*a); });

@@ -144,6 +144,13 @@ void AddLookupOption(CLI::App* cmd, LookupOptions* o) {
       ->default_val(0);
 }
 
+void AddLiteralContentOption(CLI::App* cmd, bool* literal_content) {
+  cmd->add_flag("--literal-content", *literal_content,
+                "encode the text of chat messages (all but the assistant's) as plain text: a user who types "
+                "\"<mm:think>\" or \"[e~[\" gets those letters, not the control tokens (the default, as HF's "
+                "chat template, gives the tokens)");
+}
+
 std::string LookupSummary(const GenerateStats& st) {
   if (st.drafted_tokens == 0) return "";
   return Str(" | lookup: ", st.accepted_tokens, " of ", st.drafted_tokens, " guesses accepted");
