@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <set>
@@ -344,10 +345,11 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   // A body announced past the limit is refused before it is read (the connection then closes:
   // its unread bytes are not skipped).
   const std::string length = req.get_header_value("Content-Length");
-  const std::optional<std::string> raw =
-      !length.empty() && (length.size() > 19 || std::stoull("0" + length.substr(0, 19)) > kMaxBodyBytes)
-          ? std::nullopt
-          : ReadBody(reader);
+  uint64_t announced = 0;
+  const bool too_long = std::from_chars(length.data(), length.data() + length.size(), announced).ec ==
+                            std::errc::result_out_of_range ||
+                        announced > kMaxBodyBytes;
+  const std::optional<std::string> raw = too_long ? std::nullopt : ReadBody(reader);
   GuardedServer::RequestRead();  // from here on, the reply takes what time it takes
   if (!raw) {
     res.set_header("Connection", "close");

@@ -27,6 +27,16 @@ short Wait(int fd, short events, int ms) {
   }
 }
 
+// Whether the peer of `fd` has closed the connection (or it broke); pipelined bytes do not count.
+bool PeerClosed(int fd) {
+  const short revents = Wait(fd, POLLIN, 0);
+  if (revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
+  if (!(revents & POLLIN)) return false;
+  char byte;  // readable: more bytes, or the end of the stream
+  const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 void AddressOf(const sockaddr_storage& a, std::string& ip, int& port) {
   char text[INET6_ADDRSTRLEN] = "";
   if (a.ss_family == AF_INET) {
@@ -50,7 +60,7 @@ class GuardedServer::Stream final : public httplib::Stream {
   Stream(Connection& c, int io_ms) : c_(c), io_ms_(io_ms) {}
 
   bool is_readable() const override { return pos_ < end_ || (Wait(c_.fd, POLLIN, io_ms_) & (POLLIN | POLLHUP)); }
-  bool is_writable() const override { return (Wait(c_.fd, POLLOUT, io_ms_) & POLLOUT) && !ClientGone(); }
+  bool is_writable() const override { return (Wait(c_.fd, POLLOUT, io_ms_) & POLLOUT) && !PeerClosed(c_.fd); }
 
   ssize_t read(char* ptr, size_t size) override {
     if (pos_ == end_) {
@@ -153,15 +163,8 @@ void GuardedServer::CloseAfterReply() {
 }
 
 bool GuardedServer::ClientGone() {
-  auto* c = static_cast<Connection*>(current_connection);
-  if (!c) return false;
-  const short revents = Wait(c->fd, POLLIN, 0);
-  if (revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
-  if (!(revents & POLLIN)) return false;
-  // Readable: either more bytes (a pipelined request) or the end of the stream.
-  char byte;
-  const ssize_t n = recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  const auto* c = static_cast<const Connection*>(current_connection);
+  return c && PeerClosed(c->fd);
 }
 
 ConnectionCounts GuardedServer::counts() const {

@@ -104,11 +104,15 @@ StatusOr<std::vector<int32_t>> ChatText::TurnPrompt(const ojson& messages, const
   if (options.is_null()) options = ojson::object();
   if (!options.is_object()) return InvalidArgument("chat options must be a JSON object");
   options["add_generation_prompt"] = true;
-  const LiteralMarks marks;
-  M3_ASSIGN_OR_RETURN(std::string rendered,
-                      Render(literal_content ? marks.WrapMessages(messages) : messages, tools, options));
-  const std::vector<std::pair<size_t, size_t>> literal =
-      literal_content ? marks.Take(rendered) : std::vector<std::pair<size_t, size_t>>();
+  std::string rendered;
+  std::vector<std::pair<size_t, size_t>> literal;
+  if (literal_content) {  // only then a nonce and a copy of the messages
+    const LiteralMarks marks;
+    M3_ASSIGN_OR_RETURN(rendered, Render(marks.WrapMessages(messages), tools, options));
+    literal = marks.Take(rendered);
+  } else {
+    M3_ASSIGN_OR_RETURN(rendered, Render(messages, tools, options));
+  }
   turn->start = OutputStart(rendered);
   turn->tools = nlohmann::json::parse(tools.dump());  // the parser takes unordered json
   return tokenizer_->Encode(rendered, literal);

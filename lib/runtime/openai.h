@@ -174,8 +174,9 @@ ojson UsageChunk(const std::string& id, int64_t created, const std::string& mode
 // string for the statuses that have one (401 "invalid_api_key", 429 "rate_limit_exceeded", ...)
 // or null.
 ojson ErrorBody(const std::string& message, int http_status);
-// The HTTP status of a failed turn: 400 for bad requests and context overflow, 503 when out of
-// memory, 500 for the rest (a folder without a chat template included).
+// The HTTP status of a failed turn: 400 for bad requests and context overflow (a cache budget it
+// can never fit included), 503 for what may pass (memory others hold, a server draining), 500 for
+// the rest (a folder without a chat template included).
 int HttpStatus(const Status& s);
 
 }  // namespace m3::openai
