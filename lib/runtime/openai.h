@@ -56,6 +56,14 @@ struct Request {
   bool literal_content = false;  // Defaults::literal_content
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+  // Constrained output (lib/constrain), chat only. tool_choice in OpenAI's form: "auto", "none",
+  // "required" or {"type": "function", "function": {"name": ...}}; response_format: null,
+  // {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema",
+  // "strict"}}; grammar: GBNF text (empty: none). The Anthropic endpoint maps onto these too.
+  ojson tool_choice = "auto";
+  bool parallel_tool_calls = true;  // false: a forced tool call is a single call
+  ojson response_format;
+  std::string grammar;
 };
 
 // Parses a body; InvalidArgument naming the field for a malformed or unsupported request (n > 1,
