@@ -31,7 +31,8 @@ struct EngineArgs {
 void AddEngineOptions(CLI::App* cmd, EngineArgs* args);
 // --gpu, --gpu-device, --gpu-id alone (m3 bench, which has its own engine options).
 void AddGpuOptions(CLI::App* cmd, EngineArgs* args);
-// --temp, --top-k, --top-p, --min-p, --repeat-penalty, --presence-penalty, --seed.
+// --temp, --top-k, --top-p, --min-p, --repeat-penalty, --presence-penalty, --frequency-penalty,
+// --seed.
 void AddSamplingOptions(CLI::App* cmd, SamplingParams* p);
 // --lookup K: speculative decoding by prompt lookup (LookupOptions::max_draft).
 void AddLookupOption(CLI::App* cmd, LookupOptions* o);

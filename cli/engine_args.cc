@@ -133,7 +133,12 @@ void AddSamplingOptions(CLI::App* cmd, SamplingParams* p) {
   cmd->add_option("--top-p", p->top_p, "top-p (1 = off)")->default_val(0.95);
   cmd->add_option("--min-p", p->min_p, "min-p (0 = off)")->default_val(0.0);
   cmd->add_option("--repeat-penalty", p->repetition_penalty, "repetition penalty (1 = off)")->default_val(1.0);
-  cmd->add_option("--presence-penalty", p->presence_penalty, "presence penalty (0 = off)")->default_val(0.0);
+  cmd->add_option("--presence-penalty", p->presence_penalty,
+                  "presence penalty: subtracted once from tokens seen in the prompt or the output (0 = off)")
+      ->default_val(0.0);
+  cmd->add_option("--frequency-penalty", p->frequency_penalty,
+                  "frequency penalty: subtracted per occurrence in the output so far, as OpenAI's (-2..2, 0 = off)")
+      ->default_val(0.0);
   cmd->add_option("--seed", p->seed, "random seed")->default_val(0);
 }
 

@@ -28,6 +28,77 @@ TEST_CASE("penalties push seen tokens down", "[sampling]") {
   CHECK(pres.Sample(std::vector<float>{2.0f, 1.5f}, std::vector<int32_t>{0, 0, 7}) == 1);  // out-of-range 7 ignored
 }
 
+// The penalties as a plain loop (the reference): repetition and presence once per distinct id of
+// the whole history, frequency once per occurrence after the prompt (OpenAI's and vLLM's counts).
+std::vector<float> PenalizedByReference(std::vector<float> logits, const std::vector<int32_t>& history,
+                                        size_t prompt_tokens, const SamplingParams& p) {
+  std::vector<bool> seen(logits.size(), false);
+  std::vector<int> output_count(logits.size(), 0);
+  for (size_t i = 0; i < history.size(); ++i) {
+    const int32_t id = history[i];
+    if (id < 0 || static_cast<size_t>(id) >= logits.size()) continue;
+    if (!seen[id]) {
+      seen[id] = true;
+      float& x = logits[id];
+      x = x > 0 ? x / p.repetition_penalty : x * p.repetition_penalty;
+      x -= p.presence_penalty;
+    }
+    if (i >= prompt_tokens) ++output_count[id];
+  }
+  for (size_t id = 0; id < logits.size(); ++id)
+    logits[id] -= p.frequency_penalty * static_cast<float>(output_count[id]);
+  return logits;
+}
+
+TEST_CASE("frequency_penalty counts the output's occurrences, not the prompt's, as the reference", "[sampling]") {
+  // The prompt's tokens are not counted: id 0 fills the prompt, id 1 is generated once.
+  Sampler freq(SamplingParams{.temperature = 0, .frequency_penalty = 1.0f});
+  const std::vector<int32_t> history = {0, 0, 0, 1};
+  CHECK(freq.Sample(std::vector<float>{2.0f, 2.5f}, history, -1, /*prompt_tokens=*/3) == 0);  // 2.5 - 1 < 2
+  CHECK(freq.Sample(std::vector<float>{2.0f, 2.5f}, history, -1, /*prompt_tokens=*/0) == 1);  // 2 - 3 < 2.5 - 1
+  // Negative: repeats are favoured.
+  Sampler favour(SamplingParams{.temperature = 0, .frequency_penalty = -0.5f});
+  CHECK(favour.Sample(std::vector<float>{2.0f, 1.8f}, history, -1, 3) == 1);
+
+  // Greedy picks the argmax of the reference's logits, over random logits, histories and
+  // penalties (all four together), ids outside the vocabulary and a prompt past the history included.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const size_t vocab = 2 + rng() % 30;
+    std::vector<float> logits(vocab);
+    for (float& x : logits) x = uniform(rng);
+    std::vector<int32_t> hist(rng() % 40);
+    for (int32_t& id : hist) id = static_cast<int32_t>(rng() % (vocab + 2)) - (trial % 7 == 0 ? 1 : 0);
+    const size_t prompt_tokens = rng() % (hist.size() + 3);
+    SamplingParams p{.temperature = 0, .frequency_penalty = uniform(rng)};
+    if (trial % 2) p.presence_penalty = uniform(rng);
+    if (trial % 3 == 0) p.repetition_penalty = 1.0f + std::abs(uniform(rng));
+    REQUIRE(ValidateSamplingParams(p).ok());
+    const std::vector<float> want = PenalizedByReference(logits, hist, prompt_tokens, p);
+    const auto best = std::max_element(want.begin(), want.end());  // the first of equals
+    Sampler s(p);
+    INFO("trial " << trial);
+    CHECK(s.Sample(logits, hist, -1, prompt_tokens) == static_cast<int32_t>(best - want.begin()));
+  }
+
+  // Sampling draws from the softmax of the reference's logits.
+  const std::vector<float> logits = {0.0f, 0.5f, 1.0f, 0.2f};
+  const std::vector<int32_t> hist = {2, 3, 2, 2, 1};  // prompt {2, 3}; output {2, 2, 1}
+  const SamplingParams p{.presence_penalty = 0.1f, .frequency_penalty = 0.4f, .seed = 9};
+  const std::vector<float> want = PenalizedByReference(logits, hist, 2, p);
+  double total = 0;
+  for (float x : want) total += std::exp(x);
+  Sampler s(p);
+  std::map<int32_t, int> count;
+  constexpr int kDraws = 40000;
+  for (int i = 0; i < kDraws; ++i) ++count[s.Sample(logits, hist, -1, 2)];
+  for (int32_t id = 0; id < 4; ++id) {
+    INFO("id " << id);
+    CHECK(count[id] / double(kDraws) == Approx(std::exp(want[id]) / total).margin(0.01));
+  }
+}
+
 TEST_CASE("top-k, top-p and min-p restrict the candidates", "[sampling]") {
   const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
   for (uint64_t seed = 0; seed < 200; ++seed) {
@@ -150,6 +221,11 @@ TEST_CASE("invalid sampling options are refused by name", "[sampling]") {
   CHECK_THAT(ValidateSamplingParams(SamplingParams{.min_p = 2}).message(), Catch::Contains("min_p"));
   CHECK_THAT(ValidateSamplingParams(SamplingParams{.top_k = -3}).message(), Catch::Contains("top_k"));
   CHECK_THAT(ValidateSamplingParams(SamplingParams{.repetition_penalty = 0}).message(), Catch::Contains("repetition_penalty"));
+  CHECK_THAT(ValidateSamplingParams(SamplingParams{.frequency_penalty = 2.5f}).message(),
+             Catch::Contains("frequency_penalty"));
+  CHECK_THAT(ValidateSamplingParams(SamplingParams{.frequency_penalty = NAN}).message(),
+             Catch::Contains("frequency_penalty"));
+  CHECK(ValidateSamplingParams(SamplingParams{.frequency_penalty = -2.0f}).ok());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "ops/vocab.h"
@@ -17,6 +18,8 @@ Status ValidateSamplingParams(const SamplingParams& p) {
   if (!(p.repetition_penalty > 0) || !std::isfinite(p.repetition_penalty))
     return InvalidArgument("repetition_penalty must be > 0, got ", p.repetition_penalty);
   if (!std::isfinite(p.presence_penalty)) return InvalidArgument("presence_penalty must be finite");
+  if (!(p.frequency_penalty >= -2 && p.frequency_penalty <= 2))
+    return InvalidArgument("frequency_penalty must be in [-2, 2], got ", p.frequency_penalty);
   return Status::Ok();
 }
 
@@ -39,7 +42,8 @@ DraftSplit SplitForDraft(double u, double p_draft) {
 
 }  // namespace
 
-int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history, int32_t draft) {
+int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history, int32_t draft,
+                        size_t prompt_tokens) {
   const size_t vocab = logits.size();
   work_.assign(logits.begin(), logits.end());
   ReplaceNaN(work_.data(), vocab);
@@ -51,6 +55,12 @@ int32_t Sampler::Sample(std::span<const float> logits, std::span<const int32_t> 
         x = x > 0 ? x / params_.repetition_penalty : x * params_.repetition_penalty;
         x -= params_.presence_penalty;
       }
+  }
+  if (params_.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int> count;  // of each id in the output
+    for (const int32_t id : history.subspan(std::min(prompt_tokens, history.size())))
+      if (id >= 0 && static_cast<size_t>(id) < vocab) ++count[id];
+    for (const auto& [id, n] : count) work_[id] -= params_.frequency_penalty * static_cast<float>(n);
   }
   if (params_.temperature == 0.0f) return static_cast<int32_t>(ArgMax(work_.data(), vocab));
 

@@ -164,7 +164,8 @@ bool Generation::Next(std::span<const int32_t>* step) {
   for (size_t r = 0; r < rows; ++r) {
     const int32_t guess = r + 1 < rows ? step_[r + 1] : -1;
     const std::span<const int32_t> history(session_.tokens().data(), first + r + 1);
-    id = sampler_.Sample(std::span<const float>(logits_).subspan(r * vocab, vocab), history, guess);
+    id = sampler_.Sample(std::span<const float>(logits_).subspan(r * vocab, vocab), history, guess,
+                         stats_.prompt_tokens);  // frequency_penalty: the output only
     const bool confirmed = guess >= 0 && id == guess;
     emit_row_ = r;
     if (!Emit(id)) {
