@@ -1,0 +1,45 @@
+// Pieces shared by the JSON-schema and tool-call compilers: string contents (JSON-escaped or
+// raw markup), numbers, patterns, formats. Internal to lib/constrain.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
+#include "constrain/grammar.h"
+
+namespace m3::constrain {
+
+// Thrown inside the schema compilers and caught at their entry points (never escapes them).
+struct SchemaError {
+  Status status;
+};
+[[noreturn]] void Refuse(const std::string& path, const std::string& message);
+
+enum class TextEncoding {
+  kJson,    // inside a JSON string: '"', '\\' and control characters escaped
+  kMarkup,  // raw (M3 tool-call values): never the namespace marker's text
+};
+
+// Bounds on what a schema may ask for (beyond them: refused by name).
+inline constexpr int64_t kMaxStringLengthBound = 100000;
+inline constexpr int64_t kMaxItemsBound = 10000;
+inline constexpr int kMaxSchemaDepth = 64;
+// Integers are written with at most this many digits (|value| < 10^15: exact as a double too).
+inline constexpr int kMaxIntegerDigits = 15;
+
+// The characters of a string (not its quotes) valid against the string keywords of `schema`
+// (minLength, maxLength, pattern, format).
+Seq StringContent(GrammarBuilder& b, const nlohmann::json& schema, TextEncoding enc, const std::string& path);
+// One character of the class (negated: of its complement), as written in `enc` (in markup never
+// a "]", so no run of such characters can spell the namespace marker).
+Seq EncodedChar(GrammarBuilder& b, CodepointRanges ranges, bool negate, TextEncoding enc);
+// Integer / number text valid against minimum, maximum, exclusiveMinimum, exclusiveMaximum.
+Seq IntegerText(GrammarBuilder& b, const nlohmann::json& schema, const std::string& path);
+Seq NumberText(GrammarBuilder& b, const nlohmann::json& schema, const std::string& path);
+// Compact JSON value of any type (a shared recursive rule).
+Seq AnyJsonValue(GrammarBuilder& b);
+std::string JsonPathJoin(const std::string& path, const std::string& key);
+
+}  // namespace m3::constrain
