@@ -124,11 +124,11 @@ int Batch(const BatchArgs& a) {
       ++done, ++failed;
       continue;
     }
-    // Each prompt of the request is a choice of its own; the line is written when all have ended.
+    // Each choice (n of each prompt) runs on its own; the line is written when all have ended.
     auto request = std::make_shared<RequestRun>();
     request->request = std::move(parsed).value();
     const openai::Request& r = request->request;
-    const size_t n_choices = r.chat ? 1 : r.prompts.size();
+    const size_t n_choices = openai::ChoiceCount(r);
     request->choices.resize(n_choices);
     std::vector<TurnOptions> turns(n_choices);
     Status bad;
@@ -148,7 +148,7 @@ int Batch(const BatchArgs& a) {
       ScheduledRequest sr;
       sr.prompt = request->choices[c].prompt;
       sr.turn = std::move(turns[c]);
-      sr.sampling = r.sampling;
+      sr.sampling = openai::ChoiceSampling(r, c);
       sr.on_delta = [request, c](const TurnDelta& d) {
         request->choices[c].deltas.push_back(d);
         return true;

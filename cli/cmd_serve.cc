@@ -3,7 +3,8 @@
 // scheduler of lib/runtime/scheduler.h: up to --slots at once, batched into one forward pass per
 // step, each in the session that holds the longest cached prefix of its conversation.
 // Endpoints: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,
-// POST /v1/completions (both with "stream": true as server-sent events). Connections are handled
+// POST /v1/completions (both with "stream": true as server-sent events, "n" choices each),
+// POST /tokenize, POST /detokenize. Connections are handled
 // by cli/serve_connections.h; SIGTERM or SIGINT drains (Serve).
 #include <httplib.h>
 #include <pthread.h>
@@ -12,6 +13,7 @@
 #include <charconv>
 #include <chrono>
 #include <csignal>
+#include <map>
 #include <set>
 #include <thread>
 #include <cctype>
@@ -24,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -107,9 +110,17 @@ struct Access {
 
 // The method a route of this server takes ("" for no such route).
 std::string AllowedMethod(const std::string& path) {
-  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
+  if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/tokenize" || path == "/detokenize")
+    return "POST";
   if (path == "/health" || path == "/metrics" || path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "GET";
   return "";
+}
+
+// The route label of a request path (/metrics): the routes themselves, one label for a model's
+// page, and "other" for any other path (labels stay few whatever clients send).
+std::string RouteLabel(const std::string& path) {
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{model}";
+  return AllowedMethod(path).empty() ? "other" : path;
 }
 
 bool IsLoopback(const std::string& host) {
@@ -143,6 +154,69 @@ StatusOr<uint64_t> ParseByteSize(const std::string& text) {
   return static_cast<uint64_t>(bytes);
 }
 
+// A number in the exposition format: integers exactly (a counter past 1e6 keeps its digits),
+// others with 9 significant digits.
+std::string PromNumber(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (std::isnan(v)) return "NaN";
+  char buf[40];
+  if (v == std::floor(v) && std::abs(v) < 9e15) std::snprintf(buf, sizeof buf, "%.0f", v);
+  else std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+// A Prometheus histogram: counts at or below each bound (and +Inf), the sum and the count.
+struct Histogram {
+  std::vector<double> bounds;    // ascending
+  std::vector<uint64_t> counts;  // per bucket (not cumulative), the last one past every bound
+  double sum = 0;
+  uint64_t count = 0;
+  explicit Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  // `times` observations of `v` (a mean per token counted once per token).
+  void Observe(double v, uint64_t times = 1) {
+    counts[static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin())] += times;
+    sum += v * static_cast<double>(times);
+    count += times;
+  }
+  std::string Text(const char* name, const char* help) const {
+    std::string out = Str("# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
+    uint64_t below = 0;
+    for (size_t i = 0; i <= bounds.size(); ++i) {
+      below += counts[i];
+      out += Str(name, "_bucket{le=\"", i < bounds.size() ? PromNumber(bounds[i]) : "+Inf", "\"} ", below, "\n");
+    }
+    return out + Str(name, "_sum ", PromNumber(sum), "\n", name, "_count ", count, "\n");
+  }
+};
+
+// What /metrics reports beyond plain counters: responses by route and status, latency and prompt
+// length histograms, recent token rates. Under `mu`.
+struct ServeMetrics {
+  std::mutex mu;
+  std::map<std::pair<std::string, int>, uint64_t> responses;  // (route, HTTP status)
+  Histogram time_to_first_token{{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
+  Histogram inter_token{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
+  Histogram request_duration{{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}};
+  Histogram prompt_length{{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144}};
+  double prefill_rate = 0, decode_rate = 0;  // tokens/s of recent choices (a moving average)
+
+  // A choice that ended well, `seconds` after its request came.
+  void Choice(const GenerateStats& st, double seconds) {
+    std::lock_guard<std::mutex> lock(mu);
+    prompt_length.Observe(static_cast<double>(st.prompt_tokens));
+    auto recent = [](double* avg, double v) { *avg = *avg == 0 ? v : 0.8 * *avg + 0.2 * v; };
+    if (st.prompt_tokens > st.reused_tokens && st.prefill_seconds > 0) recent(&prefill_rate, st.prefill_tok_s());
+    if (st.generated_tokens == 0) return;
+    // The first token came when decoding began (its sampling ends the prefill); the others are
+    // counted at their mean gap.
+    time_to_first_token.Observe(std::max(0.0, seconds - st.decode_seconds));
+    if (st.generated_tokens > 1) {
+      inter_token.Observe(st.decode_seconds / static_cast<double>(st.generated_tokens - 1), st.generated_tokens - 1);
+      if (st.decode_seconds > 0) recent(&decode_rate, st.decode_tok_s());
+    }
+  }
+};
+
 // A request seen from its HTTP thread: the scheduler's callbacks hand the deltas and the ends
 // over under `mu`.
 struct Job {
@@ -156,10 +230,11 @@ struct Job {
 
   std::mutex mu;
   std::condition_variable cv;
-  // One per prompt (a completions request may have several); a stream's deltas are those not yet
-  // taken by the HTTP thread.
+  // n per prompt (a completions request may have several prompts); a stream's deltas are those
+  // not yet taken by the HTTP thread.
   std::vector<openai::ChoiceResult> choices;
-  size_t finished = 0;  // choices ended
+  std::vector<char> ended;  // of each choice
+  size_t finished = 0;      // choices ended
 };
 
 // The model, its text layer and the scheduler (lib/runtime/scheduler.h) that runs the requests.
@@ -177,6 +252,7 @@ struct Server {
   // For /metrics: counters since start.
   std::atomic<uint64_t> requests{0}, failed{0}, rejected{0}, cancelled{0}, prompt_tokens{0}, cached_tokens{0},
       generated_tokens{0};
+  ServeMetrics metrics;
   std::mutex jobs_mu;
   std::set<std::shared_ptr<Job>> jobs;  // in flight, for a drain to cancel
   double mean_seconds = 0;              // of recent requests (under jobs_mu)
@@ -205,10 +281,13 @@ struct Server {
     }
   }
 
+  // Unique per request (its tool-call ids "call_<id>_..." too): across this process by the counter,
+  // across processes (a restart within the same second) by a random part drawn at start.
+  const uint32_t id_nonce = std::random_device()() & 0xFFFFFF;
   std::string NewId() {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%08llx%04llx", static_cast<unsigned long long>(std::time(nullptr)),
-                  static_cast<unsigned long long>(next_id++ & 0xFFFF));
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%08llx%06x%llx", static_cast<unsigned long long>(std::time(nullptr)),
+                  static_cast<unsigned>(id_nonce), static_cast<unsigned long long>(next_id++));
     return buf;
   }
 
@@ -217,7 +296,7 @@ struct Server {
     ScheduledRequest sr;
     sr.prompt = job->choices[c].prompt;
     sr.turn = std::move(turn);
-    sr.sampling = r.sampling;
+    sr.sampling = openai::ChoiceSampling(r, c);  // seed + c % n
     sr.cancelled = job->cancelled;
     sr.on_delta = [job, c](const TurnDelta& d) {
       {
@@ -231,8 +310,13 @@ struct Server {
       // 499: the client closed the connection (nginx's code); the log says so.
       const int code = job->client_gone ? 499 : job->shut_down ? 503 : status.ok() ? 200 : openai::HttpStatus(status);
       Log(job->path.c_str(), code, st, largest_batch);
-      if (code == 200) prompt_tokens += st.prompt_tokens;
-      else if (code != 499) ++failed;
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
+      if (code == 200) {
+        prompt_tokens += st.prompt_tokens;
+        metrics.Choice(st, seconds);
+      } else if (code != 499) {
+        ++failed;
+      }
       cached_tokens += st.reused_tokens;
       generated_tokens += st.generated_tokens;
       bool last;
@@ -242,10 +326,14 @@ struct Server {
         choice.status = status;
         choice.output = std::move(out);
         choice.stats = st;
+        job->ended[c] = 1;
         last = ++job->finished == job->choices.size();
       }
       if (last) {
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job->start).count();
+        if (!job->client_gone) {
+          std::lock_guard<std::mutex> lock(metrics.mu);
+          metrics.request_duration.Observe(seconds);
+        }
         std::lock_guard<std::mutex> lock(jobs_mu);
         mean_seconds = mean_seconds == 0 ? seconds : 0.8 * mean_seconds + 0.2 * seconds;
         jobs.erase(job);
@@ -269,14 +357,31 @@ struct Server {
                  job.id.c_str());
   }
 
-  // Prometheus text: counters since start and the state now.
-  std::string Metrics() const {
+  // Prometheus text (exposition format 0.0.4): counters since start and the state now.
+  std::string Metrics() {
     const ConnectionCounts conn = http ? http->counts() : ConnectionCounts();
     std::string out;
     auto metric = [&](const char* name, const char* type, const char* help, double value) {
-      out += Str("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ", value, "\n");
+      out += Str("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ", PromNumber(value), "\n");
     };
-    metric("m3_requests_total", "counter", "completion requests accepted", static_cast<double>(requests));
+    {
+      std::lock_guard<std::mutex> lock(metrics.mu);
+      out += "# HELP m3_requests_total HTTP requests answered, by route and status\n# TYPE m3_requests_total counter\n";
+      for (const auto& [key, n] : metrics.responses)
+        out += Str("m3_requests_total{endpoint=\"", key.first, "\",status=\"", key.second, "\"} ", n, "\n");
+      out += metrics.time_to_first_token.Text("m3_time_to_first_token_seconds",
+                                              "from a request's arrival to its choice's first token");
+      out += metrics.inter_token.Text("m3_inter_token_latency_seconds",
+                                      "time per output token after the first (each choice's mean, once per token)");
+      out += metrics.request_duration.Text("m3_request_duration_seconds",
+                                           "from a completion request's arrival to its last choice's end");
+      out += metrics.prompt_length.Text("m3_prompt_tokens", "prompt length of each choice that ended well");
+      metric("m3_prefill_tokens_per_second", "gauge", "prompt tokens per second of recent choices (moving average)",
+             metrics.prefill_rate);
+      metric("m3_decode_tokens_per_second", "gauge", "generated tokens per second of recent choices (moving average)",
+             metrics.decode_rate);
+    }
+    metric("m3_requests_accepted_total", "counter", "completion requests accepted", static_cast<double>(requests));
     metric("m3_requests_failed_total", "counter", "choices that ended in an error", static_cast<double>(failed));
     metric("m3_requests_rejected_total", "counter", "requests refused with 429: the queue was full",
            static_cast<double>(rejected));
@@ -286,6 +391,11 @@ struct Server {
     metric("m3_prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cache",
            static_cast<double>(cached_tokens));
     metric("m3_generated_tokens_total", "counter", "tokens generated", static_cast<double>(generated_tokens));
+    metric("m3_prompt_cache_hit_ratio", "gauge", "prompt tokens found cached / prompt tokens, since start",
+           prompt_tokens > 0 ? std::min(1.0, static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens))
+                             : 0.0);
+    metric("m3_cache_bytes", "gauge", "bytes the slots' KV and index-key caches hold (each page once)",
+           static_cast<double>(scheduler->cache_bytes()));
     metric("m3_requests_queued", "gauge", "choices waiting for a slot", static_cast<double>(scheduler->queued()));
     metric("m3_requests_generating", "gauge", "choices generating", static_cast<double>(scheduler->active()));
     metric("m3_slots", "gauge", "sessions (the most choices generating at once)", args.slots);
@@ -378,8 +488,9 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   job->path = chat ? "/v1/chat/completions" : "/v1/completions";
   // Checked here (the text layer is immutable, any thread may use it), so that even a stream
   // refuses a bad request with a 400 before it starts.
-  const size_t n_choices = chat ? 1 : r.prompts.size();
+  const size_t n_choices = openai::ChoiceCount(r);  // n of each prompt, prompt-major
   job->choices.resize(n_choices);
+  job->ended.assign(n_choices, 0);
   std::vector<TurnOptions> turns(n_choices);
   for (size_t c = 0; c < n_choices; ++c) {
     auto prompt = openai::TurnInputs(*server->text, r, job->id, server->scheduler->max_context(), &turns[c], c);
@@ -419,11 +530,15 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
     return;
   }
 
-  // Streamed (one choice): the deltas as server-sent events while the scheduler makes them.
+  // Streamed: the deltas of every choice as server-sent events while the scheduler makes them,
+  // each chunk naming its choice ("index"), each choice closed by its finish_reason chunk.
   res.set_header("Cache-Control", "no-cache");
-  auto pieces = std::make_shared<openai::ChoicePieces>(tokenizer, r, job->choices[0].prompt);
-  res.set_chunked_content_provider("text/event-stream", [server, job, created, pieces](size_t,
-                                                                                        httplib::DataSink& sink) {
+  std::vector<std::shared_ptr<openai::ChoicePieces>> pieces;
+  for (size_t c = 0; c < n_choices; ++c)
+    pieces.push_back(std::make_shared<openai::ChoicePieces>(tokenizer, r, job->choices[c].prompt, c));
+  auto request = std::make_shared<openai::Request>(r);
+  res.set_chunked_content_provider("text/event-stream", [server, job, created, pieces, request](
+                                                            size_t, httplib::DataSink& sink) {
     const std::string& model = server->args.name;
     const std::string& id = job->id;
     const bool chat = job->chat;
@@ -431,29 +546,54 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
       const std::string event = "data: " + Dump(j) + "\n\n";
       return sink.write(event.data(), event.size());
     };
-    auto send_piece = [&](const ojson& piece, const ojson& finish_reason = nullptr) {
-      return chat ? send(openai::ChatChunk(id, created, model, piece["delta"], finish_reason, piece["logprobs"]))
-                  : send(openai::CompletionChunk(id, created, model, piece["text"], finish_reason, piece["logprobs"]));
+    auto send_piece = [&](size_t c, const ojson& piece, const ojson& finish_reason = nullptr) {
+      return chat ? send(openai::ChatChunk(id, created, model, piece["delta"], finish_reason, piece["logprobs"], c))
+                  : send(openai::CompletionChunk(id, created, model, piece["text"], finish_reason, piece["logprobs"], c));
     };
-    openai::ChoiceResult& choice = job->choices[0];
-    bool client_gone = chat && !send(openai::ChatChunk(id, created, model, {{"role", "assistant"}, {"content", ""}}));
-    bool finished = false;
-    while (!finished && !client_gone) {
-      std::vector<TurnDelta> deltas;
+    const size_t n = job->choices.size();
+    bool client_gone = false;
+    for (size_t c = 0; c < n && chat && !client_gone; ++c)
+      client_gone = !send(openai::ChatChunk(id, created, model, {{"role", "assistant"}, {"content", ""}}, nullptr,
+                                            nullptr, c));
+    std::vector<char> closed(n, 0);  // finish chunk sent
+    size_t open = n;
+    const openai::ChoiceResult* failed = nullptr;
+    while (open > 0 && !client_gone && !failed && !job->shut_down) {
+      std::vector<std::vector<TurnDelta>> deltas(n);
+      std::vector<char> ended(n, 0);
       {
         std::unique_lock<std::mutex> lock(job->mu);
+        auto ready = [&] {
+          for (size_t c = 0; c < n; ++c)
+            if (!job->choices[c].deltas.empty() || (job->ended[c] && !closed[c])) return true;
+          return false;
+        };
         // Polled while it waits (queued, or a long prompt): a client that hangs up cancels it.
-        if (!job->cv.wait_for(lock, std::chrono::milliseconds(100),
-                              [&] { return job->finished > 0 || !choice.deltas.empty(); })) {
+        if (!job->cv.wait_for(lock, std::chrono::milliseconds(100), ready)) {
           client_gone = GuardedServer::ClientGone();
           continue;
         }
-        deltas.swap(choice.deltas);
-        finished = job->finished > 0;
+        for (size_t c = 0; c < n; ++c) {
+          deltas[c].swap(job->choices[c].deltas);
+          ended[c] = job->ended[c];
+        }
       }
-      for (const TurnDelta& d : deltas) {
-        client_gone = !send_piece(pieces->Next(d));
-        if (client_gone) break;
+      for (size_t c = 0; c < n && !client_gone && !failed; ++c) {
+        for (const TurnDelta& d : deltas[c])
+          if ((client_gone = !send_piece(c, pieces[c]->Next(d)))) break;
+        if (client_gone || !ended[c] || closed[c]) continue;
+        const openai::ChoiceResult& choice = job->choices[c];  // ended: no writer any more
+        if (job->shut_down) break;
+        if (!choice.status.ok()) {
+          failed = &choice;
+          break;
+        }
+        if (const ojson last = pieces[c]->Last(); !last.is_null()) send_piece(c, last);
+        const std::string reason = openai::FinishReason(choice.stats, choice.output);
+        client_gone = !(chat ? send(openai::ChatChunk(id, created, model, ojson::object(), reason, nullptr, c))
+                             : send(openai::CompletionChunk(id, created, model, "", reason, nullptr, c)));
+        closed[c] = 1;
+        --open;
       }
     }
     if (client_gone) {
@@ -462,20 +602,36 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
     }
     if (job->shut_down) {
       send(openai::ErrorBody("the server is shutting down: the reply was stopped before it was complete", 503));
-    } else if (!choice.status.ok()) {
-      send(openai::ErrorBody(choice.status.message(), openai::HttpStatus(choice.status)));
-    } else {
-      const std::string reason = openai::FinishReason(choice.stats, choice.output);
-      if (const ojson last = pieces->Last(); !last.is_null()) send_piece(last);
-      send(chat ? openai::ChatChunk(id, created, model, ojson::object(), reason)
-                : openai::CompletionChunk(id, created, model, "", reason));
-      if (job->include_usage) send(openai::UsageChunk(id, created, model, chat, choice.stats));
+    } else if (failed) {
+      *job->cancelled = true;  // one choice failed: the others stop too
+      send(openai::ErrorBody(failed->status.message(), openai::HttpStatus(failed->status)));
+    } else if (job->include_usage) {
+      send(openai::UsageChunk(id, created, model, chat, openai::RequestUsage(*request, job->choices)));
     }
     static const char kDone[] = "data: [DONE]\n\n";
     sink.write(kDone, sizeof(kDone) - 1);
     sink.done();
     return true;
   });
+}
+
+// POST /tokenize and /detokenize (openai::Tokenize, openai::Detokenize): no model pass.
+void HandleTokens(const std::shared_ptr<Server>& server, bool tokenize, const httplib::ContentReader& reader,
+                  httplib::Response& res) {
+  const std::optional<std::string> raw = ReadBody(reader);
+  GuardedServer::RequestRead();
+  if (!raw) {
+    res.set_header("Connection", "close");
+    GuardedServer::CloseAfterReply();
+    return SendError(res, 413, Str("the request body is larger than ", kMaxBodyBytes >> 20, " MiB"));
+  }
+  const StatusOr<ojson> body = ParseJson<ojson>(*raw, "the request body");
+  if (!body.ok()) return SendError(res, 400, body.status().message());
+  const StatusOr<ojson> out =
+      tokenize ? openai::Tokenize(*server->text, *body, server->args.defaults, server->scheduler->max_context())
+               : openai::Detokenize(server->text->tokenizer(), *body);
+  if (!out.ok()) return SendError(res, openai::HttpStatus(out.status()), out.status().message());
+  res.set_content(Dump(*out), "application/json");
 }
 
 // Waits for SIGTERM or SIGINT (until `done`). Before the server listens (the model loading), the
@@ -607,6 +763,10 @@ int Serve(const ServeArgs& a) {
     SendError(res, refusal->first, refusal->second);
     return httplib::Server::HandlerResponse::Handled;
   });
+  http.set_logger([server](const httplib::Request& req, const httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(server->metrics.mu);
+    ++server->metrics.responses[{RouteLabel(req.path), res.status}];
+  });
   http.set_payload_max_length(kMaxBodyBytes);  // on the wire; ReadBody counts what it decodes to
   http.Get("/health", [server](const httplib::Request&, httplib::Response& res) {
     if (server->draining) return SendError(res, 503, "the server is shutting down", 1);
@@ -639,6 +799,11 @@ int Serve(const ServeArgs& a) {
             [server](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
               HandleCompletion(server, false, req, reader, res);
             });
+  http.Post("/tokenize", [server](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
+    HandleTokens(server, true, reader, res);
+  });
+  http.Post("/detokenize", [server](const httplib::Request&, httplib::Response& res,
+                                    const httplib::ContentReader& reader) { HandleTokens(server, false, reader, res); });
   http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;  // a handler's own error
     // A route that exists under another method is a 405 naming the one it takes.

@@ -115,6 +115,48 @@ try:
     check(back["prompt_tokens_details"]["cached_tokens"] == back["prompt_tokens"] - 1,
           f"back to the first conversation: its cache was kept: {back}")
 
+    # n = 3 choices (seeds seed, seed + 1, seed + 2), whole and streamed: the same three replies;
+    # each streamed choice has its chunks ("index"), one finish chunk, and the usage sums them.
+    sampled = dict(chat, n=3, seed=11, temperature=1.0, max_tokens=5)
+    request("POST", "/v1/chat/completions", sampled)  # both slots then hold the prompt: the same passes below
+    status, headers, text = request("POST", "/v1/chat/completions", sampled)
+    three = json.loads(text)
+    check(status == 200 and [c["index"] for c in three["choices"]] == [0, 1, 2], f"n=3: {status} {text[:300]}")
+    status, _, text = request("POST", "/v1/chat/completions",
+                              dict(sampled, stream=True, stream_options={"include_usage": True}))
+    chunks = [e for e in events(text) if isinstance(e, dict)]
+    per = {}
+    for c in chunks:
+        for ch in c["choices"]:
+            got = per.setdefault(ch["index"], {"text": "", "finish": []})
+            got["text"] += ch["delta"].get("reasoning_content", "") + ch["delta"].get("content", "")
+            if ch["finish_reason"]:
+                got["finish"].append(ch["finish_reason"])
+    check(sorted(per) == [0, 1, 2] and all(len(v["finish"]) == 1 for v in per.values()),
+          f"n=3 streamed: one finish chunk per choice: {per}")
+    if status == 200 and len(three.get("choices", [])) == 3 and sorted(per) == [0, 1, 2]:
+        check([per[i]["text"] for i in range(3)] ==
+              [(c["message"].get("reasoning_content") or "") + (c["message"]["content"] or "") for c in three["choices"]],
+              f"n=3 streamed == whole: {per} vs {three['choices']}")
+        check(chunks[-1]["usage"]["completion_tokens"] == three["usage"]["completion_tokens"]
+              and three["usage"]["prompt_tokens"] == usage["prompt_tokens"], f"n=3 usage: {chunks[-1]} {three['usage']}")
+
+    # /tokenize and /detokenize: the ids of a chat completion's prompt; back to text; bad ids 400.
+    status, _, text = request("POST", "/tokenize", {"messages": chat["messages"],
+                                                    "chat_template_kwargs": chat["chat_template_kwargs"]})
+    tok = json.loads(text)
+    check(status == 200 and tok["count"] == usage["prompt_tokens"] == len(tok["tokens"]) and tok["max_model_len"] == 400,
+          f"/tokenize messages: {status} {text[:300]} vs {usage}")
+    status, _, text = request("POST", "/tokenize", {"content": "Hello world", "with_pieces": True})
+    pieces = json.loads(text)["tokens"]
+    check(status == 200 and "".join(p["piece"] for p in pieces) == "Hello world", f"/tokenize pieces: {text}")
+    status, _, text = request("POST", "/detokenize", {"tokens": [p["id"] for p in pieces]})
+    check(status == 200 and json.loads(text)["content"] == "Hello world", f"/detokenize: {status} {text}")
+    for path, body, want in (("/detokenize", {"tokens": [1, 10**9]}, "\"tokens[1]\""),
+                             ("/tokenize", {"content": 5}, "\"content\""), ("/tokenize", {"prompt": "a", "x": 1}, "\"x\"")):
+        status, _, text = request("POST", path, body)
+        check(status == 400 and want in json.loads(text)["error"]["message"], f"{path} {body}: {status} {text}")
+
     comp = {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0}
     request("POST", "/v1/completions", dict(comp, max_tokens=1))
     status, _, text = request("POST", "/v1/completions", comp)
@@ -236,17 +278,17 @@ try:
     check(status == 200, f"[::1] Host, JSON with a charset: {status} {text[:200]}")
     error(400, "/v1/chat/completions", {"model": "tiny"}, want="\"messages\"")
     # OpenAI's error shape: param names the field, code is a string or null.
-    status, _, text = request("POST", "/v1/chat/completions", dict(chat, n=3))
+    status, _, text = request("POST", "/v1/chat/completions", dict(chat, n=17))
     err = json.loads(text)["error"]
     check(status == 400 and err.get("param") == "n" and "code" in err and err["code"] is None
           and err.get("type") == "invalid_request_error", f"error shape: {text}")
-    error(400, "/v1/chat/completions", dict(chat, n=3), want="\"n\"")
+    error(400, "/v1/chat/completions", dict(chat, n=17), want="\"n\"")
     error(400, "/v1/chat/completions", dict(chat, stop=["a", "b", "c", "d", "e"]), want="\"stop\"")
     error(400, "/v1/chat/completions", dict(chat, temperature=-2), want="temperature")
     error(400, "/v1/chat/completions",
           {"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "orphan"}]},
           want="Message has tool role")
-    error(400, "/v1/chat/completions", dict(chat, stream=True, n=2), want="\"n\"")  # before the stream starts
+    error(400, "/v1/chat/completions", dict(chat, stream=True, n=0), want="\"n\"")  # before the stream starts
     error(400, "/v1/completions", {"prompt": 5}, want="prompt")
     error(400, "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 600}]},
           want="context limit")
@@ -370,7 +412,7 @@ check(len(log3) == 2 and all("in batches of up to 2" in l for l in log3),
 # get their error in place; results in input order.
 with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
     f.write(json.dumps(long_req) + "\n" + "{not json\n" + json.dumps(short_req) + "\n"
-            + json.dumps({"prompt": "x", "n": 2}) + "\n" + "[" * 100000 + "]" * 100000 + "\n")
+            + json.dumps({"prompt": "x", "n": 17}) + "\n" + "[" * 100000 + "]" * 100000 + "\n")
     requests_file = f.name
 p = subprocess.run([m3, "batch", "-m", model, "-i", requests_file, "--slots", "2", "-t", "2", "-c", "400"],
                    capture_output=True, text=True, timeout=300)

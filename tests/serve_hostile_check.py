@@ -136,7 +136,7 @@ try:
     status, _, text = s.request("POST", "/v1/chat/completions", short_chat)
     check(status == 200, f"served after the slow clients: {status} {text[:200]}")
     status, headers, text = s.request("GET", "/metrics")
-    check(status == 200 and "m3_requests_total 1" in text and "# TYPE m3_connections_open gauge" in text,
+    check(status == 200 and "m3_requests_accepted_total 1" in text and "# TYPE m3_connections_open gauge" in text,
           f"/metrics: {status} {text[:300]}")
 finally:
     s.stop()

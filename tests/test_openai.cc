@@ -1,6 +1,7 @@
 // The OpenAI request and response shapes of `m3 serve` (lib/runtime/openai.h), without HTTP:
 // defaults and overrides, refused features by name, tool-call arguments both ways, finish reasons,
 // usage, stream deltas.
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -137,12 +138,15 @@ TEST_CASE("openai: malformed and unsupported requests are refused by name", "[op
   CHECK_THAT(ChatError({{"seed", -1}}), Contains("seed"));
   CHECK_THAT(ChatError({{"stream", "yes"}}), Contains("\"stream\" must be true or false"));
   CHECK_THAT(ChatError({{"stream_options", 1}}), Contains("stream_options"));
-  CHECK_THAT(ChatError({{"n", 2}}), Contains("\"n\" must be 1"));
+  CHECK_THAT(ChatError({{"n", 17}}), Contains("\"n\" must be 1..16"));
+  CHECK_THAT(ChatError({{"n", 0}}), Contains("\"n\" must be 1..16"));
+  CHECK_THAT(ChatError({{"n", 2.5}}), Contains("\"n\" must be an integer"));
   CHECK_THAT(ChatError({{"stop", {"a", "b", "c", "d", "e"}}}), Contains("at most 4"));
   CHECK_THAT(ChatError({{"stop", {"a", ""}}}), Contains("non-empty"));
   CHECK_THAT(ChatError({{"stop", 5}}), Contains("\"stop\""));
   CHECK(ChatError({{"stop", ojson::array()}}) == "accepted");
-  CHECK_THAT(ChatError({{"frequency_penalty", 0.5}}), Contains("frequency_penalty"));
+  CHECK_THAT(ChatError({{"frequency_penalty", 2.5}}), Contains("\"frequency_penalty\" must be in [-2, 2]"));
+  CHECK_THAT(ChatError({{"frequency_penalty", "x"}}), Contains("\"frequency_penalty\" must be a number"));
   CHECK_THAT(ChatError({{"logprobs", 1}}), Contains("\"logprobs\" must be true or false"));
   CHECK_THAT(ChatError({{"top_logprobs", 2}}), Contains("needs \"logprobs\": true"));
   CHECK_THAT(ChatError({{"logprobs", true}, {"top_logprobs", 21}}), Contains("\"top_logprobs\" must be 0..20, got 21"));
@@ -352,7 +356,8 @@ TEST_CASE("openai: completions prompts as text or token ids, one or several, ech
   CHECK_THAT(CompletionError({{"prompt", 5}}), Contains("\"prompt\" must be"));
   CHECK_THAT(CompletionError({{"max_tokens", 1}}), Contains("\"prompt\" must be"));
   CHECK_THAT(CompletionError({{"prompt", std::vector<std::string>(257, "a")}}), Contains("at most 256 prompts"));
-  CHECK_THAT(CompletionError({{"prompt", {"a", "b"}}, {"stream", true}}), Contains("\"stream\" takes one prompt"));
+  CHECK(CompletionError({{"prompt", {"a", "b"}}, {"stream", true}}) == "accepted");  // choices by "index"
+  CHECK_THAT(CompletionError({{"prompt", std::vector<std::string>(20, "a")}, {"n", 16}}), Contains("at most 256"));
   CHECK(CompletionError({{"prompt", {"a", "b"}}}) == "accepted");
   CHECK_THAT(CompletionError({{"prompt", "a"}, {"logprobs", true}}), Contains("is a number"));
   CHECK_THAT(CompletionError({{"prompt", "a"}, {"logprobs", 21}}), Contains("\"logprobs\" must be 0..20"));
@@ -442,4 +447,162 @@ TEST_CASE("openai: token log-probabilities in the chat and completions forms", "
   CHECK(p["text"] == "X");
   CHECK(p["logprobs"].is_null());
   CHECK(plain.Last().is_null());
+}
+
+namespace {
+
+const m3::ChatText& TestChatText() {
+  static const auto text = m3::ChatText::Load(std::string(M3_TEST_DATA_DIR) + "/tokenizer/minimax-m3", true);
+  REQUIRE(text.ok());
+  return **text;
+}
+
+m3::openai::ChoiceResult Ended(const std::string& content, size_t prompt_tokens, size_t generated) {
+  m3::openai::ChoiceResult c;
+  c.prompt.assign(prompt_tokens, 1);
+  c.output.content = content;
+  c.stats.prompt_tokens = prompt_tokens;
+  c.stats.generated_tokens = generated;
+  c.stats.stop_reason = "stop";
+  m3::TurnDelta d;
+  d.content = content;
+  c.deltas.push_back(d);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("openai: n choices of a prompt, each its own seed, prompt-major, counted as OpenAI counts them",
+          "[openai]") {
+  auto r = openai::ParseChatRequest(Chat({{"n", 3}, {"seed", 10}, {"frequency_penalty", -0.5}}), {});
+  REQUIRE(r.ok());
+  CHECK(r->n == 3);
+  CHECK(r->sampling.frequency_penalty == -0.5f);
+  CHECK(openai::ChoiceCount(*r) == 3);
+  CHECK(openai::ChoiceSampling(*r, 0).seed == 10);
+  CHECK(openai::ChoiceSampling(*r, 2).seed == 12);
+  CHECK(openai::ChoiceSampling(*r, 2).frequency_penalty == -0.5f);
+  auto c = openai::ParseCompletionRequest(ojson{{"prompt", {"a", "b"}}, {"n", 2}, {"seed", 5}}, {});
+  REQUIRE(c.ok());
+  CHECK(openai::ChoiceCount(*c) == 4);
+  CHECK(openai::ChoiceSampling(*c, 3).seed == 6);  // prompt 1, its second choice
+
+  // Tool-call ids: unique per choice ("call_<id>_<choice>_" past choice 0) and per request.
+  const m3::ChatText& text = TestChatText();
+  std::set<std::string> prefixes;
+  for (const std::string id : {"chatcmpl-a", "chatcmpl-b"})
+    for (size_t k = 0; k < 3; ++k) {
+      m3::TurnOptions turn;
+      REQUIRE(openai::TurnInputs(text, *r, id, 1000, &turn, k).ok());
+      prefixes.insert(turn.tool_call_id_prefix);
+    }
+  CHECK(prefixes.size() == 6);
+  CHECK(prefixes.count("call_chatcmpl-a_") == 1);
+  CHECK(prefixes.count("call_chatcmpl-a_2_") == 1);
+  // Completions: choice c runs prompt c / n.
+  m3::TurnOptions turn;
+  auto a = openai::TurnInputs(text, *c, "x", 1000, &turn, 1);
+  auto b = openai::TurnInputs(text, *c, "x", 1000, &turn, 2);
+  REQUIRE((a.ok() && b.ok()));
+  CHECK(*a == text.tokenizer().Encode("a"));
+  CHECK(*b == text.tokenizer().Encode("b"));
+
+  // The whole chat response: a choice per index; the prompt counted once, the outputs summed.
+  std::vector<openai::ChoiceResult> ended = {Ended("one", 7, 2), Ended("two", 7, 3), Ended("three", 7, 4)};
+  ended[1].stats.reused_tokens = 6;
+  auto whole = openai::WholeResponse(text.tokenizer(), *r, "chatcmpl-1", 5, "m", ended);
+  REQUIRE(whole.ok());
+  REQUIRE((*whole)["choices"].size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK((*whole)["choices"][i]["index"] == i);
+  CHECK((*whole)["choices"][2]["message"]["content"] == "three");
+  CHECK((*whole)["usage"]["prompt_tokens"] == 7);
+  CHECK((*whole)["usage"]["completion_tokens"] == 9);
+  CHECK((*whole)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);  // the first choice's
+  // Completions: per prompt once.
+  std::vector<openai::ChoiceResult> four = {Ended("a", 1, 1), Ended("b", 1, 2), Ended("c", 2, 3), Ended("d", 2, 4)};
+  whole = openai::WholeResponse(text.tokenizer(), *c, "cmpl-1", 5, "m", four);
+  REQUIRE(whole.ok());
+  CHECK((*whole)["choices"].size() == 4);
+  CHECK((*whole)["choices"][3]["text"] == "d");
+  CHECK((*whole)["usage"]["prompt_tokens"] == 3);
+  CHECK((*whole)["usage"]["completion_tokens"] == 10);
+  // A failed choice fails the response.
+  four[2].status = m3::InvalidArgument("bad");
+  CHECK(openai::WholeResponse(text.tokenizer(), *c, "cmpl-1", 5, "m", four).status().message() == "bad");
+  // Stream chunks name their choice.
+  CHECK(openai::ChatChunk("id", 5, "m", ojson::object(), "stop", nullptr, 2)["choices"][0]["index"] == 2);
+  CHECK(openai::CompletionChunk("id", 5, "m", "t", nullptr, nullptr, 3)["choices"][0]["index"] == 3);
+}
+
+TEST_CASE("openai: /tokenize and /detokenize bodies", "[openai]") {
+  const m3::ChatText& text = TestChatText();
+  const m3::Tokenizer& tok = text.tokenizer();
+  const std::vector<int32_t> hello = tok.Encode("Hello world");
+  auto out = openai::Tokenize(text, ojson{{"content", "Hello world"}}, {}, 4096);
+  REQUIRE(out.ok());
+  CHECK((*out)["tokens"].get<std::vector<int32_t>>() == hello);
+  CHECK((*out)["count"] == hello.size());
+  CHECK((*out)["max_model_len"] == 4096);
+  // vLLM's spelling, token strings beside; llama.cpp's pieces.
+  out = openai::Tokenize(text, ojson{{"prompt", "Hello world"}, {"add_special_tokens", true}, {"return_token_strs", true}},
+                         {}, 4096);
+  REQUIRE(out.ok());
+  CHECK((*out)["tokens"].get<std::vector<int32_t>>() == hello);
+  CHECK((*out)["token_strs"].size() == hello.size());
+  out = openai::Tokenize(text, ojson{{"content", "Hello world"}, {"with_pieces", true}}, {}, 4096);
+  REQUIRE(out.ok());
+  std::string joined;
+  for (const ojson& t : (*out)["tokens"]) joined += t["piece"].get<std::string>();
+  CHECK(joined == "Hello world");
+  CHECK((*out)["tokens"][0]["id"] == hello[0]);
+  // A piece that is not whole UTF-8 is its bytes.
+  out = openai::Tokenize(text, ojson{{"content", "\xe2\x9c\x93\xf0\x9f\x98\x80"}, {"with_pieces", true}}, {}, 4096);
+  REQUIRE(out.ok());
+  for (const ojson& t : (*out)["tokens"]) CHECK((t["piece"].is_string() || t["piece"].is_array()));
+
+  // Messages: the ids a chat completion would run; without the generation prompt, fewer.
+  const ojson messages = {{{"role", "user"}, {"content", "Hi"}}};
+  out = openai::Tokenize(text, ojson{{"messages", messages}}, {}, 4096);
+  REQUIRE(out.ok());
+  m3::TurnOptions turn;
+  auto parsed = openai::ParseChatRequest(Chat(), {});
+  REQUIRE(parsed.ok());
+  auto ids = openai::TurnInputs(text, *parsed, "x", 4096, &turn);
+  REQUIRE(ids.ok());
+  CHECK((*out)["tokens"].get<std::vector<int32_t>>() == *ids);
+  auto bare = openai::Tokenize(text, ojson{{"messages", messages}, {"add_generation_prompt", false}}, {}, 4096);
+  REQUIRE(bare.ok());
+  CHECK((*bare)["count"].get<size_t>() < (*out)["count"].get<size_t>());
+
+  auto error = [&](const ojson& body) {
+    auto r = openai::Tokenize(text, body, {}, 4096);
+    return r.ok() ? std::string("accepted") : r.status().message();
+  };
+  CHECK_THAT(error(ojson::array()), Contains("JSON object"));
+  CHECK_THAT(error(ojson::object()), Contains("\"content\""));
+  CHECK_THAT(error(ojson{{"content", "a"}, {"messages", messages}}), Contains("one of them"));
+  CHECK_THAT(error(ojson{{"content", 5}}), Contains("\"content\" must be a string"));
+  CHECK_THAT(error(ojson{{"content", "a"}, {"with_pieces", 1}}), Contains("\"with_pieces\" must be true or false"));
+  CHECK_THAT(error(ojson{{"content", "a"}, {"bogus", 1}}), Contains("\"bogus\" is not supported"));
+  CHECK_THAT(error(ojson{{"messages", ojson::array()}}), Contains("\"messages\" must be a non-empty array"));
+  CHECK_THAT(error(ojson{{"messages", {{{"role", "wizard"}, {"content", "x"}}}}}), Contains("messages[0].role"));
+  CHECK_THAT(error(ojson{{"content", std::string(openai::kMaxTokenizeBytes + 1, 'a')}}), Contains("longer than"));
+
+  auto back = openai::Detokenize(tok, ojson{{"tokens", hello}});
+  REQUIRE(back.ok());
+  CHECK((*back)["content"] == "Hello world");
+  CHECK((*back)["prompt"] == "Hello world");
+  CHECK((*openai::Detokenize(tok, ojson{{"tokens", ojson::array()}}))["content"] == "");
+  auto derror = [&](const ojson& body) {
+    auto r = openai::Detokenize(tok, body);
+    return r.ok() ? std::string("accepted") : r.status().message();
+  };
+  const int64_t vocab = static_cast<int64_t>(tok.vocab_size());
+  CHECK_THAT(derror(ojson{{"tokens", {1, vocab}}}), Contains("\"tokens[1]\" must be a token id"));
+  CHECK_THAT(derror(ojson{{"tokens", {-1}}}), Contains("\"tokens[0]\""));
+  CHECK_THAT(derror(ojson{{"tokens", {1.5}}}), Contains("\"tokens[0]\""));
+  CHECK_THAT(derror(ojson{{"tokens", {"x"}}}), Contains("got a string"));
+  CHECK_THAT(derror(ojson{{"tokens", 3}}), Contains("\"tokens\" must be an array"));
+  CHECK_THAT(derror(ojson{{"tokens", {1}}, {"extra", 1}}), Contains("\"extra\" is not supported"));
+  CHECK(derror(ojson{{"tokens", {1}}, {"model", "m"}}) == "accepted");
 }

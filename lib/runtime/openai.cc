@@ -64,6 +64,9 @@ Status ReadCommon(const ojson& body, const Defaults& defaults, Request* r) {
   M3_RETURN_IF_ERROR(ReadNumber(body, "top_k", &r->sampling.top_k));
   M3_RETURN_IF_ERROR(ReadNumber(body, "min_p", &r->sampling.min_p));
   M3_RETURN_IF_ERROR(ReadNumber(body, "presence_penalty", &r->sampling.presence_penalty));
+  M3_RETURN_IF_ERROR(ReadNumber(body, "frequency_penalty", &r->sampling.frequency_penalty));
+  if (!(std::abs(r->sampling.frequency_penalty) <= 2))
+    return InvalidArgument("\"frequency_penalty\" must be in [-2, 2], got ", r->sampling.frequency_penalty);
   M3_RETURN_IF_ERROR(ReadNumber(body, "repetition_penalty", &r->sampling.repetition_penalty));
   // A request without a seed samples with a fresh one (each retry differs, as from OpenAI); the
   // server reports it, so that a reply can be reproduced.
@@ -78,14 +81,9 @@ Status ReadCommon(const ojson& body, const Defaults& defaults, Request* r) {
     M3_RETURN_IF_ERROR(ReadBool(body["stream_options"], "include_usage", &r->include_usage));
   }
 
-  // Unsupported features: refused by name rather than silently ignored.
-  int n = 1;
-  M3_RETURN_IF_ERROR(ReadNumber(body, "n", &n));
-  if (n != 1) return InvalidArgument("\"n\" must be 1: one choice per request");
-  double frequency_penalty = 0;
-  M3_RETURN_IF_ERROR(ReadNumber(body, "frequency_penalty", &frequency_penalty));
-  if (frequency_penalty != 0)
-    return InvalidArgument("\"frequency_penalty\" is not supported (use presence_penalty or repetition_penalty)");
+  M3_RETURN_IF_ERROR(ReadNumber(body, "n", &r->n));
+  if (r->n < 1 || r->n > kMaxChoices)
+    return InvalidArgument("\"n\" must be 1..", kMaxChoices, " (choices of one prompt), got ", r->n);
   if (body.contains("stop")) {
     M3_ASSIGN_OR_RETURN(r->stop, ParseStopStrings(body["stop"], 4));  // OpenAI's limit
   }
@@ -250,6 +248,8 @@ ojson Envelope(const std::string& id, const char* object, int64_t created, const
   return {{"id", id}, {"object", object}, {"created", created}, {"model", model}};
 }
 
+ojson ChatChoice(size_t index, const ParsedOutput& out, const GenerateStats& stats, const ojson& logprobs);
+
 }  // namespace
 
 StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults) {
@@ -297,8 +297,9 @@ StatusOr<Request> ParseCompletionRequest(const ojson& body, const Defaults& defa
   M3_RETURN_IF_ERROR(ReadNumber(body, "best_of", &best_of));
   if (best_of != 1) return InvalidArgument("\"best_of\" must be 1: one candidate per prompt");
   M3_ASSIGN_OR_RETURN(r.prompts, ReadPrompts(body));
-  if (r.stream && r.prompts.size() > 1)
-    return InvalidArgument("\"stream\" takes one prompt (this request has ", r.prompts.size(), ")");
+  if (r.prompts.size() * static_cast<size_t>(r.n) > kMaxPrompts)
+    return InvalidArgument("\"n\" times the prompts makes ", r.prompts.size() * static_cast<size_t>(r.n),
+                           " choices; at most ", kMaxPrompts, " a request");
   M3_RETURN_IF_ERROR(ReadBool(body, "echo", &r.echo));
   if (body.contains("logprobs") && body["logprobs"].is_boolean())
     return InvalidArgument("\"logprobs\" of a completion is a number (0..", kMaxTopLogprobs, "), not true/false");
@@ -386,14 +387,14 @@ void LogprobsJson::Append(ojson* all, const ojson& part) {
 }
 
 ChoicePieces::ChoicePieces(const Tokenizer& tokenizer, const Request& r, std::span<const int32_t> prompt,
-                           size_t prompt_index)
+                           size_t choice)
     : chat_(r.chat),
       echo_(!r.chat && r.echo),
       logprobs_(r.logprobs >= 0),
       first_prompt_id_(prompt.empty() ? -1 : prompt.front()),
       json_(tokenizer, r.chat) {
   if (echo_) {
-    const CompletionPrompt& p = r.prompts.at(prompt_index);
+    const CompletionPrompt& p = r.prompts.at(choice / static_cast<size_t>(r.n));
     echo_text_ = p.text.empty() ? tokenizer.Decode(p.ids, /*skip_special_tokens=*/false) : p.text;
   }
 }
@@ -428,7 +429,7 @@ void JoinedPieces::Add(const ojson& piece) {
 StatusOr<ojson> WholeResponse(const Tokenizer& tokenizer, const Request& r, const std::string& id, int64_t created,
                               const std::string& model, const std::vector<ChoiceResult>& choices) {
   std::vector<CompletionChoice> completions;
-  GenerateStats usage;
+  ojson chat_choices = ojson::array();
   for (size_t c = 0; c < choices.size(); ++c) {
     const ChoiceResult& choice = choices[c];
     M3_RETURN_IF_ERROR(choice.status);
@@ -436,15 +437,20 @@ StatusOr<ojson> WholeResponse(const Tokenizer& tokenizer, const Request& r, cons
     JoinedPieces joined;
     for (const TurnDelta& d : choice.deltas) joined.Add(pieces.Next(d));
     joined.Add(pieces.Last());
-    if (r.chat) return ChatResponse(id, created, model, choice.output, choice.stats, joined.logprobs);
-    completions.push_back({joined.text, joined.logprobs, FinishReason(choice.stats, ParsedOutput{})});
-    AddUsage(&usage, choice.stats);
+    if (r.chat) chat_choices.push_back(ChatChoice(c, choice.output, choice.stats, joined.logprobs));
+    else completions.push_back({joined.text, joined.logprobs, FinishReason(choice.stats, ParsedOutput{})});
   }
-  return CompletionResponse(id, created, model, completions, usage);
+  if (!r.chat) return CompletionResponse(id, created, model, completions, RequestUsage(r, choices));
+  ojson response = Envelope(id, "chat.completion", created, model);
+  response["choices"] = std::move(chat_choices);
+  response["usage"] = Usage(RequestUsage(r, choices));
+  return response;
 }
 
-ojson ChatResponse(const std::string& id, int64_t created, const std::string& model, const ParsedOutput& out,
-                   const GenerateStats& stats, const ojson& logprobs) {
+namespace {
+
+// One whole chat choice: {"index", "message", "logprobs", "finish_reason"}.
+ojson ChatChoice(size_t index, const ParsedOutput& out, const GenerateStats& stats, const ojson& logprobs) {
   ojson message = {{"role", "assistant"},
                    {"content", out.content.empty() && !out.tool_calls.empty() ? ojson(nullptr) : ojson(out.content)}};
   if (!out.reasoning.empty()) message["reasoning_content"] = out.reasoning;
@@ -452,9 +458,15 @@ ojson ChatResponse(const std::string& id, int64_t created, const std::string& mo
     message["tool_calls"] = ojson::array();
     for (const ToolCall& c : out.tool_calls) message["tool_calls"].push_back(WireToolCall(c));
   }
+  return {{"index", index}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", FinishReason(stats, out)}};
+}
+
+}  // namespace
+
+ojson ChatResponse(const std::string& id, int64_t created, const std::string& model, const ParsedOutput& out,
+                   const GenerateStats& stats, const ojson& logprobs) {
   ojson r = Envelope(id, "chat.completion", created, model);
-  r["choices"] = ojson::array(
-      {{{"index", 0}, {"message", message}, {"logprobs", logprobs}, {"finish_reason", FinishReason(stats, out)}}});
+  r["choices"] = ojson::array({ChatChoice(0, out, stats, logprobs)});
   r["usage"] = Usage(stats);
   return r;
 }
@@ -471,9 +483,9 @@ ojson ChatDelta(const TurnDelta& d, size_t* tool_index) {
 }
 
 ojson ChatChunk(const std::string& id, int64_t created, const std::string& model, const ojson& delta,
-                const ojson& finish_reason, const ojson& logprobs) {
+                const ojson& finish_reason, const ojson& logprobs, size_t index) {
   ojson r = Envelope(id, "chat.completion.chunk", created, model);
-  r["choices"] = ojson::array({{{"index", 0}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish_reason}}});
+  r["choices"] = ojson::array({{{"index", index}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish_reason}}});
   return r;
 }
 
@@ -491,9 +503,9 @@ ojson CompletionResponse(const std::string& id, int64_t created, const std::stri
 }
 
 ojson CompletionChunk(const std::string& id, int64_t created, const std::string& model, const std::string& text,
-                      const ojson& finish_reason, const ojson& logprobs) {
+                      const ojson& finish_reason, const ojson& logprobs, size_t index) {
   ojson r = Envelope(id, "text_completion", created, model);
-  r["choices"] = ojson::array({{{"index", 0}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_reason}}});
+  r["choices"] = ojson::array({{{"index", index}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", finish_reason}}});
   return r;
 }
 
@@ -501,6 +513,28 @@ void AddUsage(GenerateStats* total, const GenerateStats& choice) {
   total->prompt_tokens += choice.prompt_tokens;
   total->reused_tokens += choice.reused_tokens;
   total->generated_tokens += choice.generated_tokens;
+}
+
+GenerateStats RequestUsage(const Request& r, const std::vector<ChoiceResult>& choices) {
+  GenerateStats total;
+  for (size_t c = 0; c < choices.size(); ++c) {
+    if (c % static_cast<size_t>(r.n) == 0) {
+      AddUsage(&total, choices[c].stats);
+    } else {
+      total.generated_tokens += choices[c].stats.generated_tokens;
+    }
+  }
+  return total;
+}
+
+size_t ChoiceCount(const Request& r) {
+  return (r.chat ? 1 : r.prompts.size()) * static_cast<size_t>(r.n);
+}
+
+SamplingParams ChoiceSampling(const Request& r, size_t choice) {
+  SamplingParams p = r.sampling;
+  p.seed += choice % static_cast<size_t>(r.n);
+  return p;
 }
 
 ojson UsageChunk(const std::string& id, int64_t created, const std::string& model, bool chat,
@@ -539,10 +573,11 @@ ojson ErrorBody(const std::string& message, int http_status) {
 }
 
 StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,
-                                          size_t max_context, TurnOptions* turn, size_t prompt_index) {
+                                          size_t max_context, TurnOptions* turn, size_t choice) {
+  const size_t prompt_index = choice / static_cast<size_t>(r.n);
   turn->raw = !r.chat;
   turn->generate = GenerateOptions{r.max_tokens, text.stop_ids(), r.lookup};
-  turn->tool_call_id_prefix = "call_" + id + "_";
+  turn->tool_call_id_prefix = "call_" + id + "_" + (choice > 0 ? std::to_string(choice) + "_" : "");
   turn->stop_strings = r.stop;
   turn->top_logprobs = r.logprobs;
   turn->prompt_logprobs = !r.chat && r.echo && r.logprobs >= 0;
@@ -577,6 +612,103 @@ int HttpStatus(const Status& s) {
     default:
       return 500;
   }
+}
+
+StatusOr<ojson> Tokenize(const ChatText& text, const ojson& body, const Defaults& defaults, size_t max_model_len) {
+  if (!body.is_object()) return InvalidArgument("the request body must be a JSON object");
+  static constexpr const char* kKnown[] = {"model", "content", "prompt", "messages", "tools", "chat_template_kwargs",
+                                           "add_generation_prompt", "add_special", "add_special_tokens",
+                                           "with_pieces", "return_token_strs"};
+  for (const auto& item : body.items())
+    if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return item.key() == k; }))
+      return InvalidArgument("\"", item.key(), "\" is not supported by /tokenize");
+  bool add_special = false, with_pieces = false, token_strs = false, add_generation_prompt = true;
+  M3_RETURN_IF_ERROR(ReadBool(body, "add_special", &add_special));
+  M3_RETURN_IF_ERROR(ReadBool(body, "add_special_tokens", &add_special));
+  M3_RETURN_IF_ERROR(ReadBool(body, "with_pieces", &with_pieces));
+  M3_RETURN_IF_ERROR(ReadBool(body, "return_token_strs", &token_strs));
+  M3_RETURN_IF_ERROR(ReadBool(body, "add_generation_prompt", &add_generation_prompt));
+  const bool has_messages = body.contains("messages") && !body["messages"].is_null();
+  const char* text_key = body.contains("content") && !body["content"].is_null() ? "content"
+                         : body.contains("prompt") && !body["prompt"].is_null() ? "prompt"
+                                                                                 : nullptr;
+  if (has_messages == (text_key != nullptr))
+    return InvalidArgument("\"content\" (or \"prompt\"): a text, or \"messages\": a conversation, must be given (one of them)");
+  std::vector<int32_t> ids;
+  if (text_key) {
+    if (!body[text_key].is_string()) return InvalidArgument("\"", text_key, "\" must be a string");
+    const std::string& s = body[text_key].get_ref<const std::string&>();
+    if (s.size() > kMaxTokenizeBytes)
+      return InvalidArgument("\"", text_key, "\" is longer than ", kMaxTokenizeBytes >> 20, " MiB");
+    ids = text.tokenizer().Encode(s);
+  } else {
+    const ojson& messages = body["messages"];
+    if (!messages.is_array() || messages.empty()) return InvalidArgument("\"messages\" must be a non-empty array");
+    M3_RETURN_IF_ERROR(CheckMessages(messages));
+    ojson m = messages;
+    M3_RETURN_IF_ERROR(ArgumentsToObjects(m));
+    const ojson tools = body.contains("tools") ? body["tools"] : ojson(nullptr);
+    if (!tools.is_null() && !tools.is_array()) return InvalidArgument("\"tools\" must be an array");
+    ojson options = ojson::object();
+    if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
+      if (!body["chat_template_kwargs"].is_object())
+        return InvalidArgument("\"chat_template_kwargs\" must be an object");
+      options = body["chat_template_kwargs"];
+    }
+    if (add_generation_prompt) {  // the ids a chat completion runs (literal content included)
+      TurnOptions turn;
+      M3_ASSIGN_OR_RETURN(ids, text.TurnPrompt(m, tools, options, &turn, defaults.literal_content));
+    } else {
+      options["add_generation_prompt"] = false;
+      M3_ASSIGN_OR_RETURN(const std::string rendered, text.Render(m, tools, options));
+      ids = text.tokenizer().Encode(rendered);
+    }
+  }
+  ojson tokens = ojson::array(), strs = ojson::array();
+  for (const int32_t id : ids) {
+    if (token_strs) strs.push_back(text.tokenizer().TokenString(id));
+    if (!with_pieces) {
+      tokens.push_back(id);
+      continue;
+    }
+    const std::string& bytes = text.tokenizer().TokenBytes(id);
+    ojson piece = ojson::array();
+    if (byte_level::IsValidUtf8(bytes)) {
+      piece = bytes;
+    } else {
+      for (const unsigned char b : bytes) piece.push_back(b);
+    }
+    tokens.push_back({{"id", id}, {"piece", piece}});
+  }
+  ojson out = {{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", max_model_len}};
+  if (token_strs) out["token_strs"] = strs;
+  return out;
+}
+
+StatusOr<ojson> Detokenize(const Tokenizer& tokenizer, const ojson& body) {
+  if (!body.is_object()) return InvalidArgument("the request body must be a JSON object");
+  for (const auto& item : body.items())
+    if (item.key() != "tokens" && item.key() != "model")
+      return InvalidArgument("\"", item.key(), "\" is not supported by /detokenize");
+  if (!body.contains("tokens") || !body["tokens"].is_array())
+    return InvalidArgument("\"tokens\" must be an array of token ids");
+  const ojson& list = body["tokens"];
+  if (list.size() > kMaxDetokenizeTokens)
+    return InvalidArgument("\"tokens\" has ", list.size(), " ids; at most ", kMaxDetokenizeTokens);
+  std::vector<int32_t> ids;
+  ids.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const ojson& v = list[i];
+    const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() < tokenizer.vocab_size()
+                    : v.is_number_integer() ? v.get<int64_t>() >= 0 && static_cast<uint64_t>(v.get<int64_t>()) < tokenizer.vocab_size()
+                                            : false;
+    if (!ok)
+      return InvalidArgument("\"tokens[", i, "]\" must be a token id 0..", tokenizer.vocab_size() - 1, ", got ",
+                             v.is_number() ? v.dump() : std::string("a ") + v.type_name());
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  const std::string text = tokenizer.Decode(ids, /*skip_special_tokens=*/false);
+  return ojson{{"content", text}, {"prompt", text}};
 }
 
 }  // namespace m3::openai

@@ -30,8 +30,10 @@ struct Defaults {
 
 // Most likely tokens listed with each token's log-probability (OpenAI's chat top_logprobs limit).
 inline constexpr int kMaxTopLogprobs = 20;
-// Prompts one completions request may carry (one choice each).
+// Prompts one completions request may carry (n choices each).
 inline constexpr size_t kMaxPrompts = 256;
+// Choices of one prompt ("n"): each is a request of its own to the scheduler.
+inline constexpr int kMaxChoices = 16;
 
 // A completions prompt: text, or token ids when `text` is empty.
 struct CompletionPrompt {
@@ -44,7 +46,11 @@ struct Request {
   // Chat: messages (tool-call arguments as objects, as the template takes them), tools (array or
   // null), template variables from chat_template_kwargs (e.g. thinking_mode).
   ojson messages, tools, template_options = ojson::object();
-  std::vector<CompletionPrompt> prompts;  // completions: one choice each
+  std::vector<CompletionPrompt> prompts;  // completions: n choices each
+  // Choices of each prompt, 1..kMaxChoices. Choice c (prompt-major, as OpenAI orders them) is of
+  // prompt c / n and samples with seed + c % n: the choices differ, and the request is
+  // reproducible from its seed.
+  int n = 1;
   // Log-probabilities of the tokens, each with this many most likely tokens (chat: top_logprobs
   // once logprobs is true; completions: logprobs); -1: not asked.
   int logprobs = -1;
@@ -66,20 +72,24 @@ struct Request {
   std::string grammar;
 };
 
-// Parses a body; InvalidArgument naming the field for a malformed or unsupported request (n > 1,
-// frequency_penalty, a response_format other than text, ...). Fields this server does not know
+// Parses a body; InvalidArgument naming the field for a malformed or unsupported request (n past
+// kMaxChoices, best_of, suffix, ...). Fields this server does not know
 // are ignored, as OpenAI's clients send many. A completions prompt is a string, an array of token
-// ids, or an array of those (several prompts: non-streamed only); max_tokens may be 0 with echo
-// (scoring a prompt).
+// ids, or an array of those (several prompts); max_tokens may be 0 with echo (scoring a prompt).
 StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults);
 StatusOr<Request> ParseCompletionRequest(const ojson& body, const Defaults& defaults);
 
-// A parsed request's prompt ids and turn options: the conversation rendered by `text`'s template
-// (chat) or completions prompt `prompt_index` encoded, stop ids and strings, max_tokens,
-// log-probabilities, and tool-call ids "call_<id>_<n>". OutOfRange when the prompt is longer than
-// max_context; InvalidArgument for a token id outside the vocabulary.
+// The choices of a request (n per prompt; chat has one prompt), and the sampling of choice c.
+size_t ChoiceCount(const Request& r);
+SamplingParams ChoiceSampling(const Request& r, size_t choice);
+
+// A parsed request's prompt ids and turn options for choice `choice`: the conversation rendered by
+// `text`'s template (chat) or its completions prompt encoded, stop ids and strings, max_tokens,
+// log-probabilities, and tool-call ids "call_<id>_<k>" ("call_<id>_<choice>_<k>" past choice 0:
+// unique in the request, and across requests as `id` is). OutOfRange when the prompt is longer
+// than max_context; InvalidArgument for a token id outside the vocabulary.
 StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,
-                                          size_t max_context, TurnOptions* turn, size_t prompt_index = 0);
+                                          size_t max_context, TurnOptions* turn, size_t choice = 0);
 
 // "tool_calls" when the turn ended on its own with tool calls, "stop" when it ended on its own
 // (or the caller stopped it), "length" at the token budget or the context limit.
@@ -115,9 +125,8 @@ class LogprobsJson {
 // and log-probabilities) before the first piece. "logprobs" is null when not asked.
 class ChoicePieces {
  public:
-  // `prompt`: the choice's prompt ids (echo lists them).
-  ChoicePieces(const Tokenizer& tokenizer, const Request& r, std::span<const int32_t> prompt,
-               size_t prompt_index = 0);
+  // `prompt`: the ids of choice `choice`'s prompt (echo lists them).
+  ChoicePieces(const Tokenizer& tokenizer, const Request& r, std::span<const int32_t> prompt, size_t choice = 0);
   ojson Next(const TurnDelta& d);
   // After the turn: the echoed prompt when no piece came (a null piece otherwise).
   ojson Last();
@@ -149,15 +158,15 @@ struct ChoiceResult {
   ParsedOutput output;
   GenerateStats stats;
 };
-// The whole (non-streamed) response to `r` from its choices (chat: the one), or the first failed
-// choice's status.
+// The whole (non-streamed) response to `r` from its choices, or the first failed choice's status.
 StatusOr<ojson> WholeResponse(const Tokenizer& tokenizer, const Request& r, const std::string& id, int64_t created,
                               const std::string& model, const std::vector<ChoiceResult>& choices);
 // A stream delta for one piece of a turn: {"reasoning_content"?, "content"?, "tool_calls"?};
 // *tool_index counts the calls sent so far (their indexes in the stream).
 ojson ChatDelta(const TurnDelta& d, size_t* tool_index);
+// Stream chunks of choice `index`.
 ojson ChatChunk(const std::string& id, int64_t created, const std::string& model, const ojson& delta,
-                const ojson& finish_reason = nullptr, const ojson& logprobs = nullptr);
+                const ojson& finish_reason = nullptr, const ojson& logprobs = nullptr, size_t index = 0);
 
 // A finished completions choice.
 struct CompletionChoice {
@@ -169,9 +178,12 @@ struct CompletionChoice {
 ojson CompletionResponse(const std::string& id, int64_t created, const std::string& model,
                          const std::vector<CompletionChoice>& choices, const GenerateStats& usage);
 ojson CompletionChunk(const std::string& id, int64_t created, const std::string& model, const std::string& text,
-                      const ojson& finish_reason = nullptr, const ojson& logprobs = nullptr);
+                      const ojson& finish_reason = nullptr, const ojson& logprobs = nullptr, size_t index = 0);
 // Adds a choice's token counts to a request's usage.
 void AddUsage(GenerateStats* total, const GenerateStats& choice);
+// A request's usage from its ended choices, as OpenAI counts it: each prompt once (the first of
+// its choices: its prompt and cached tokens), the generated tokens of every choice.
+GenerateStats RequestUsage(const Request& r, const std::vector<ChoiceResult>& choices);
 
 // A chunk carrying only the usage (stream_options.include_usage), after the finish_reason chunk.
 ojson UsageChunk(const std::string& id, int64_t created, const std::string& model, bool chat,
@@ -186,5 +198,18 @@ ojson ErrorBody(const std::string& message, int http_status);
 // can never fit included), 503 for what may pass (memory others hold, a server draining), 500 for
 // the rest (a folder without a chat template included).
 int HttpStatus(const Status& s);
+
+// POST /tokenize, in llama.cpp's and vLLM's spellings: {"content" | "prompt": text} or {"messages",
+// "tools"?, "chat_template_kwargs"?, "add_generation_prompt"? (default true: the ids a chat
+// completion of them would run), "add_special" | "add_special_tokens"? (this tokenizer has no
+// post-processor: nothing is added either way), "with_pieces"? (llama.cpp: tokens as {"id",
+// "piece"}, the piece a string when whole UTF-8, else its bytes), "return_token_strs"? (vLLM:
+// "token_strs" beside)} -> {"tokens", "count", "max_model_len"}. InvalidArgument naming the field.
+inline constexpr size_t kMaxTokenizeBytes = size_t{8} << 20;  // text of one /tokenize request
+inline constexpr size_t kMaxDetokenizeTokens = size_t{1} << 20;
+StatusOr<ojson> Tokenize(const ChatText& text, const ojson& body, const Defaults& defaults, size_t max_model_len);
+// POST /detokenize: {"tokens": [ids]} -> {"content": text, "prompt": text} (llama.cpp's and vLLM's
+// names; special tokens spelled out). InvalidArgument for an id outside the vocabulary.
+StatusOr<ojson> Detokenize(const Tokenizer& tokenizer, const ojson& body);
 
 }  // namespace m3::openai

@@ -166,6 +166,9 @@ bool Scheduler::Begin(Job& job) {
 }
 
 void Scheduler::Step() {
+  uint64_t held = 0;  // for cache_bytes(), read from any thread
+  for (const Slot& slot : slots_) held += slot.session->cache().bytes();
+  cache_bytes_ = held;
   try {
     size_t budget = slots_.front().session->prefill_chunk();
     std::vector<Generation*> gens;

@@ -72,6 +72,8 @@ class Scheduler {
   // From any thread: requests waiting for a slot, and those generating.
   size_t queued() const { return queued_; }
   size_t active() const { return active_count_; }
+  // From any thread: bytes the slots' caches hold, as of the latest step.
+  uint64_t cache_bytes() const { return cache_bytes_; }
 
  private:
   struct Job;
@@ -104,6 +106,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Job>> queue_;
   bool stop_ = false;
   std::atomic<size_t> queued_{0}, active_count_{0};
+  std::atomic<uint64_t> cache_bytes_{0};  // at the latest step
   std::thread thread_;
 };
 
