@@ -4,6 +4,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 "$here/scripts/build.sh"
+# The real clients the server is tested with (Node.js packages pinned in tests/clients/package-lock.json).
+"$here/tests/clients/install.sh"
 cd "$here/build"
 ctest --output-on-failure -j "$(nproc)"
 # Every parser of untrusted input under libFuzzer, ASan and UBSan: the saved regression inputs,
