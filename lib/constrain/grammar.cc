@@ -269,10 +269,6 @@ StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Finish(uint32_t root, s
       if (--pending[id] == 0) heap.push({sum[id], alt_list[id].rule});
     }
   }
-  if (rule_min[root] >= kInfiniteLength) {
-    return InvalidArgument(what, ": the grammar has no finite sentence (rule '", names_[root],
-                           "' never completes)");
-  }
   // Nullable rules and left recursion: an edge A -> B where B can come first in A.
   std::vector<std::vector<uint32_t>> first(n);
   for (uint32_t r = 0; r < n; ++r) {
@@ -316,6 +312,10 @@ StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Finish(uint32_t root, s
         }
       }
     }
+  }
+  if (rule_min[root] >= kInfiniteLength) {
+    return InvalidArgument(what, ": the grammar has no finite sentence (rule '", names_[root],
+                           "' never completes)");
   }
   // Flatten, dropping alternatives that can never complete (dead ends for the matcher).
   auto g = std::make_shared<Grammar>();

@@ -418,6 +418,8 @@ class SchemaCompiler {
     if (!all.is_array() || all.empty()) Refuse(JsonPathJoin(path, "allOf"), "must be a non-empty array");
     for (size_t i = 0; i < all.size(); ++i) parts.push_back({&all[i], JsonPathJoin(JsonPathJoin(path, "allOf"), std::to_string(i))});
     if (all.size() == 1 && rest.size() == 0) return all[0];
+    bool closed = false;            // some part has additionalProperties false
+    std::set<std::string> allowed;  // then: the keys every such part lists
     for (auto [part, ppath] : parts) {
       const json* p = part;
       for (int hops = 0; p->is_object() && p->contains("$ref"); ++hops) {
@@ -441,13 +443,43 @@ class SchemaCompiler {
           for (const json& r : v) merged["required"].push_back(r);
         } else if (k == "additionalProperties") {
           if (!(v.is_boolean() && !v.get<bool>())) Refuse(JsonPathJoin(ppath, k), "allOf members may only set additionalProperties false");
-          merged["additionalProperties"] = false;
+          // This part admits only its own properties: the merge keeps their intersection.
+          std::set<std::string> own;
+          if (p->contains("properties") && (*p)["properties"].is_object()) {
+            for (auto& [name, unused] : (*p)["properties"].items()) own.insert(name);
+          }
+          if (!closed) {
+            allowed = own;
+          } else {
+            std::set<std::string> both;
+            for (const std::string& n : allowed) {
+              if (own.count(n)) both.insert(n);
+            }
+            allowed = both;
+          }
+          closed = true;
         } else {
           Refuse(JsonPathJoin(ppath, k), "keyword \"" + k + "\" in allOf is not supported (object members only)");
         }
       }
     }
     merged["type"] = "object";
+    if (closed) {
+      merged["additionalProperties"] = false;
+      if (merged.contains("properties")) {
+        json kept = json::object();
+        for (auto& [name, sub] : merged["properties"].items()) {
+          if (allowed.count(name)) kept[name] = sub;
+        }
+        merged["properties"] = kept;
+      }
+      for (const json& r : merged.value("required", json::array())) {
+        if (!allowed.count(r.get<std::string>())) {
+          Refuse(JsonPathJoin(path, "allOf"), "\"" + r.get<std::string>() +
+                                                  "\" is required but a part with additionalProperties false does not list it");
+        }
+      }
+    }
     (void)depth;
     return merged;
   }
@@ -520,18 +552,11 @@ std::shared_ptr<const Grammar> AnyJsonObject() {
   static const std::shared_ptr<const Grammar> g = [] {
     GrammarBuilder b;
     const uint32_t root = b.NewRule("root");
-    const Seq value = AnyJsonValue(b);  // its first alternative is the object
-    const uint32_t value_rule = value[0].arg;
-    (void)value_rule;
-    // root ::= "{" ... "}" exactly as the value rule's object alternative: a value that starts with "{".
+    const Seq value = AnyJsonValue(b);
     Seq object{b.Byte('{')};
     const uint32_t after = b.NewRule("object-rest");
     // object-rest ::= "}" | member ("," member)* "}" where member is "string":value
-    Seq str{b.Byte('"')};
-    Seq chars = b.Star(EncodedChar(b, {}, true, TextEncoding::kJson));
-    str.insert(str.end(), chars.begin(), chars.end());
-    str.push_back(b.Byte('"'));
-    Seq member = str;
+    Seq member = AnyJsonString(b);
     member.push_back(b.Byte(':'));
     member.insert(member.end(), value.begin(), value.end());
     Seq more{b.Byte(',')};

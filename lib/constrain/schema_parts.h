@@ -38,6 +38,8 @@ Seq EncodedChar(GrammarBuilder& b, CodepointRanges ranges, bool negate, TextEnco
 // Integer / number text valid against minimum, maximum, exclusiveMinimum, exclusiveMaximum.
 Seq IntegerText(GrammarBuilder& b, const nlohmann::json& schema, const std::string& path);
 Seq NumberText(GrammarBuilder& b, const nlohmann::json& schema, const std::string& path);
+// A JSON string of any content (quotes included; every escape JSON has but lone surrogates).
+Seq AnyJsonString(GrammarBuilder& b);
 // Compact JSON value of any type (a shared recursive rule).
 Seq AnyJsonValue(GrammarBuilder& b);
 std::string JsonPathJoin(const std::string& path, const std::string& key);

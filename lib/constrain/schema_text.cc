@@ -637,13 +637,18 @@ Seq NumberText(GrammarBuilder& b, const json& s, const std::string& path) {
   return b.Alt(std::move(alts), "number");
 }
 
-Seq AnyJsonValue(GrammarBuilder& b) {
-  const uint32_t value = b.NewRule("json-value");
-  const Seq v{GrammarBuilder::Ref(value)};
+Seq AnyJsonString(GrammarBuilder& b) {
   Seq str{b.Byte('"')};
   Seq chars = b.Star(JsonAnyChar(b));
   str.insert(str.end(), chars.begin(), chars.end());
   str.push_back(b.Byte('"'));
+  return str;
+}
+
+Seq AnyJsonValue(GrammarBuilder& b) {
+  const uint32_t value = b.NewRule("json-value");
+  const Seq v{GrammarBuilder::Ref(value)};
+  const Seq str = AnyJsonString(b);
   // object: "{" (string ":" value ("," string ":" value)*)? "}"
   Seq member = str;
   member.push_back(b.Byte(':'));
