@@ -12,34 +12,121 @@
 
 namespace m3 {
 
-void PageList::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
+// One allocation that pages are carved from; freed once no page of it is held.
+struct PageList::Arena {
+  explicit Arena(uint8_t* p) : base(p) {}
+  ~Arena() { std::free(base); }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  uint8_t* base;
+};
+
+PageList::Page::Page(std::shared_ptr<Arena> a, uint8_t* d, size_t b, std::shared_ptr<PageAccount> acc)
+    : arena(std::move(a)), data(d), bytes(b), account(std::move(acc)) {
+  if (account) account->bytes += bytes;
+}
+
+PageList::Page::~Page() {
+  if (account) account->bytes -= bytes;
+}
+
+PageRef PageList::NewPage() {
+  if (!free_.empty()) {
+    PageRef p = std::move(free_.back());
+    free_.pop_back();
+    return p;
+  }
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (spare_ == 0) {
+    const size_t per_huge = std::max<size_t>(1, kHuge / page_bytes_);
+    const size_t count = std::clamp<size_t>(data_.size(), 1, per_huge);
+    size_t bytes = count * page_bytes_;
+    const bool huge = bytes >= kHuge;
+    if (huge) bytes = (bytes + kHuge - 1) / kHuge * kHuge;
+    void* p = std::aligned_alloc(huge ? kHuge : 64, bytes);
+    if (!p) throw std::bad_alloc();
+    if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // best effort
+    try {
+      last_ = std::make_shared<Arena>(static_cast<uint8_t*>(p));
+    } catch (...) {
+      std::free(p);
+      throw;
+    }
+    spare_ = count;
+    next_ = last_->base;
+  }
+  PageRef page = std::make_shared<Page>(last_, next_, page_bytes_, account_);
+  next_ += page_bytes_;
+  --spare_;
+  return page;
+}
 
 void PageList::EnsurePages(size_t n) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  while (pages_.size() < n) {
-    if (spare_ == 0) {
-      const size_t per_huge = std::max<size_t>(1, kHuge / page_bytes_);
-      const size_t count = std::clamp<size_t>(pages_.size(), 1, per_huge);
-      size_t bytes = count * page_bytes_;
-      const bool huge = bytes >= kHuge;
-      if (huge) bytes = (bytes + kHuge - 1) / kHuge * kHuge;
-      void* p = std::aligned_alloc(huge ? kHuge : 64, bytes);
-      if (!p) throw std::bad_alloc();
-      if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // best effort
-      arenas_.emplace_back(static_cast<uint8_t*>(p));
-      pages_.push_back(arenas_.back().get());
-      spare_ = count - 1;
-    } else {
-      pages_.push_back(pages_.back() + page_bytes_);
-      --spare_;
-    }
+  if (n > data_.size()) {
+    data_.reserve(n);
+    refs_.reserve(n);
+  }
+  while (data_.size() < n) {
+    PageRef p = NewPage();
+    data_.push_back(p->data);
+    refs_.push_back(std::move(p));
   }
 }
 
 void PageList::Release() {
-  pages_.clear();
-  arenas_.clear();
+  data_.clear();
+  refs_.clear();
+  free_.clear();
+  last_.reset();
+  next_ = nullptr;
   spare_ = 0;
+}
+
+void PageList::Drop(PageRef page) {
+  // Kept only where room was reserved: never throws (a page not kept is freed).
+  if (page.use_count() == 1 && free_.size() < free_.capacity()) free_.push_back(std::move(page));
+}
+
+void PageList::ReserveSpare(size_t n) {
+  try {
+    if (free_.size() + n > free_.capacity()) free_.reserve(std::max(free_.size() + n, 2 * free_.capacity()));
+  } catch (const std::bad_alloc&) {  // the pages are freed instead of kept
+  }
+}
+
+void PageList::Adopt(size_t i, PageRef page) {
+  if (i == data_.size()) {
+    refs_.reserve(i + 1);
+    data_.push_back(page->data);
+    refs_.push_back(std::move(page));
+    return;
+  }
+  ReserveSpare(1);
+  PageRef old = std::move(refs_[i]);
+  data_[i] = page->data;
+  refs_[i] = std::move(page);
+  Drop(std::move(old));
+}
+
+void PageList::DropSharedFrom(size_t i) {
+  bool any = false;
+  for (size_t j = i; j < refs_.size() && !any; ++j) any = shared(j);
+  if (!any) return;
+  ReserveSpare(refs_.size() - i);
+  while (refs_.size() > i) {
+    PageRef p = std::move(refs_.back());
+    refs_.pop_back();
+    data_.pop_back();
+    Drop(std::move(p));
+  }
+}
+
+void PageList::MakeExclusive(size_t i) {
+  if (!shared(i)) return;
+  PageRef fresh = NewPage();
+  std::memcpy(fresh->data, data_[i], page_bytes_);
+  data_[i] = fresh->data;
+  refs_[i] = std::move(fresh);  // the other holders keep the old page
 }
 
 size_t KvPages::BytesPerRow(size_t heads, size_t dim, CacheType type) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -18,30 +19,76 @@ namespace m3 {
 
 using simd::CacheType;
 
+// The bytes of pages alive in a set of caches that share pages (a scheduler's slots and its prefix
+// store, lib/runtime/prefix_cache.h): each page counted once, however many lists hold it. Safe to
+// read from any thread.
+struct PageAccount {
+  std::atomic<uint64_t> bytes{0};
+};
+
 // Blocks of bytes (pages) that never move, carved out of arenas that double in size up to
 // 2 MiB and are then 2 MiB each, aligned and advised as transparent huge pages: a long context's
 // pages are read with few TLB misses (64 MB of index keys span 16K small pages), while a short
 // one does not pay 2 MiB per cache.
+//
+// Pages are reference counted (PageRef) so that lists can share them copy-on-write: a prefix
+// store keeps the pages of a common prompt prefix and other caches adopt them instead of
+// computing them again. A page keeps its arena alive; a write into a page that another holder
+// shares goes to a copy first (MakeExclusive). Holders of one page live on one thread (the
+// scheduler's): the counts are atomic, the decisions based on them are not synchronized.
 class PageList {
  public:
+  struct Arena;
+  // One page: its bytes (counted in `account` while it lives) and its arena.
+  struct Page {
+    Page(std::shared_ptr<Arena> arena, uint8_t* data, size_t bytes, std::shared_ptr<PageAccount> account);
+    ~Page();
+    Page(const Page&) = delete;
+    Page& operator=(const Page&) = delete;
+    std::shared_ptr<Arena> arena;
+    uint8_t* data;
+    size_t bytes;
+    std::shared_ptr<PageAccount> account;
+  };
+  using PageRef = std::shared_ptr<const Page>;
+
   explicit PageList(size_t page_bytes = 0) : page_bytes_((page_bytes + 63) / 64 * 64) {}
   void EnsurePages(size_t n);  // may throw std::bad_alloc
-  void Release();              // frees every page
-  uint8_t* page(size_t i) { return pages_[i]; }
-  const uint8_t* page(size_t i) const { return pages_[i]; }
-  size_t pages() const { return pages_.size(); }
+  void Release();              // frees every page (those shared live on with their other holders)
+  uint8_t* page(size_t i) { return data_[i]; }
+  const uint8_t* page(size_t i) const { return data_[i]; }
+  size_t pages() const { return data_.size(); }
   size_t page_bytes() const { return page_bytes_; }
-  size_t bytes() const { return pages_.size() * page_bytes_; }
+  // Pages held, in use or spare (kept for growth), shared ones included.
+  size_t bytes() const { return (data_.size() + free_.size()) * page_bytes_; }
+  // Sharing: page i (i < pages()) for another holder; whether another holder has it.
+  PageRef Share(size_t i) const { return refs_[i]; }
+  bool shared(size_t i) const { return refs_[i].use_count() > 1; }
+  // Holds `page` (of this list's page size) as page i (i <= pages()), dropping the one there.
+  void Adopt(size_t i, PageRef page);
+  // Pages from i on leave the list when any of them is shared (those of this list alone stay as
+  // spare): unused pages must not pin what other holders would free.
+  void DropSharedFrom(size_t i);
+  // Before a write into page i: a page another holder shares is replaced by a copy of its own.
+  void MakeExclusive(size_t i);  // may throw std::bad_alloc
+  // Where the bytes of the pages this list makes from now on are counted (may be null).
+  void set_account(std::shared_ptr<PageAccount> account) { account_ = std::move(account); }
 
  private:
-  struct FreeDeleter {
-    void operator()(uint8_t* p) const;
-  };
+  PageRef NewPage();  // a spare one, else from the last arena, else from a new arena
+  void Drop(PageRef page);  // kept as spare when no other holder has it (and ReserveSpare made room)
+  void ReserveSpare(size_t n);
   size_t page_bytes_;
-  std::vector<uint8_t*> pages_;
-  std::vector<std::unique_ptr<uint8_t, FreeDeleter>> arenas_;
-  size_t spare_ = 0;  // pages left in the last arena, after pages_.back()
+  std::vector<uint8_t*> data_;  // data_[i] = refs_[i]->data, read by the kernels
+  std::vector<PageRef> refs_;
+  std::vector<PageRef> free_;   // spare pages of this list alone, reused before new ones
+  std::shared_ptr<Arena> last_;  // the arena pages come from next
+  uint8_t* next_ = nullptr;      // its next page
+  size_t spare_ = 0;             // pages left in it
+  std::shared_ptr<PageAccount> account_;
 };
+
+using PageRef = PageList::PageRef;
 
 // Positions stored in pages of page_rows each: the row bookkeeping KvPages and IndexKeyPages share.
 class RowPages {
@@ -52,6 +99,8 @@ class RowPages {
   size_t bytes() const { return pages_.bytes(); }
   size_t BytesFor(size_t rows) const { return (rows + page_rows_ - 1) / page_rows_ * pages_.page_bytes(); }
   void Release() { pages_.Release(); }  // frees every row
+  PageList& page_list() { return pages_; }  // sharing pages (KvCache)
+  const PageList& page_list() const { return pages_; }
 
  protected:
   RowPages() = default;

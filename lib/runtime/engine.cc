@@ -77,7 +77,8 @@ std::string SmallerTypes(CacheType t) {
 
 Status Session::CheckContextFits(size_t tokens) const {
   if (engine_.offload()) return Status::Ok();  // GPU caches: their allocation says when the GPU is full
-  const uint64_t need = cache_.BytesFor(tokens), held = cache_.bytes();
+  // Shared pages a write copies first are new pages too.
+  const uint64_t need = cache_.BytesFor(tokens) + cache_.CopyBytesFor(tokens), held = cache_.bytes();
   if (need <= held) return Status::Ok();  // no new page
   uint64_t can_have = memory_budget_;
   if (!memory_budget_) {
@@ -231,7 +232,44 @@ size_t Session::ReusePrefix(std::span<const int32_t> prompt) {
   while (keep < limit && tokens_[keep] == prompt[keep]) ++keep;
   cache_.Truncate(keep);
   tokens_.resize(keep);
-  return keep;
+  if (!prefix_cache_ || prompt.size() <= 1) return keep;
+  const std::vector<const std::vector<PageRef>*> pages = prefix_cache_->Lookup(prompt.first(prompt.size() - 1));
+  const size_t stored = pages.size() * cache_.page_rows();
+  if (stored <= keep) {
+    prefix_cache_->CountLookup(0);
+    return keep;
+  }
+  try {
+    cache_.AdoptPages(pages);
+  } catch (const std::bad_alloc&) {  // a list's bookkeeping: the cache is in no known state
+    Release();
+    prefix_cache_->CountLookup(0);
+    return 0;
+  }
+  tokens_.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(stored));
+  prefix_cache_->CountLookup(stored);
+  return stored;
+}
+
+Status Session::set_prefix_cache(PrefixCache* store) {
+  if (store) {
+    if (engine_.offload())
+      return Unsupported("prefix sharing needs the caches in host memory; the dense part runs offloaded");
+    const CacheOptions& o = cache_.options();
+    if (store->page_rows() != cache_.page_rows() || store->options().kv != o.kv ||
+        store->options().index_keys != o.index_keys)
+      return InvalidArgument("the prefix store keeps pages of ", store->page_rows(), " positions of other storage "
+                             "types than this session's caches");
+    if (position() > 0 || cache_.bytes() > 0)
+      return InvalidArgument("a prefix store is set before the session holds any position");
+  }
+  prefix_cache_ = store;
+  cache_.set_account(store ? store->account() : nullptr);
+  return Status::Ok();
+}
+
+void Session::PublishPrefix(size_t n) {
+  if (prefix_cache_) prefix_cache_->Publish(std::span<const int32_t>(tokens_).first(std::min(n, tokens_.size())), cache_);
 }
 
 }  // namespace m3

@@ -14,6 +14,7 @@
 #include "ops/context.h"
 #include "ops/moe_numa.h"
 #include "ops/workspace.h"
+#include "runtime/prefix_cache.h"
 
 namespace m3 {
 
@@ -118,8 +119,17 @@ class Session {
   // server's share of a budget for all its sessions.
   void set_memory_budget(uint64_t bytes) { memory_budget_ = bytes; }
   // Keeps the longest cached prefix shared with `prompt`, leaving at least one prompt token to
-  // evaluate (its logits are needed), and returns how many tokens were kept.
+  // evaluate (its logits are needed), and returns how many tokens were kept. With a prefix store
+  // (set_prefix_cache) whose whole pages hold a longer prefix, the session adopts those pages
+  // instead (no compute) and counts the lookup there.
   size_t ReusePrefix(std::span<const int32_t> prompt);
+  // Shares whole pages of prompt prefixes with the other sessions of `store` (or none: null): its
+  // pages are counted in the store's account from now on. Must be set before the session holds
+  // any position. Not with an offloading engine: its rows live on the device (DeviceCache), the
+  // host pages are never written, so there is nothing to share.
+  Status set_prefix_cache(PrefixCache* store);
+  // Stores the whole pages of this session's first n tokens (n <= position()) in its prefix store.
+  void PublishPrefix(size_t n);
   const std::vector<int32_t>& tokens() const { return tokens_; }  // ids at positions 0..position()-1
   const KvCache& cache() const { return cache_; }
   const Engine& engine() const { return engine_; }
@@ -138,6 +148,7 @@ class Session {
   size_t max_context_;
   size_t prefill_chunk_;
   uint64_t memory_budget_;
+  PrefixCache* prefix_cache_ = nullptr;
 };
 
 }  // namespace m3

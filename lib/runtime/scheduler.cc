@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <stdexcept>
 #include <utility>
 
 #include "base/bytes.h"
@@ -23,6 +24,13 @@ Scheduler::Scheduler(const Engine& engine, const Tokenizer& tokenizer, const Sch
   // Caches grow as contexts do: an idle slot costs only what its conversation holds.
   for (size_t i = 0; i < std::max<size_t>(1, options.slots); ++i)
     slots_.push_back({std::make_unique<Session>(engine, options.session)});
+  // With the dense part offloaded the rows live on the device: nothing in host pages to share.
+  if (options.prefix_cache && !engine.offload()) {
+    const KvCache& cache = slots_.front().session->cache();
+    prefix_ = std::make_unique<PrefixCache>(cache.page_rows(), cache.options());
+    for (Slot& slot : slots_)
+      if (Status st = slot.session->set_prefix_cache(prefix_.get()); !st.ok()) throw std::logic_error(st.ToString());
+  }
 }
 
 Scheduler::~Scheduler() { Stop(); }
@@ -166,9 +174,7 @@ bool Scheduler::Begin(Job& job) {
 }
 
 void Scheduler::Step() {
-  uint64_t held = 0;  // for cache_bytes(), read from any thread
-  for (const Slot& slot : slots_) held += slot.session->cache().bytes();
-  cache_bytes_ = held;
+  cache_bytes_ = HeldBytes();  // for cache_bytes(), read from any thread
   try {
     size_t budget = slots_.front().session->prefill_chunk();
     std::vector<Generation*> gens;
@@ -201,12 +207,21 @@ void Scheduler::Step() {
         if (job->generation->generation().pending().empty())
           job->largest_batch = std::max(job->largest_batch, gens.size());
       ShareCacheBudget(stepped);
+      std::vector<bool> prompt_chunk(stepped.size());
+      for (size_t i = 0; i < stepped.size(); ++i) prompt_chunk[i] = !gens[i]->pending().empty();
       const std::vector<Status> st = BatchStep(gens, ids);
       for (size_t i = 0; i < gens.size(); ++i) {
-        // Out of memory: the caches of idle conversations go first; the step is retried next time
-        // (a failed pass changes nothing, and Next gives the same step again).
-        if (st[i].code() == StatusCode::kOutOfMemory && ReleaseIdleSlot()) continue;
-        if (!st[i].ok()) ended.emplace_back(stepped[i], Classify(*stepped[i], ids[i].size(), st[i]));
+        Session& session = *slots_[stepped[i]->slot].session;
+        // Out of memory: pages only the prefix store holds go first, then the caches of idle
+        // conversations; the step is retried next time (a failed pass changes nothing, and Next
+        // gives the same step again).
+        if (st[i].code() == StatusCode::kOutOfMemory && ReleaseCacheMemory(NeededBytes(session, ids[i].size())))
+          continue;
+        if (!st[i].ok()) {
+          ended.emplace_back(stepped[i], Classify(*stepped[i], ids[i].size(), st[i]));
+        } else if (prompt_chunk[i]) {  // the prompt's pages so far, for the requests to come
+          session.PublishPrefix(std::min(session.position(), stepped[i]->request.prompt.size()));
+        }
       }
     }
     for (auto& [job, st] : ended) End(*job, st);
@@ -236,20 +251,43 @@ Status Scheduler::CheckFitsBudget(size_t tokens) const {
                     "budget): this request can never run; make it shorter");
 }
 
-// With a cache budget, each stepped session may hold what the other slots leave of it.
-void Scheduler::ShareCacheBudget(const std::vector<Job*>& stepped) {
-  if (!options_.cache_budget) return;
+// Bytes of all the slots' caches and the prefix store, each page once.
+uint64_t Scheduler::HeldBytes() const {
+  if (prefix_) return prefix_->account()->bytes.load();
   uint64_t held = 0;
   for (const Slot& slot : slots_) held += slot.session->cache().bytes();
+  return held;
+}
+
+// What a pass of `tokens` more in `s` found missing: beyond the budget, or its new pages.
+uint64_t Scheduler::NeededBytes(const Session& s, size_t tokens) const {
+  const KvCache& c = s.cache();
+  const size_t n = s.position() + tokens;
+  const uint64_t need = c.BytesFor(n) + c.CopyBytesFor(n), fresh = need > c.bytes() ? need - c.bytes() : 0;
+  if (!options_.cache_budget) return std::max<uint64_t>(fresh, 1);
+  const uint64_t total = HeldBytes() + fresh;
+  return total > options_.cache_budget ? total - options_.cache_budget : 1;
+}
+
+// With a cache budget, each stepped session may hold what the other slots and the prefix store
+// leave of it. Its pages the others share count as its own: a page it adds is what counts.
+void Scheduler::ShareCacheBudget(const std::vector<Job*>& stepped) {
+  if (!options_.cache_budget) return;
+  const uint64_t held = HeldBytes();
   for (Job* job : stepped) {
     Session& s = *slots_[job->slot].session;
-    const uint64_t others = held - s.cache().bytes();
+    const uint64_t others = held - std::min<uint64_t>(held, s.cache().bytes());
     s.set_memory_budget(options_.cache_budget > others ? options_.cache_budget - others : 1);
   }
 }
 
-// Frees the caches of the least recently used idle slot that holds any; false when none does.
-bool Scheduler::ReleaseIdleSlot() {
+bool Scheduler::ReleaseCacheMemory(uint64_t want) {
+  if (prefix_) {
+    if (const uint64_t freed = prefix_->EvictUnshared(want); freed > 0) {
+      if (options_.log) options_.log(Str("out of cache memory: evicted ", FormatBytes(freed), " of stored prefixes"));
+      return true;
+    }
+  }
   Slot* victim = nullptr;
   for (Slot& slot : slots_)
     if (!slot.busy && slot.session->cache().bytes() > 0 && (!victim || slot.last_used < victim->last_used))
@@ -257,7 +295,7 @@ bool Scheduler::ReleaseIdleSlot() {
   if (!victim) return false;
   if (options_.log)
     options_.log(Str("out of cache memory: released an idle conversation of ", victim->session->position(), " tokens"));
-  victim->session->Release();
+  victim->session->Release();  // the pages the prefix store shares stay with it
   victim->prompt_tokens = 0;
   return true;
 }

@@ -8,6 +8,13 @@
 // growing conversation pays only for its new tokens), else to an unused one, else to the least
 // recently used. With a cache budget, the caches of idle sessions are released (least recently
 // used first) before a request is refused for memory, and its step is retried.
+//
+// Prefix sharing (runtime/prefix_cache.h): once a prompt's pass ran, the whole pages of its cache
+// go to a store the sessions share; a later request whose prompt begins with more of a stored
+// prefix than its session holds adopts those pages (copy-on-write, no compute) and prefills only
+// the rest: every conversation with one long system prompt prefills it once. The budget counts
+// each page once however many sessions and the store hold it; what the store alone holds is freed
+// (least recently used first) before idle sessions' caches. Off with an offloading engine.
 #pragma once
 
 #include <atomic>
@@ -23,6 +30,7 @@
 
 #include "runtime/chat.h"
 #include "runtime/engine.h"
+#include "runtime/prefix_cache.h"
 
 namespace m3 {
 
@@ -31,6 +39,7 @@ struct SchedulerOptions {
   SessionOptions session;    // of every slot
   uint64_t cache_budget = 0;  // most bytes all slots' caches hold together (0: what the process can get)
   std::function<void(const std::string&)> log;  // notes such as a released cache (may be empty)
+  bool prefix_cache = true;  // share prompt prefixes' pages between the slots (when not offloading)
 };
 
 struct ScheduledRequest {
@@ -72,7 +81,10 @@ class Scheduler {
   // From any thread: requests waiting for a slot, and those generating.
   size_t queued() const { return queued_; }
   size_t active() const { return active_count_; }
-  // From any thread: bytes the slots' caches hold, as of the latest step.
+  // From any thread: the prefix store's size and counters (all 0 when it is off).
+  PrefixCacheStats prefix_stats() const { return prefix_ ? prefix_->stats() : PrefixCacheStats{}; }
+  // From any thread: bytes the slots' caches and the prefix store hold (each page once), as of the
+  // latest step.
   uint64_t cache_bytes() const { return cache_bytes_; }
 
  private:
@@ -91,12 +103,18 @@ class Scheduler {
   void End(Job& job, const Status& status);
   size_t PickSlot(const std::vector<int32_t>& prompt);
   void ShareCacheBudget(const std::vector<Job*>& stepped);
+  uint64_t HeldBytes() const;
+  uint64_t NeededBytes(const Session& s, size_t tokens) const;
   Status Classify(const Job& job, size_t step_tokens, const Status& st) const;
-  bool ReleaseIdleSlot();
+  // Frees cache memory after a pass found too little: pages only the prefix store holds (at least
+  // `want` bytes of them if it has them), else the caches of the least recently used idle slot.
+  // False when neither holds any.
+  bool ReleaseCacheMemory(uint64_t want);
   void EndAll(const Status& status);
 
   const Tokenizer& tokenizer_;
   SchedulerOptions options_;
+  std::unique_ptr<PrefixCache> prefix_;  // null when off; outlives the slots' sessions
   std::vector<Slot> slots_;  // the stepping thread's alone
   uint64_t clock_ = 0;
   std::vector<std::unique_ptr<Job>> active_;
@@ -106,7 +124,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Job>> queue_;
   bool stop_ = false;
   std::atomic<size_t> queued_{0}, active_count_{0};
-  std::atomic<uint64_t> cache_bytes_{0};  // at the latest step
+  std::atomic<uint64_t> cache_bytes_{0};  // HeldBytes() at the latest step
   std::thread thread_;
 };
 
