@@ -391,6 +391,13 @@ struct Server {
     metric("m3_prompt_tokens_cached_total", "counter", "prompt tokens found in a slot's cache",
            static_cast<double>(cached_tokens));
     metric("m3_generated_tokens_total", "counter", "tokens generated", static_cast<double>(generated_tokens));
+    const PrefixCacheStats prefix_cache = scheduler->prefix_stats();
+    metric("m3_prefix_cache_bytes", "gauge", "cache pages of shared prompt prefixes the store holds",
+           static_cast<double>(prefix_cache.bytes));
+    metric("m3_prefix_cache_hits_total", "counter", "requests that adopted a stored prefix",
+           static_cast<double>(prefix_cache.hits));
+    metric("m3_prefix_cache_lookups_total", "counter", "requests that looked up a stored prefix",
+           static_cast<double>(prefix_cache.lookups));
     metric("m3_prompt_cache_hit_ratio", "gauge", "prompt tokens found cached / prompt tokens, since start",
            prompt_tokens > 0 ? std::min(1.0, static_cast<double>(cached_tokens) / static_cast<double>(prompt_tokens))
                              : 0.0);
