@@ -179,12 +179,20 @@ try:
                   f"choice {i} as alone: {r['choices'][i]} vs {alone[i]['choices'][0]}")
         check(r["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone),
               f"usage summed: {r['usage']}")
+        # Streamed: each choice's chunks by "index", the same tokens and log-probabilities.
+        chunks = stream("/v1/completions", many)
+        for i in range(2):
+            mine = [c for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+            text, lp = joined(mine)
+            check(text == r["choices"][i]["text"] and lp["tokens"] == r["choices"][i]["logprobs"]["tokens"],
+                  f"streamed choice {i}: {text!r} {lp['tokens']} vs {r['choices'][i]}")
+            check(sum(1 for c in mine if c["choices"][0]["finish_reason"]) == 1, f"choice {i}: one finish chunk")
 
     # 5. Bad requests.
     for path, bad, want in [("/v1/completions", {"prompt": "a", "logprobs": 21}, "0..20"),
                             ("/v1/completions", {"prompt": "a", "logprobs": True}, "is a number"),
                             ("/v1/completions", {"prompt": "a", "max_tokens": 0}, "echo"),
-                            ("/v1/completions", {"prompt": ["a", "b"], "stream": True}, "one prompt"),
+                            ("/v1/completions", {"prompt": ["a", "b"], "n": 17}, "\"n\" must be 1..16"),
                             ("/v1/completions", {"prompt": [1, 999999]}, "outside the vocabulary"),
                             ("/v1/completions", {"prompt": [[1], []]}, "prompt"),
                             ("/v1/chat/completions", dict(chat, logprobs=False), "needs \"logprobs\": true")]:
