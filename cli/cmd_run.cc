@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_guard.h"
 #include "cli/commands.h"
 #include "ops/sampling.h"
 #include "runtime/chat.h"
@@ -26,7 +28,41 @@ struct RunArgs {
   size_t context = 0;
   SamplingParams sampling{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f};  // docs/MODEL.md §6.5
   LookupOptions lookup;
+  std::string json_schema, grammar;  // files: what the answer must be
 };
+
+// A grammar or schema file, read whole (at most 4 MiB: these are hand-written).
+StatusOr<std::string> ReadSpecFile(const std::string& option, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(option, ": cannot open '", path, "'");
+  std::string text;
+  char buf[65536];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    text.append(buf, static_cast<size_t>(in.gcount()));
+    if (text.size() > (size_t{4} << 20)) return InvalidArgument(option, ": '", path, "' is larger than 4 MiB");
+  }
+  return text;
+}
+
+// --json-schema / --grammar: the answer's constraint (lib/constrain); empty when neither is given.
+StatusOr<OutputConstraint> ReadConstraint(const RunArgs& a, const ChatText& text) {
+  OutputConstraint c;
+  if (!a.json_schema.empty() && !a.grammar.empty()) return InvalidArgument("give --json-schema or --grammar, not both");
+  if (!a.json_schema.empty()) {
+    M3_ASSIGN_OR_RETURN(const std::string body, ReadSpecFile("--json-schema", a.json_schema));
+    M3_ASSIGN_OR_RETURN(const nlohmann::json schema, ParseJson<nlohmann::json>(body, "--json-schema " + a.json_schema));
+    auto g = constrain::CompileJsonSchema(schema);
+    if (!g.ok()) return InvalidArgument("--json-schema ", a.json_schema, ": ", g.status().message());
+    c.answer = *g;
+  } else if (!a.grammar.empty()) {
+    M3_ASSIGN_OR_RETURN(const std::string body, ReadSpecFile("--grammar", a.grammar));
+    auto g = constrain::CompileGbnf(body);
+    if (!g.ok()) return InvalidArgument("--grammar ", a.grammar, ": ", g.status().message());
+    c.answer = *g;
+  }
+  if (!c.empty()) c.vocab = text.vocab_index();
+  return c;
+}
 
 // Everything one conversation needs: engine, session, text layer, sampler.
 struct Runner {
@@ -36,6 +72,7 @@ struct Runner {
   std::unique_ptr<Session> session;
   std::unique_ptr<ChatText> text;
   std::unique_ptr<Sampler> sampler;
+  OutputConstraint constraint;
   bool color = isatty(STDOUT_FILENO);
 
   Status Open() {
@@ -54,6 +91,7 @@ struct Runner {
       return Status(t.status().code(), t.status().message() + " (use --raw for plain completion)");
     }
     text = std::move(t).value();
+    M3_ASSIGN_OR_RETURN(constraint, ReadConstraint(args, *text));  // before the model: a bad file fails fast
     M3_ASSIGN_OR_RETURN(engine, Engine::Open(args.model, engine_options));
     session = std::make_unique<Session>(*engine, session_options);
     sampler = std::make_unique<Sampler>(args.sampling);
@@ -92,6 +130,13 @@ struct Runner {
     };
     options.raw = args.raw;
     options.generate = GenerateOptions{args.max_tokens, text->stop_ids(), args.lookup};
+    options.constraint = constraint;
+    if (!constraint.empty()) {
+      const size_t need = MinTurnTokens(constraint, options.start);
+      if (static_cast<size_t>(args.max_tokens) < need)
+        return InvalidArgument("--max-tokens ", args.max_tokens, " is too few for the answer's format: it needs at least ",
+                               need);
+    }
     GenerateStats stats;
     auto out = GenerateTurn(*session, text->tokenizer(), prompt, options, *sampler, show, &stats);
     if (!out.ok()) return out;
@@ -162,6 +207,8 @@ void AddGenerationOptions(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("-c,--context", a.context, "context limit in tokens (0 = the model's)")->default_val(0);
   AddSamplingOptions(cmd, &a.sampling);
   AddLookupOption(cmd, &a.lookup);
+  cmd->add_option("--json-schema", a.json_schema, "file with a JSON schema the answer must follow (the reasoning stays free)");
+  cmd->add_option("--grammar", a.grammar, "file with a GBNF grammar (root rule \"root\") the answer must follow");
 }
 
 }  // namespace

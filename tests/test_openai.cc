@@ -155,7 +155,31 @@ TEST_CASE("openai: malformed and unsupported requests are refused by name", "[op
   CHECK_THAT(ChatError({{"echo", true}}), Contains("\"echo\" is not supported"));  // completions' field
   CHECK_THAT(ChatError({{"tool_choice", "required"}}), Contains("tool_choice"));
   CHECK_THAT(ChatError({{"tools", {{"type", "function"}}}}), Contains("\"tools\" must be an array"));
-  CHECK_THAT(ChatError({{"response_format", {{"type", "json_object"}}}}), Contains("response_format"));
+  CHECK(ChatError({{"response_format", {{"type", "json_object"}}}}) == "accepted");
+  CHECK_THAT(ChatError({{"response_format", {{"type", "xml"}}}}), Contains("\"response_format.type\" must be"));
+  CHECK_THAT(ChatError({{"response_format", {{"type", "json_schema"}}}}),
+             Contains("\"response_format.json_schema\" must be an object"));
+  CHECK_THAT(ChatError({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", 3}}}}}}),
+             Contains("\"response_format.json_schema.schema\" must be a JSON schema"));
+  CHECK_THAT(ChatError({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", ojson::object()},
+                                                                                      {"format", "x"}}}}}}),
+             Contains("\"response_format.json_schema.format\" is not supported"));
+  CHECK_THAT(ChatError({{"response_format", {{"type", "json_object"}}}, {"grammar", "root ::= \"a\""}}),
+             Contains("cannot both be given"));
+  CHECK_THAT(ChatError({{"grammar", 5}}), Contains("\"grammar\" must be a non-empty string"));
+  CHECK_THAT(ChatError({{"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}),
+             Contains("'f' is not one of the request's tools"));
+  CHECK_THAT(ChatError({{"tool_choice", "any"}}), Contains("\"tool_choice\" must be"));
+  CHECK_THAT(ChatError({{"tool_choice", {{"type", "allowed_tools"}}}}),
+             Contains("\"tool_choice.type\" 'allowed_tools' is not supported"));
+  const ojson custom_tool = {{"type", "custom"}, {"custom", {{"name", "sql"}}}};
+  CHECK_THAT(ChatError({{"tools", {custom_tool}}}), Contains("\"tools[0].type\" 'custom' is not supported"));
+  CHECK_THAT(ChatError({{"tools", {{{"type", "function"}, {"function", {{"name", ""}}}}}}}),
+             Contains("\"tools[0].function.name\" must be a non-empty string"));
+  CHECK_THAT(ChatError({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"parameters", 1}}}}}}}),
+             Contains("\"tools[0].function.parameters\" must be a JSON schema"));
+  CHECK_THAT(ChatError({{"tools", {{{"type", "function"}, {"function", {{"name", "f"}, {"strict", "yes"}}}}}}}),
+             Contains("\"tools[0].function.strict\" must be true or false"));
   CHECK_THAT(ChatError({{"chat_template_kwargs", "x"}}), Contains("chat_template_kwargs"));
 }
 
@@ -168,8 +192,9 @@ TEST_CASE("openai: fields, roles and content parts the server does not implement
   CHECK(ChatError({{"logit_bias", ojson::object()}}) == "accepted");  // asks for nothing
   CHECK(ChatError({{"logit_bias", nullptr}, {"user", "u-1"}, {"model", "any"}}) == "accepted");
   CHECK_THAT(ChatError({{"user", 5}}), Contains("\"user\" must be a string"));
-  CHECK_THAT(ChatError({{"parallel_tool_calls", false}}), Contains("\"parallel_tool_calls\" must be true"));
+  CHECK(ChatError({{"parallel_tool_calls", false}}) == "accepted");  // a forced tool call is then one call
   CHECK(ChatError({{"parallel_tool_calls", true}}) == "accepted");
+  CHECK_THAT(ChatError({{"parallel_tool_calls", "no"}}), Contains("\"parallel_tool_calls\" must be true or false"));
   // Roles: missing, unknown, or where the template would skip them.
   auto with = [](ojson messages) { return ChatError({{"messages", std::move(messages)}}); };
   const ojson user = {{"role", "user"}, {"content", "hi"}};

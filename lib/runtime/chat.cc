@@ -127,7 +127,11 @@ std::string StopStrings::Push(std::string_view piece) {
   if (matched_) return {};
   held_ += piece;
   size_t first = std::string::npos;  // the earliest match of any stop string
-  for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+  for (const std::string& s : stops_)
+    if (const size_t at = held_.find(s); at < first) {
+      first = at;
+      match_ = s;
+    }
   if (first != std::string::npos) {
     matched_ = true;
     std::string out = held_.substr(0, first);
@@ -168,6 +172,11 @@ StatusOr<std::vector<std::string>> ParseStopStrings(const ojson& stop, size_t ma
   return out;
 }
 
+std::shared_ptr<const constrain::VocabIndex> ChatText::vocab_index() const {
+  std::call_once(vocab_once_, [this] { vocab_index_ = constrain::VocabIndex::Build(*tokenizer_); });
+  return vocab_index_;
+}
+
 ThinkState OutputStart(std::string_view rendered_prompt) {
   return rendered_prompt.ends_with("<mm:think>") ? ThinkState::kInside : ThinkState::kOutside;
 }
@@ -180,12 +189,20 @@ TurnGeneration::TurnGeneration(Session& session, const Tokenizer& tokenizer, con
       parser_(options.start, options.tools, options.tool_call_id_prefix),
       stops_(options.stop_strings),
       generation_(session, options.generate, sampler, [this](int32_t id) {
+        if (constraint_ && constraint_->Accept(id) && !raw_answer_) {
+          raw_answer_ = true;  // what the parser holds is before the answer
+          if (!Emit(parser_.Finish())) return false;
+        }
         if (options_.top_logprobs >= 0)
           unsent_logprobs_.push_back(
               ScoreToken(generation_.token_logits(), id, static_cast<size_t>(options_.top_logprobs)));
         const bool go = Emit(TextDelta(stops_.Push(decoder_.Push(id))));
         return go && !stops_.matched();
       }) {
+  if (!options.constraint.empty() && !options.raw) {
+    constraint_.emplace(options.constraint, options.start, MarkupIds::From(tokenizer), options.generate.stop_ids);
+    generation_.MaskLogits([this](std::span<float> logits, size_t left) { constraint_->Mask(logits, left); });
+  }
   if (options.top_logprobs >= 0 && options.prompt_logprobs)
     generation_.ScorePrompt([this](size_t, int32_t id, std::span<const float> logits) {
       unsent_prompt_logprobs_.push_back(ScoreToken(logits, id, static_cast<size_t>(options_.top_logprobs)));
@@ -205,7 +222,7 @@ bool TurnGeneration::Emit(TurnDelta d, bool last) {
 }
 
 TurnDelta TurnGeneration::TextDelta(std::string text) {
-  if (!options_.raw) return parser_.Push(text);
+  if (!options_.raw && !raw_answer_) return parser_.Push(text);
   TurnDelta d;
   d.content = std::move(text);
   return d;
@@ -214,10 +231,13 @@ TurnDelta TurnGeneration::TextDelta(std::string text) {
 ParsedOutput TurnGeneration::Finish(GenerateStats* stats) {
   Emit(TextDelta(stops_.Push(decoder_.Flush())));
   Emit(TextDelta(stops_.Flush()));
-  if (!options_.raw) Emit(parser_.Finish());
+  if (!options_.raw && !raw_answer_) Emit(parser_.Finish());
   Emit(TurnDelta(), /*last=*/true);  // log-probabilities of tokens whose text never came out
   GenerateStats st = generation_.stats();
-  if (stops_.matched()) st.stop_reason = "stop";
+  if (stops_.matched()) {
+    st.stop_reason = "stop";
+    st.stop_string = stops_.match();
+  }
   if (stats) *stats = st;
   return std::move(all_);
 }

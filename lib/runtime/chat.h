@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "base/status.h"
 #include "runtime/generate.h"
+#include "runtime/output_constraint.h"
 #include "runtime/perplexity.h"
 #include "text/chat_template.h"
 #include "text/output_parser.h"
@@ -52,6 +54,8 @@ class ChatText {
                                             TurnOptions* turn, bool literal_content = false) const;
   // The end of an assistant turn and the defensive stops of docs/MODEL.md §6.5, those that exist.
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
+  // The vocabulary as constrained decoding walks it, built on first use (any thread).
+  std::shared_ptr<const constrain::VocabIndex> vocab_index() const;
 
  private:
   ChatText() = default;
@@ -59,6 +63,8 @@ class ChatText {
   std::optional<ChatTemplate> template_;
   Status template_error_;  // why there is no template (NotFound), for RenderPrompt
   std::vector<int32_t> stop_ids_;
+  mutable std::once_flag vocab_once_;
+  mutable std::shared_ptr<const constrain::VocabIndex> vocab_index_;
 };
 
 // Where the model's output starts for a rendered prompt: inside reasoning when it ends with
@@ -76,11 +82,13 @@ class StopStrings {
   // The end of the stream: the held tail, none after a match.
   std::string Flush();
   bool matched() const { return matched_; }
+  const std::string& match() const { return match_; }  // the stop string matched
 
  private:
   std::vector<std::string> stops_;
   std::string held_;
   bool matched_ = false;
+  std::string match_;
 };
 
 // A request's "stop": null (none), a string, or an array of at most `max_count` strings; every
@@ -102,6 +110,8 @@ struct TurnOptions {
   // prompt token but the first (the prompt then runs whole, without reusing the cached prefix).
   int top_logprobs = -1;
   bool prompt_logprobs = false;
+  // What the answer must be (JSON schema, grammar, forced tool calls); empty: free.
+  OutputConstraint constraint;
 };
 
 // A piece of a turn: its text and, when the turn records log-probabilities, those of the tokens
@@ -147,6 +157,8 @@ class TurnGeneration {
   StopStrings stops_;
   ParsedOutput all_;
   std::vector<TokenLogprob> unsent_logprobs_, unsent_prompt_logprobs_;
+  std::optional<TurnConstraint> constraint_;
+  bool raw_answer_ = false;  // the constrained answer is plain content: its text skips the parser
   Generation generation_;
 };
 

@@ -164,8 +164,14 @@ bool Generation::Next(std::span<const int32_t>* step) {
   for (size_t r = 0; r < rows; ++r) {
     const int32_t guess = r + 1 < rows ? step_[r + 1] : -1;
     const std::span<const int32_t> history(session_.tokens().data(), first + r + 1);
-    id = sampler_.Sample(std::span<const float>(logits_).subspan(r * vocab, vocab), history, guess,
-                         stats_.prompt_tokens);  // frequency_penalty: the output only
+    const std::span<float> row = std::span<float>(logits_).subspan(r * vocab, vocab);
+    if (mask_) {
+      // This token has position first + r + 1; the last one a generation emits has position
+      // max_context (it is never evaluated).
+      const size_t context_left = session_.max_context() + 1 - std::min(session_.max_context(), first + r + 1);
+      mask_(row, std::min(static_cast<size_t>(options_.max_tokens) - stats_.generated_tokens, context_left));
+    }
+    id = sampler_.Sample(row, history, guess, stats_.prompt_tokens);  // frequency_penalty: the output only
     const bool confirmed = guess >= 0 && id == guess;
     emit_row_ = r;
     if (!Emit(id)) {

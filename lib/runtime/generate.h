@@ -50,6 +50,7 @@ struct GenerateStats {
   size_t generated_tokens = 0;  // sampled tokens, the stop token included
   double decode_seconds = 0;    // time after the first token
   std::string stop_reason;      // "stop", "length", "context" or "caller"
+  std::string stop_string;      // a turn's stop string that ended it (TurnGeneration), else empty
   size_t drafted_tokens = 0;    // prompt lookup: tokens guessed and verified
   size_t accepted_tokens = 0;   // of those, the ones generated (each saved a forward pass)
   double prefill_tok_s() const;
@@ -77,6 +78,11 @@ class Generation {
   void ScorePrompt(std::function<void(size_t index, int32_t id, std::span<const float> logits)> on_row) {
     on_prompt_row_ = std::move(on_row);
   }
+  // Constrained decoding: before each token is sampled, mask(logits, tokens_left) sets the logits
+  // of the tokens that may not come next to -infinity (at least one stays finite); tokens_left is
+  // how many tokens the generation may still emit, this one included (the token budget and the
+  // context). Log-probabilities are then those of the masked distribution.
+  void MaskLogits(std::function<void(std::span<float> logits, size_t tokens_left)> mask) { mask_ = std::move(mask); }
   // Begin, then the whole pending prompt in one Step.
   Status Start(std::span<const int32_t> prompt);
   // One pass of this generation alone (Session::Eval) over `ids`, a chunk of the pending prompt
@@ -125,6 +131,7 @@ class Generation {
   Sampler& sampler_;
   std::function<bool(int32_t)> on_token_;
   std::function<void(size_t, int32_t, std::span<const float>)> on_prompt_row_;  // ScorePrompt
+  std::function<void(std::span<float>, size_t)> mask_;                          // MaskLogits
   // Passes on one sampled token; false when it ends the generation.
   bool Emit(int32_t id);
   // Forgets the positions from n on (guesses the sampling did not confirm).

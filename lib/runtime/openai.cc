@@ -190,6 +190,101 @@ Status ReadChatLogprobs(const ojson& body, Request* r) {
   return CheckTopLogprobs("top_logprobs", r->logprobs);
 }
 
+// "response_format" and "grammar": what the output must be (lib/constrain compiles them per turn).
+Status ReadOutputFormat(const ojson& body, Request* r) {
+  if (body.contains("grammar") && !body["grammar"].is_null()) {
+    if (!body["grammar"].is_string() || body["grammar"].get<std::string>().empty())
+      return InvalidArgument("\"grammar\" must be a non-empty string (GBNF, root rule \"root\")");
+    r->grammar = body["grammar"].get<std::string>();
+  }
+  if (!body.contains("response_format") || body["response_format"].is_null()) return Status::Ok();
+  const ojson& f = body["response_format"];
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    return InvalidArgument("\"response_format.type\" must be \"text\", \"json_object\" or \"json_schema\"");
+  for (const auto& item : f.items())
+    if (item.key() != "type" && item.key() != "json_schema")
+      return InvalidArgument("\"response_format.", item.key(), "\" is not supported by this server");
+  const std::string type = f["type"].get<std::string>();
+  if (type == "text") return Status::Ok();
+  if (type != "json_object" && type != "json_schema")
+    return InvalidArgument("\"response_format.type\" must be \"text\", \"json_object\" or \"json_schema\", got '",
+                           type, "'");
+  if (type == "json_schema") {
+    if (!f.contains("json_schema") || !f["json_schema"].is_object())
+      return InvalidArgument("\"response_format.json_schema\" must be an object with a \"schema\"");
+    for (const auto& item : f["json_schema"].items()) {
+      static constexpr const char* kKnown[] = {"name", "description", "schema", "strict"};
+      if (std::none_of(std::begin(kKnown), std::end(kKnown), [&](const char* k) { return item.key() == k; }))
+        return InvalidArgument("\"response_format.json_schema.", item.key(), "\" is not supported by this server");
+    }
+    const ojson& js = f["json_schema"];
+    if (!js.contains("schema") || !(js["schema"].is_object() || js["schema"].is_boolean()))
+      return InvalidArgument("\"response_format.json_schema.schema\" must be a JSON schema (an object)");
+    if (js.contains("strict") && !js["strict"].is_null() && !js["strict"].is_boolean())
+      return InvalidArgument("\"response_format.json_schema.strict\" must be true or false");
+  } else if (f.contains("json_schema")) {
+    return InvalidArgument("\"response_format.json_schema\" needs \"type\": \"json_schema\"");
+  }
+  if (!r->grammar.empty()) return InvalidArgument("\"grammar\" and a JSON \"response_format\" cannot both be given");
+  r->response_format = f;
+  return Status::Ok();
+}
+
+// "tools": function tools only, each {"type": "function", "function": {"name", "description"?,
+// "parameters"?, "strict"?}}.
+Status CheckTools(const ojson& tools) {
+  if (tools.is_null()) return Status::Ok();
+  if (!tools.is_array()) return InvalidArgument("\"tools\" must be an array");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const std::string at = Str("tools[", i, "]");
+    if (!t.is_object()) return InvalidArgument("\"", at, "\" must be an object");
+    const std::string type = t.contains("type") && t["type"].is_string() ? t["type"].get<std::string>() : "";
+    if (type != "function")
+      return InvalidArgument("\"", at, ".type\" '", type, "' is not supported (function tools only)");
+    if (!t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
+        !t["function"]["name"].is_string() || t["function"]["name"].get<std::string>().empty())
+      return InvalidArgument("\"", at, ".function.name\" must be a non-empty string");
+    const ojson& f = t["function"];
+    if (f.contains("parameters") && !f["parameters"].is_null() && !f["parameters"].is_object())
+      return InvalidArgument("\"", at, ".function.parameters\" must be a JSON schema (an object)");
+    if (f.contains("strict") && !f["strict"].is_null() && !f["strict"].is_boolean())
+      return InvalidArgument("\"", at, ".function.strict\" must be true or false");
+  }
+  return Status::Ok();
+}
+
+// "tool_choice": "auto", "none" (the tools are then not offered), "required", or one named
+// function, which must be among the tools.
+Status CheckToolChoice(Request* r) {
+  const ojson& c = r->tool_choice;
+  if (c.is_object() && c.contains("type") && c["type"].is_string() && c["type"] != "function")
+    return InvalidArgument("\"tool_choice.type\" '", c["type"].get<std::string>(),
+                           "' is not supported (\"auto\", \"none\", \"required\" or a named function)");
+  if (c == "none") {
+    r->tools = nullptr;  // the model is not offered the tools
+    r->tool_choice = "auto";
+    return Status::Ok();
+  }
+  if (c == "auto") return Status::Ok();
+  const bool has_tools = r->tools.is_array() && !r->tools.empty();
+  if (c == "required") {
+    if (!has_tools) return InvalidArgument("\"tool_choice\" \"required\" needs \"tools\"");
+    return Status::Ok();
+  }
+  if (!c.is_object() || c.value("type", std::string()) != "function" || !c.contains("function") ||
+      !c["function"].is_object() || !c["function"].contains("name") || !c["function"]["name"].is_string())
+    return InvalidArgument(
+        "\"tool_choice\" must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
+        "{\"name\": ...}}");
+  const std::string name = c["function"]["name"].get<std::string>();
+  if (has_tools)
+    for (const ojson& t : r->tools)
+      if (t.is_object() && t.contains("function") && t["function"].is_object() && t["function"].value("name", "") == name)
+        return Status::Ok();
+  return InvalidArgument("\"tool_choice.function.name\" '", name, "' is not one of the request's tools");
+}
+
 // A completions prompt: a string, an array of token ids, or an array of those.
 StatusOr<std::vector<CompletionPrompt>> ReadPrompts(const ojson& body) {
   static constexpr const char* kForm =
@@ -250,6 +345,67 @@ ojson Envelope(const std::string& id, const char* object, int64_t created, const
 
 ojson ChatChoice(size_t index, const ParsedOutput& out, const GenerateStats& stats, const ojson& logprobs);
 
+// The request field that asks for constrained output, for messages.
+std::string ConstraintField(const Request& r) {
+  if (r.chat && r.tool_choice != "auto") return "\"tool_choice\"";
+  if (!r.grammar.empty()) return "\"grammar\"";
+  if (r.response_format.is_object()) return "\"response_format\"";
+  return "\"tools\" (strict)";
+}
+
+// The turn's constraint: a forced tool call (tool_choice "required" or named), a grammar, a JSON
+// response_format, and tool calls under their schemas when any tool is strict (then every tool's
+// schema must compile: the model may call any of them).
+StatusOr<OutputConstraint> BuildConstraint(const ChatText& text, const Request& r) {
+  OutputConstraint c;
+  const bool forced = r.chat && r.tool_choice != "auto";
+  const bool json = r.response_format.is_object() && r.response_format.value("type", "text") != "text";
+  bool strict = false;
+  std::vector<constrain::ToolSpec> tools;
+  if (r.chat && r.tools.is_array()) {
+    for (size_t i = 0; i < r.tools.size(); ++i) {
+      const ojson& t = r.tools[i];
+      const ojson* f = t.is_object() && t.contains("function") && t["function"].is_object() ? &t["function"] : nullptr;
+      if (!f || !f->contains("name") || !(*f)["name"].is_string())
+        return InvalidArgument("\"tools[", i, "].function.name\" is missing (a tool is {\"type\": \"function\", "
+                               "\"function\": {\"name\", \"parameters\"}})");
+      const ojson strict_field = f->value("strict", ojson(false));
+      strict = strict || strict_field == true;
+      const std::string name = (*f)["name"].get<std::string>();
+      if (r.tool_choice.is_object() && r.tool_choice["function"]["name"] != name) continue;
+      const ojson params = f->contains("parameters") && !(*f)["parameters"].is_null()
+                               ? (*f)["parameters"]
+                               : ojson{{"type", "object"}, {"properties", ojson::object()}};
+      tools.push_back({name, nlohmann::json::parse(params.dump())});
+    }
+  }
+  if (!forced && !json && r.grammar.empty() && !strict) return c;
+  c.vocab = text.vocab_index();
+  if (forced || strict) {
+    M3_ASSIGN_OR_RETURN(const constrain::MarkupTokens markup, constrain::MarkupTokens::From(text.tokenizer()));
+    auto g = constrain::CompileToolCalls(tools, markup, !r.parallel_tool_calls);
+    if (!g.ok()) return InvalidArgument("\"tools\": ", g.status().message());
+    if (forced) {
+      c.answer = *g;
+      c.answer_is_markup = true;
+      return c;
+    }
+    c.tool_block = *g;
+  }
+  if (!r.grammar.empty()) {
+    auto g = constrain::CompileGbnf(r.grammar);
+    if (!g.ok()) return InvalidArgument("\"grammar\": ", g.status().message());
+    c.answer = *g;
+  } else if (json && r.response_format["type"] == "json_object") {
+    c.answer = constrain::AnyJsonObject();
+  } else if (json) {
+    auto g = constrain::CompileJsonSchema(nlohmann::json::parse(r.response_format["json_schema"]["schema"].dump()));
+    if (!g.ok()) return InvalidArgument("\"response_format.json_schema.schema\": ", g.status().message());
+    c.answer = *g;
+  }
+  return c;
+}
+
 }  // namespace
 
 StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults) {
@@ -257,32 +413,22 @@ StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults) 
   r.chat = true;
   M3_RETURN_IF_ERROR(ReadCommon(body, defaults, &r));
   M3_RETURN_IF_ERROR(CheckFields(body, {"messages", "tools", "tool_choice", "parallel_tool_calls",
-                                         "chat_template_kwargs", "response_format", "top_logprobs"}));
+                                         "chat_template_kwargs", "response_format", "grammar", "top_logprobs"}));
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     return InvalidArgument("\"messages\" must be a non-empty array");
   M3_RETURN_IF_ERROR(CheckMessages(body["messages"]));
-  if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_null() &&
-      body["parallel_tool_calls"] != true)
-    return InvalidArgument("\"parallel_tool_calls\" must be true: the model may call several tools in one turn");
+  M3_RETURN_IF_ERROR(ReadBool(body, "parallel_tool_calls", &r.parallel_tool_calls));
   r.messages = body["messages"];
   M3_RETURN_IF_ERROR(ArgumentsToObjects(r.messages));
   r.tools = body.contains("tools") ? body["tools"] : ojson(nullptr);
-  if (!r.tools.is_null() && !r.tools.is_array()) return InvalidArgument("\"tools\" must be an array");
-  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
-    const ojson& choice = body["tool_choice"];
-    if (choice == "none") r.tools = nullptr;  // the model is not offered the tools
-    else if (choice != "auto")
-      return InvalidArgument("\"tool_choice\" must be \"auto\" or \"none\" (forced tool calls are not supported)");
-  }
+  M3_RETURN_IF_ERROR(CheckTools(r.tools));
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) r.tool_choice = body["tool_choice"];
+  M3_RETURN_IF_ERROR(CheckToolChoice(&r));
   if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
     if (!body["chat_template_kwargs"].is_object()) return InvalidArgument("\"chat_template_kwargs\" must be an object");
     r.template_options = body["chat_template_kwargs"];
   }
-  if (body.contains("response_format") && !body["response_format"].is_null()) {
-    const ojson& f = body["response_format"];
-    if (!f.is_object() || f.value("type", std::string()) != "text")
-      return InvalidArgument("\"response_format\" other than {\"type\": \"text\"} is not supported");
-  }
+  M3_RETURN_IF_ERROR(ReadOutputFormat(body, &r));
   M3_RETURN_IF_ERROR(ReadChatLogprobs(body, &r));
   M3_RETURN_IF_ERROR(CheckMaxTokens(r));
   return r;
@@ -292,7 +438,8 @@ StatusOr<Request> ParseCompletionRequest(const ojson& body, const Defaults& defa
   Request r;
   r.chat = false;
   M3_RETURN_IF_ERROR(ReadCommon(body, defaults, &r));
-  M3_RETURN_IF_ERROR(CheckFields(body, {"prompt", "echo", "suffix", "best_of"}));
+  M3_RETURN_IF_ERROR(CheckFields(body, {"prompt", "echo", "suffix", "best_of", "response_format", "grammar"}));
+  M3_RETURN_IF_ERROR(ReadOutputFormat(body, &r));
   int best_of = 1;
   M3_RETURN_IF_ERROR(ReadNumber(body, "best_of", &best_of));
   if (best_of != 1) return InvalidArgument("\"best_of\" must be 1: one candidate per prompt");
@@ -598,6 +745,20 @@ StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r
   if (ids.empty()) return InvalidArgument("the prompt encodes to no tokens");
   if (ids.size() > max_context)
     return OutOfRange("the prompt has ", ids.size(), " tokens but the context limit is ", max_context);
+  M3_ASSIGN_OR_RETURN(turn->constraint, BuildConstraint(text, r));
+  if (!turn->constraint.empty()) {
+    // A reply under a constraint is complete and valid whatever the model, if it has the room.
+    if (!r.stop.empty())
+      return InvalidArgument("\"stop\" cannot be combined with constrained output (", ConstraintField(r),
+                             "): a stop string would cut the reply short of its format");
+    const size_t need = MinTurnTokens(turn->constraint, turn->start);
+    if (static_cast<size_t>(r.max_tokens) < need)
+      return InvalidArgument("\"max_tokens\" is ", r.max_tokens, " but a reply in the format ", ConstraintField(r),
+                             " asks for needs at least ", need, " tokens");
+    if (ids.size() + need > max_context + 1)
+      return OutOfRange("the prompt has ", ids.size(), " tokens and a reply in the format ", ConstraintField(r),
+                        " asks for needs at least ", need, ", past the context limit of ", max_context);
+  }
   return ids;
 }
 

@@ -1,0 +1,110 @@
+#include "runtime/output_constraint.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+namespace m3 {
+
+MarkupIds MarkupIds::From(const Tokenizer& tokenizer) {
+  return {.think_open = tokenizer.TokenId("<mm:think>"),
+          .think_close = tokenizer.TokenId("</mm:think>"),
+          .ns = tokenizer.TokenId("]<]minimax[>[")};
+}
+
+size_t MinTurnTokens(const OutputConstraint& c, ThinkState start) {
+  if (!c.answer) return 1;  // an end id
+  const constrain::Matcher m(c.answer, c.vocab, {});
+  return m.MinTokens() + (start == ThinkState::kInside ? 1 : 0);
+}
+
+TurnConstraint::TurnConstraint(const OutputConstraint& c, ThinkState start, const MarkupIds& ids,
+                               std::vector<int32_t> stop_ids)
+    : constraint_(c), ids_(ids), stop_ids_(std::move(stop_ids)) {
+  phase_ = start == ThinkState::kInside ? Phase::kReasoning : Phase::kStart;
+  if (c.answer) answer_.emplace(c.answer, c.vocab, stop_ids_);
+  if (c.tool_block) tool_.emplace(c.tool_block, c.vocab, stop_ids_);
+}
+
+size_t TurnConstraint::AnswerNeeds() const { return answer_ ? answer_->MinTokens() : 1; }
+
+void TurnConstraint::MaskAllBut(std::span<float> logits, std::span<const int32_t> keep) const {
+  std::vector<float> kept;
+  for (int32_t id : keep) kept.push_back(id >= 0 && static_cast<size_t>(id) < logits.size() ? logits[id] : 0.0f);
+  std::fill(logits.begin(), logits.end(), -std::numeric_limits<float>::infinity());
+  for (size_t i = 0; i < keep.size(); ++i)
+    if (keep[i] >= 0 && static_cast<size_t>(keep[i]) < logits.size()) logits[keep[i]] = kept[i];
+}
+
+void TurnConstraint::Mask(std::span<float> logits, size_t tokens_left) {
+  constexpr float kNever = -std::numeric_limits<float>::infinity();
+  auto in_vocab = [&](int32_t id) { return id >= 0 && static_cast<size_t>(id) < logits.size(); };
+  switch (phase_) {
+    case Phase::kReasoning:
+      if (!answer_) return;  // a free answer may also end inside reasoning
+      // Another reasoning token must leave room for the close and the whole answer.
+      if (tokens_left < AnswerNeeds() + 2 && in_vocab(ids_.think_close)) {
+        const int32_t close[] = {ids_.think_close};
+        return MaskAllBut(logits, close);
+      }
+      for (int32_t id : stop_ids_)
+        if (in_vocab(id)) logits[id] = kNever;  // the turn may not end before its answer
+      return;
+    case Phase::kStart:
+      if (answer_) {
+        // The answer, or reasoning first (a leading <mm:think>) while there is room for it.
+        const float open = in_vocab(ids_.think_open) ? logits[ids_.think_open] : kNever;
+        answer_->ApplyMask(logits, tokens_left);
+        if (in_vocab(ids_.think_open) && tokens_left >= AnswerNeeds() + 3) logits[ids_.think_open] = open;
+        return;
+      }
+      [[fallthrough]];
+    case Phase::kFree:
+      // A tool block may start only where it can still be finished.
+      if (tool_ && in_vocab(ids_.ns) && tokens_left < tool_->MinTokens()) logits[ids_.ns] = kNever;
+      return;
+    case Phase::kAnswer:
+      return answer_->ApplyMask(logits, tokens_left);
+    case Phase::kTool:
+      return tool_->ApplyMask(logits, tokens_left);
+  }
+}
+
+void TurnConstraint::StartAnswer(int32_t id) {
+  if (answer_) {
+    phase_ = Phase::kAnswer;
+    answer_->Accept(id);
+  } else if (tool_ && id == ids_.ns) {
+    phase_ = Phase::kTool;
+    tool_->Accept(id);
+  } else {
+    phase_ = Phase::kFree;
+  }
+}
+
+bool TurnConstraint::Accept(int32_t id) {
+  switch (phase_) {
+    case Phase::kStart:
+      if (id == ids_.think_open) {
+        phase_ = Phase::kReasoning;
+        return false;
+      }
+      StartAnswer(id);
+      return RawAnswer();
+    case Phase::kReasoning:
+      if (id == ids_.think_close) phase_ = answer_ ? Phase::kAnswer : Phase::kFree;
+      return false;  // the close is the parser's
+    case Phase::kFree:
+      if (tool_ && id == ids_.ns) StartAnswer(id);
+      return false;
+    case Phase::kAnswer:
+      answer_->Accept(id);
+      return RawAnswer();
+    case Phase::kTool:
+      tool_->Accept(id);
+      return false;
+  }
+  return false;
+}
+
+}  // namespace m3

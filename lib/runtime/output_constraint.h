@@ -1,0 +1,71 @@
+// Constrained output for one assistant turn (lib/constrain does the grammars and the masks): what
+// the answer must be, and the per-turn state that masks each step's logits so that the answer
+// follows it whatever the model. The reasoning before the answer stays free, but it must close in
+// time for the answer to fit the token budget.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "base/status.h"
+#include "constrain/constrain.h"
+#include "text/output_parser.h"
+#include "text/tokenizer.h"
+
+namespace m3 {
+
+struct OutputConstraint {
+  // The whole answer (a JSON schema, a grammar, a forced tool call); null: the answer is free.
+  std::shared_ptr<const constrain::Grammar> answer;
+  // The answer is M3 markup the output parser reads (a forced tool call); otherwise its text is
+  // plain content (a JSON string may hold "<mm:think>" without opening reasoning).
+  bool answer_is_markup = false;
+  // A free answer may start a tool-call block (`]<]minimax[>[` first), which then follows this
+  // grammar (tools with strict: true); null: tool calls are free too.
+  std::shared_ptr<const constrain::Grammar> tool_block;
+  std::shared_ptr<const constrain::VocabIndex> vocab;  // of the turn's tokenizer
+  bool empty() const { return !answer && !tool_block; }
+};
+
+// The markup tokens a turn's constraint needs to know (-1 where the vocabulary lacks one).
+struct MarkupIds {
+  int32_t think_open = -1, think_close = -1, ns = -1;
+  static MarkupIds From(const Tokenizer& tokenizer);
+};
+
+// The fewest tokens a turn under `c` needs, starting in `start` (reasoning still to close
+// included): max_tokens below it cannot give a valid answer.
+size_t MinTurnTokens(const OutputConstraint& c, ThinkState start);
+
+// One turn's state: Mask before each token is sampled, Accept with each token generated.
+class TurnConstraint {
+ public:
+  // stop_ids: the ids that end the turn (allowed once the answer is complete).
+  TurnConstraint(const OutputConstraint& c, ThinkState start, const MarkupIds& ids, std::vector<int32_t> stop_ids);
+  // Sets the logits of the tokens that may not come next to -infinity; tokens_left counts the
+  // tokens the turn may still emit, this one included.
+  void Mask(std::span<float> logits, size_t tokens_left);
+  // After a token was generated (one Mask allowed): true when it belongs to an answer of plain
+  // content, whose text then bypasses the output parser.
+  bool Accept(int32_t id);
+
+ private:
+  enum class Phase { kStart, kReasoning, kAnswer, kFree, kTool };
+  // Tokens the answer needs from here (its end id included), once reasoning is closed.
+  size_t AnswerNeeds() const;
+  void MaskAllBut(std::span<float> logits, std::span<const int32_t> keep) const;
+  void StartAnswer(int32_t id);
+  bool RawAnswer() const { return phase_ == Phase::kAnswer && !constraint_.answer_is_markup; }
+
+  OutputConstraint constraint_;
+  MarkupIds ids_;
+  std::vector<int32_t> stop_ids_;
+  Phase phase_;
+  std::optional<constrain::Matcher> answer_, tool_;
+};
+
+}  // namespace m3
