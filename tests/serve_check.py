@@ -471,8 +471,11 @@ finally:
 prompt_a = json.loads(text_a)["usage"]["prompt_tokens"] if status_a == 200 else 0
 check(status_a == 200 and 200 < prompt_a < 290, f"--cache-memory: first conversation {status_a} {text_a[:300]}")
 check(status_b == 200, f"--cache-memory: a second conversation releases the idle first: {status_b} {text_b[:300]}")
-check(status_a2 == 200 and json.loads(text_a2)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0,
-      f"--cache-memory: the first conversation again, its cache released: {status_a2} {text_a2[:300]}")
+# Its slot's cache was released; what the prefix store still holds of it (the store's pages count
+# once in the budget, however many hold them) may serve it: the same reply either way.
+check(status_a2 == 200 and status_a == 200 and
+      json.loads(text_a2)["choices"][0]["message"] == json.loads(text_a)["choices"][0]["message"],
+      f"--cache-memory: the first conversation again, its slot's cache released: {status_a2} {text_a2[:300]}")
 check(err5.count("released an idle conversation") >= 2, f"--cache-memory: releases logged: {err5[-800:]}")
 # Permanent (the prompt alone needs more than the whole budget): a 4xx, not a retryable 503.
 check(big[0] == 400 and "KV cache" in big[2] and "can never run" in big[2],
