@@ -395,6 +395,32 @@ TEST_CASE("scheduler: under a small cache budget the store's pages are evicted f
   CHECK(oa2.text == oa.text);
 }
 
+TEST_CASE("scheduler: without a budget the store keeps what its limit allows of pages no slot holds",
+          "[prefix_cache]") {
+  Fixture f;
+  const auto a = f.Prompt("Alpha rules: be terse and precise.", 25, "Say hi.");
+  const auto b = f.Prompt("Beta guide: write long friendly answers with examples.", 25, "Say hello.");
+  m3::SchedulerOptions o;
+  o.slots = 1;
+  o.prefix_cache_limit = 1;  // nothing the slot has let go of
+  m3::Scheduler s(*f.engine, f.text->tokenizer(), o);
+  Outcome oa, ob;
+  s.Submit(Request(a, 4, &oa));
+  s.RunUntilIdle();
+  const m3::PrefixCacheStats after_a = s.prefix_stats();
+  CHECK(after_a.evicted == 0);  // the slot holds every page
+  CHECK(after_a.bytes > 0);
+  s.Submit(Request(b, 4, &ob));
+  s.RunUntilIdle();
+  REQUIRE(oa.status.ok());
+  REQUIRE(ob.status.ok());
+  const m3::PrefixCacheStats after_b = s.prefix_stats();
+  CHECK(after_b.evicted > 0);  // A's own pages, once the slot moved on to B
+  const size_t page = f.engine->model().config().sparse.block_size;
+  CHECK(after_b.pages == b.size() / page);  // B's pages, all held by the slot too
+  CHECK(ob.text == f.Fresh(b, 4).text);
+}
+
 TEST_CASE("scheduler: an offloading engine keeps no prefix store", "[prefix_cache]") {
   m3::EngineOptions o;
   o.threads = 2;

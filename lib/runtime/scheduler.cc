@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
 #include "base/bytes.h"
+#include "platform/memory.h"
 #include "ops/sampling.h"
 
 namespace m3 {
@@ -30,6 +32,12 @@ Scheduler::Scheduler(const Engine& engine, const Tokenizer& tokenizer, const Sch
     prefix_ = std::make_unique<PrefixCache>(cache.page_rows(), cache.options());
     for (Slot& slot : slots_)
       if (Status st = slot.session->set_prefix_cache(prefix_.get()); !st.ok()) throw std::logic_error(st.ToString());
+    if (!options.cache_budget) {
+      // Idle slots keep at most a context each; the store could keep every prompt it saw.
+      prefix_limit_ = options.prefix_cache_limit;
+      if (!prefix_limit_)
+        if (const std::optional<uint64_t> available = AvailableMemoryBytes()) prefix_limit_ = *available / 4;
+    }
   }
 }
 
@@ -223,6 +231,9 @@ void Scheduler::Step() {
           session.PublishPrefix(std::min(session.position(), stepped[i]->request.prompt.size()));
         }
       }
+      const bool published = std::find(prompt_chunk.begin(), prompt_chunk.end(), true) != prompt_chunk.end();
+      if (published && prefix_limit_ && prefix_->stats().bytes > prefix_limit_)
+        prefix_->EvictUnshared(prefix_->stats().bytes - prefix_limit_);
     }
     for (auto& [job, st] : ended) End(*job, st);
   } catch (const std::exception& e) {  // e.g. out of memory in a sampler: those requests end

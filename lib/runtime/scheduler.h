@@ -40,6 +40,10 @@ struct SchedulerOptions {
   uint64_t cache_budget = 0;  // most bytes all slots' caches hold together (0: what the process can get)
   std::function<void(const std::string&)> log;  // notes such as a released cache (may be empty)
   bool prefix_cache = true;  // share prompt prefixes' pages between the slots (when not offloading)
+  // Without a cache budget: most bytes of pages the prefix store holds, beyond which the pages it
+  // alone holds are evicted after a prompt's pass (0: a quarter of the memory available when the
+  // scheduler starts). With a budget, the budget bounds it.
+  uint64_t prefix_cache_limit = 0;
 };
 
 struct ScheduledRequest {
@@ -115,6 +119,7 @@ class Scheduler {
   const Tokenizer& tokenizer_;
   SchedulerOptions options_;
   std::unique_ptr<PrefixCache> prefix_;  // null when off; outlives the slots' sessions
+  uint64_t prefix_limit_ = 0;            // without a budget: SchedulerOptions::prefix_cache_limit
   std::vector<Slot> slots_;  // the stepping thread's alone
   uint64_t clock_ = 0;
   std::vector<std::unique_ptr<Job>> active_;
