@@ -4,7 +4,8 @@
 // step, each in the session that holds the longest cached prefix of its conversation.
 // Endpoints: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,
 // POST /v1/completions (both with "stream": true as server-sent events, "n" choices each),
-// POST /tokenize, POST /detokenize. Connections are handled
+// POST /tokenize, POST /detokenize, and Anthropic's Messages API: POST /v1/messages (streamed as
+// its events), POST /v1/messages/count_tokens. Connections are handled
 // by cli/serve_connections.h; SIGTERM or SIGINT drains (Serve).
 #include <httplib.h>
 #include <pthread.h>
@@ -37,6 +38,7 @@
 #include "cli/commands.h"
 #include "cli/serve_connections.h"
 #include "base/json_guard.h"
+#include "runtime/anthropic.h"
 #include "runtime/chat.h"
 #include "runtime/openai.h"
 #include "runtime/scheduler.h"
@@ -96,8 +98,12 @@ struct Access {
     if (!api_key.empty()) {
       const std::string auth = req.get_header_value("Authorization");
       const std::string prefix = "Bearer ";
-      if (auth.compare(0, prefix.size(), prefix) != 0 || !SameKey(auth.substr(prefix.size()), api_key))
-        return std::pair{401, std::string("a valid API key is needed: send \"Authorization: Bearer <key>\"")};
+      const bool bearer = auth.compare(0, prefix.size(), prefix) == 0 && SameKey(auth.substr(prefix.size()), api_key);
+      // Anthropic's clients send the key as "x-api-key".
+      const bool x_api_key = req.has_header("x-api-key") && SameKey(req.get_header_value("x-api-key"), api_key);
+      if (!bearer && !x_api_key)
+        return std::pair{401, std::string("a valid API key is needed: send \"Authorization: Bearer <key>\" (or "
+                                          "\"x-api-key: <key>\")")};
     }
     if (req.method == "POST") {
       const std::string type = req.get_header_value("Content-Type");
@@ -110,7 +116,8 @@ struct Access {
 
 // The method a route of this server takes ("" for no such route).
 std::string AllowedMethod(const std::string& path) {
-  if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/tokenize" || path == "/detokenize")
+  if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/tokenize" || path == "/detokenize" ||
+      path == "/v1/messages" || path == "/v1/messages/count_tokens")
     return "POST";
   if (path == "/health" || path == "/metrics" || path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "GET";
   return "";
@@ -456,7 +463,86 @@ std::optional<std::string> ReadBody(const httplib::ContentReader& reader) {
   return body;
 }
 
-// POST /v1/chat/completions (chat) and /v1/completions.
+// An error reply of the Anthropic endpoints in Anthropic's shape (anthropic::ErrorBody): the
+// refusals made for every route (SendError, in OpenAI's shape) turned over once they are made.
+void MatchErrorShape(const httplib::Request& req, httplib::Response& res) {
+  if (res.status < 400 || !anthropic::IsMessagesPath(req.path)) return;
+  const StatusOr<ojson> body = ParseJson<ojson>(res.body, "an error reply");
+  if (!body.ok() || !body->contains("error") || !(*body)["error"].is_object()) return;
+  res.set_content(Dump(anthropic::ErrorBody((*body)["error"].value("message", std::string()), res.status)),
+                  "application/json");
+}
+
+// POST /v1/messages with "stream": true: Anthropic's events (anthropic::MessageStream) while the
+// scheduler makes the deltas of the request's one choice; a failure after the start is an
+// `error` event.
+void StreamMessages(const std::shared_ptr<Server>& server, const std::shared_ptr<Job>& job, httplib::Response& res) {
+  res.set_header("Cache-Control", "no-cache");
+  auto stream = std::make_shared<anthropic::MessageStream>(job->id, server->args.name, job->choices[0].prompt.size());
+  res.set_chunked_content_provider("text/event-stream", [server, job, stream](size_t, httplib::DataSink& sink) {
+    auto send = [&](const std::vector<anthropic::Event>& events) {
+      for (const anthropic::Event& e : events) {
+        const std::string text = e.Text();
+        if (!sink.write(text.data(), text.size())) return false;
+      }
+      return true;
+    };
+    openai::ChoiceResult& choice = job->choices[0];
+    bool client_gone = !send(stream->Start());
+    bool ended = false;
+    while (!ended && !client_gone) {
+      std::vector<TurnDelta> deltas;
+      {
+        std::unique_lock<std::mutex> lock(job->mu);
+        // Polled while it waits (queued, or a long prompt): a client that hangs up cancels it.
+        if (!job->cv.wait_for(lock, std::chrono::milliseconds(100),
+                              [&] { return job->finished > 0 || !choice.deltas.empty(); })) {
+          client_gone = GuardedServer::ClientGone();
+          continue;
+        }
+        deltas.swap(choice.deltas);
+        ended = job->finished > 0;  // its last deltas came before its end
+      }
+      for (const TurnDelta& d : deltas)
+        if ((client_gone = !send(stream->Next(d)))) break;
+    }
+    if (client_gone) {
+      server->ClientLeft(*job);  // the scheduler stops it at its next step
+      return false;
+    }
+    if (job->shut_down)
+      send({anthropic::ErrorEvent("the server is shutting down: the reply was stopped before it was complete", 503)});
+    else if (!choice.status.ok())
+      send({anthropic::ErrorEvent(choice.status.message(), openai::HttpStatus(choice.status))});
+    else
+      send(stream->Finish(choice.stats, choice.output));
+    sink.done();
+    return true;
+  });
+}
+
+// POST /v1/messages/count_tokens: the length of the prompt the template renders; no model pass.
+void HandleCountTokens(const std::shared_ptr<Server>& server, const httplib::ContentReader& reader,
+                       httplib::Response& res) {
+  const std::optional<std::string> raw = ReadBody(reader);
+  GuardedServer::RequestRead();
+  if (!raw) {
+    res.set_header("Connection", "close");
+    GuardedServer::CloseAfterReply();
+    return SendError(res, 413, Str("the request body is larger than ", kMaxBodyBytes >> 20, " MiB"));
+  }
+  const StatusOr<ojson> body = ParseJson<ojson>(*raw, "the request body");
+  if (!body.ok()) return SendError(res, 400, body.status().message());
+  const auto r = anthropic::ParseMessagesRequest(*body, server->args.defaults, /*count_tokens=*/true);
+  if (!r.ok()) return SendError(res, 400, r.status().message());
+  TurnOptions turn;
+  const auto ids = openai::TurnInputs(*server->text, *r, "count", SIZE_MAX, &turn);
+  if (!ids.ok()) return SendError(res, openai::HttpStatus(ids.status()), ids.status().message());
+  res.set_content(Dump(ojson{{"input_tokens", ids->size()}}), "application/json");
+}
+
+// POST /v1/chat/completions (chat), /v1/completions and /v1/messages (Anthropic's, a chat request
+// with its own reply shapes).
 void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const httplib::Request& req,
                       const httplib::ContentReader& reader, httplib::Response& res) {
   // A body announced past the limit is refused before it is read (the connection then closes:
@@ -482,8 +568,10 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   const StatusOr<ojson> parsed_body = ParseJson<ojson>(*raw, "the request body");
   if (!parsed_body.ok()) return SendError(res, 400, parsed_body.status().message());
   const ojson& body = *parsed_body;
-  auto parsed = chat ? openai::ParseChatRequest(body, server->args.defaults)
-                     : openai::ParseCompletionRequest(body, server->args.defaults);
+  const bool messages = req.path == "/v1/messages";  // Anthropic's API, mapped onto a chat request
+  auto parsed = messages ? anthropic::ParseMessagesRequest(body, server->args.defaults)
+                : chat   ? openai::ParseChatRequest(body, server->args.defaults)
+                         : openai::ParseCompletionRequest(body, server->args.defaults);
   if (!parsed.ok()) return SendError(res, 400, parsed.status().message());
   const openai::Request& r = *parsed;
   res.set_header("X-Seed", std::to_string(r.sampling.seed));  // the request's, or the fresh one it got
@@ -491,8 +579,8 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
   job->chat = chat;
   job->stream = r.stream;
   job->include_usage = r.include_usage;
-  job->id = (chat ? "chatcmpl-" : "cmpl-") + server->NewId();
-  job->path = chat ? "/v1/chat/completions" : "/v1/completions";
+  job->id = (messages ? "msg_" : chat ? "chatcmpl-" : "cmpl-") + server->NewId();
+  job->path = req.path;
   // Checked here (the text layer is immutable, any thread may use it), so that even a stream
   // refuses a bad request with a 400 before it starts.
   const size_t n_choices = openai::ChoiceCount(r);  // n of each prompt, prompt-major
@@ -507,6 +595,7 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
     }
     if (!prompt.ok()) return SendError(res, openai::HttpStatus(prompt.status()), prompt.status().message());
     job->choices[c].prompt = std::move(prompt).value();
+    if (messages) turns[c].tool_call_id_prefix = anthropic::kToolUseIdPrefix + job->id + "_";
   }
   if (!server->Reserve(n_choices)) {
     ++server->rejected;
@@ -528,7 +617,8 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
     if (job->client_gone) return;  // nobody to answer
     if (job->shut_down)
       return SendError(res, 503, "the server is shutting down: the reply was stopped before it was complete", 1);
-    auto response = openai::WholeResponse(tokenizer, r, job->id, created, server->args.name, job->choices);
+    auto response = messages ? anthropic::WholeMessage(job->id, server->args.name, job->choices[0])
+                             : openai::WholeResponse(tokenizer, r, job->id, created, server->args.name, job->choices);
     if (!response.ok()) {
       const int status = openai::HttpStatus(response.status());
       return SendError(res, status, response.status().message(), status == 503 ? server->RetryAfterSeconds() : 0);
@@ -537,6 +627,7 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
     return;
   }
 
+  if (messages) return StreamMessages(server, job, res);
   // Streamed: the deltas of every choice as server-sent events while the scheduler makes them,
   // each chunk naming its choice ("index"), each choice closed by its finish_reason chunk.
   res.set_header("Cache-Control", "no-cache");
@@ -768,6 +859,7 @@ int Serve(const ServeArgs& a) {
     if (!refusal) return httplib::Server::HandlerResponse::Unhandled;
     if (refusal->first == 401) res.set_header("WWW-Authenticate", "Bearer");
     SendError(res, refusal->first, refusal->second);
+    MatchErrorShape(req, res);
     return httplib::Server::HandlerResponse::Handled;
   });
   http.set_logger([server](const httplib::Request& req, const httplib::Response& res) {
@@ -806,6 +898,16 @@ int Serve(const ServeArgs& a) {
             [server](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
               HandleCompletion(server, false, req, reader, res);
             });
+  http.Post("/v1/messages",
+            [server](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+              HandleCompletion(server, true, req, reader, res);
+              MatchErrorShape(req, res);
+            });
+  http.Post("/v1/messages/count_tokens",
+            [server](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+              HandleCountTokens(server, reader, res);
+              MatchErrorShape(req, res);
+            });
   http.Post("/tokenize", [server](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& reader) {
     HandleTokens(server, true, reader, res);
   });
@@ -823,8 +925,9 @@ int Serve(const ServeArgs& a) {
                              : res.status == 405 ? req.path + " takes " + allowed + ", not " + req.method
                                                  : "HTTP " + std::to_string(res.status);
     res.set_content(Dump(openai::ErrorBody(what, res.status)), "application/json");
+    MatchErrorShape(req, res);
   });
-  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  http.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
     try {
       std::rethrow_exception(ep);
@@ -834,6 +937,7 @@ int Serve(const ServeArgs& a) {
     }
     res.status = 500;
     res.set_content(Dump(openai::ErrorBody(what, 500)), "application/json");
+    MatchErrorShape(req, res);
   });
 
   const int port = a.port == 0 ? http.bind_to_any_port(a.host) : (http.bind_to_port(a.host, a.port) ? a.port : -1);
@@ -858,15 +962,16 @@ int Serve(const ServeArgs& a) {
 
 void AddServeCommand(CLI::App& app, int* rc) {
   auto a = std::make_shared<ServeArgs>();
-  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions "
-                                          "(streaming or not), /v1/models, /health");
+  auto* cmd = app.add_subcommand("serve", "OpenAI- and Anthropic-compatible HTTP server: /v1/chat/completions, "
+                                          "/v1/completions, /v1/messages (streaming or not), /v1/models, /health");
   cmd->add_option("-m,--model", a->model, "model folder (with tokenizer.json and chat_template.jinja)")->required();
   cmd->add_option("--tokenizer", a->tokenizer, "folder with the tokenizer files, if not the model folder");
   cmd->add_option("--host", a->host, "address to listen on")->default_val("127.0.0.1");
   cmd->add_option("--port", a->port, "port (0: any free one, printed at start)")->default_val(8080);
   cmd->add_option("--name", a->name, "model id reported to clients (default: the model folder's name)");
   cmd->add_option("--api-key", a->api_key,
-                  "require \"Authorization: Bearer KEY\" on every route but /health (default: $M3_API_KEY if set)");
+                  "require \"Authorization: Bearer KEY\" (or \"x-api-key: KEY\") on every route but /health "
+                  "(default: $M3_API_KEY if set)");
   cmd->add_option("--allow-host", a->allow_host,
                   "a Host name clients may use (repeatable; default: localhost, 127.0.0.1, [::1]; '*': any): "
                   "other Host headers get 403, so a web page cannot reach the server by DNS rebinding");
