@@ -140,4 +140,15 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+#ifdef M3_REAL_VOCAB_MODEL
+// The tiny model with the real vocabulary that ctest's fixture make_real_vocab_model makes
+// (tests/make_real_vocab_model.sh), for tests registered with that fixture.
+inline std::string RealVocabModel() {
+  const std::string dir = M3_REAL_VOCAB_MODEL;
+  INFO("missing " << dir << ": run ctest (its fixture make_real_vocab_model makes it)");
+  REQUIRE(std::filesystem::exists(dir + "/config.json"));
+  return dir;
+}
+#endif
+
 }  // namespace m3::test
