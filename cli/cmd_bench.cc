@@ -6,6 +6,8 @@
 //               a limit measured in the same run (read bandwidth, int8 peak, oneDNN)
 //   --attention one sparse-attention layer at the real M3 shapes over contexts 1K..128K: indexer,
 //               selected-block and dense attention, decode and prefill (bench/attention_bench.h)
+//   --constrain constrained decoding: the token-mask cost per step over the real vocabulary, cold and
+//               cached, for an agent tool schema as JSON and as tool-call markup (bench/constrain_bench.h)
 // A new mode is one flag in BenchArgs and one entry in kModes.
 #include <charconv>
 #include <cstdio>
@@ -19,6 +21,7 @@
 #include "model/packer.h"
 #if M3_HAVE_BENCH
 #include "bench/attention_bench.h"
+#include "bench/constrain_bench.h"
 #include "bench/kernel_bench.h"
 #include "bench/model_bench.h"
 #endif
@@ -29,6 +32,8 @@ namespace {
 struct BenchArgs {
   bool kernels = false;
   bool attention = false;
+  bool constrain = false;
+  std::string tokenizer = "tests/data/tokenizer/minimax-m3";  // --constrain only
   bool json = false;
   bool quick = false;
   std::vector<int> threads;  // empty: each mode's default
@@ -164,6 +169,19 @@ int RunEndToEnd(const BenchArgs& args) {
 #endif
 }
 
+int RunConstrain(const BenchArgs& args) {
+#if M3_HAVE_BENCH
+  bench::ConstrainBenchOptions opts;
+  opts.tokenizer = args.tokenizer;
+  opts.json = args.json;
+  if (args.quick) opts.walks = 2;
+  return bench::RunConstrainBench(opts, stdout, stderr);
+#else
+  (void)args;
+  return NoBench();
+#endif
+}
+
 struct BenchMode {
   const char* flag;
   bool BenchArgs::*selected;
@@ -179,6 +197,10 @@ constexpr BenchMode kModes[] = {
      "one sparse-attention layer at the MiniMax-M3 shapes, contexts 1K..128K: indexer, selected-block and dense "
      "attention (decode and prefill) vs measured read bandwidth; table, JSON lines and a PNG plot",
      RunAttention},
+    {"--constrain", &BenchArgs::constrain,
+     "constrained decoding: token-mask time per step (cold, cached) over the real vocabulary for an agent tool "
+     "schema as JSON and as tool-call markup",
+     RunConstrain},
 };
 
 int RunBench(const BenchArgs& args) {
@@ -215,6 +237,9 @@ void AddBenchCommand(CLI::App& app, int* rc) {
   auto args = std::make_shared<BenchArgs>();
   cmd->add_flag("--kernels", args->kernels, kModes[0].description);
   cmd->add_flag("--attention", args->attention, kModes[1].description);
+  cmd->add_flag("--constrain", args->constrain, kModes[2].description);
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "--constrain: tokenizer.json or its folder (default: tests/data/tokenizer/minimax-m3)");
   cmd->add_flag("--json", args->json, "Machine output: one JSON object (end to end) or JSON lines (--kernels, --attention)");
   cmd->add_flag("--quick", args->quick,
                 "--kernels, --attention: tiny sizes and few repetitions (a smoke test; figures are not meaningful)");

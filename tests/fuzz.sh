@@ -3,7 +3,7 @@
 # with clang, ASan and UBSan in build-fuzz/, seeds each from the repository's own test data,
 # replays every saved regression input, then fuzzes each target for SECONDS.
 #
-#   tests/fuzz.sh [SECONDS]   default 20 a target (CI's smoke run: 9 targets, ~3 minutes)
+#   tests/fuzz.sh [SECONDS]   default 20 a target (CI's smoke run: 10 targets, ~3.5 minutes)
 #
 # A crash, leak, UB report or timeout fails the run; its input is copied to
 # tests/fuzz/regressions/<target>/ to be committed with the fix. Exit 0 when every target ran clean.
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 SECONDS_EACH=${1:-20}
 BUILD=${M3_FUZZ_BUILD:-$ROOT/build-fuzz}
-TARGETS=(json request config safetensors npy pack tokenizer jinja output_parser)
+TARGETS=(json request config safetensors npy pack tokenizer jinja output_parser grammar)
 
 if ! command -v clang++ >/dev/null; then
   echo "tests/fuzz.sh: clang++ is missing (scripts/install-deps.sh installs clang and libFuzzer)" >&2
@@ -68,6 +68,17 @@ call = (ns + "<tool_call>\n" + ns + '<invoke name="get_weather">' + ns + "<city>
 for i, s in enumerate(["plain answer", "<mm:think>reasoning</mm:think>answer", "reasoning</mm:think>" + call,
                        "text " + call + " more", call + call]):
     put("output_parser", f"seed{i}", bytes([i]) + s.encode("utf-8"))
+# Grammars: byte 0 picks GBNF (0), a JSON schema (1) or a tool list (2).
+for i, g in enumerate(['root ::= "a" b* | [x-z]{2,3}\nb ::= "b" # c', 'root ::= ("x" | [^a-c\\n]+)? <[267]>',
+                       'root ::= item*\nitem ::= "(" root ")"']):
+    put("grammar", f"gbnf{i}", b"\x00" + g.encode("utf-8"))
+for i, c in enumerate(chats[:20]):
+    for j, tool in enumerate(c.get("tools") or []):
+        fn = tool.get("function", tool)
+        put("grammar", f"schema{i}_{j}", b"\x01" + json.dumps(fn.get("parameters", {})).encode("utf-8"))
+        put("grammar", f"tools{i}_{j}", b"\x02" + json.dumps([{"name": fn.get("name", "f"), "parameters": fn.get("parameters")}]).encode("utf-8"))
+put("grammar", "schema_formats", b"\x01" + json.dumps({"type": "object", "properties": {"d": {"format": "date-time"},
+    "p": {"pattern": "^[A-Z]{2}-\\d+$"}, "n": {"type": "number", "minimum": -3, "maximum": 9}}}).encode("utf-8"))
 EOF
 # A packed model (the regular build's m3, when there is one).
 if [ -x build/bin/m3 ]; then

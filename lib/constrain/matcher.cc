@@ -387,9 +387,18 @@ bool Matcher::Accept(int32_t id) {
   Impl& m = *impl_;
   if (m.done || m.cur < 0 || id < 0 || static_cast<size_t>(id) >= m.v->vocab_size()) return false;
   m.MaybeShrink();
-  if (m.IsEnd(id) && m.states[m.cur].complete) {
-    m.done = true;
-    return true;
+  if (m.IsEnd(id)) {
+    // Allowed when the grammar is complete, and at a dead end (a state whose every continuation
+    // passes the stack bounds, only in pathological grammars) so that the mask is never empty.
+    bool dead_end = false;
+    if (!m.states[m.cur].complete) {
+      const auto& bits = m.Mask(m.cur, kInfiniteLength).bits;
+      dead_end = std::all_of(bits.begin(), bits.end(), [](uint64_t w) { return w == 0; });
+    }
+    if (m.states[m.cur].complete || dead_end) {
+      m.done = true;
+      return true;
+    }
   }
   int32_t s = m.cur;
   if (m.v->is_text_token(id)) {
