@@ -164,6 +164,8 @@ TEST_CASE("anthropic: tools and tool_choice in OpenAI's form", "[anthropic]") {
   CHECK_THAT(choice({{"type", "sometimes"}}).get<std::string>(), Contains("\"tool_choice.type\" 'sometimes'"));
   CHECK_THAT(choice("auto").get<std::string>(), Contains("\"tool_choice\" must be an object"));
   CHECK_THAT(Error(Body({{"tool_choice", {{"type", "any"}}}})), Contains("needs \"tools\""));
+  CHECK_THAT(Error(Body({{"tools", {kWeatherTool}}, {"tool_choice", {{"type", "any"}}}, {"stop_sequences", {"x"}}})),
+             Contains("\"stop_sequences\" cannot be combined with a forced tool call"));
 }
 
 TEST_CASE("anthropic: tools that are not custom tools are refused by name", "[anthropic]") {

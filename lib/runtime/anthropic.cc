@@ -478,6 +478,12 @@ StatusOr<openai::Request> ParseMessagesRequest(const ojson& body, const openai::
   M3_RETURN_IF_ERROR(ConvertOutputConfig(body, &r));
   if (!body.contains("messages")) return InvalidArgument("\"messages\" is required");
   M3_ASSIGN_OR_RETURN(r.messages, ConvertMessages(body["messages"], std::move(system)));
+  // openai::TurnInputs refuses stop strings with a constrained reply too, but by OpenAI's name.
+  if (!r.stop.empty() && (r.tool_choice != "auto" || !r.response_format.is_null()))
+    return InvalidArgument(
+        "\"stop_sequences\" cannot be combined with ",
+        r.tool_choice != "auto" ? "a forced tool call (\"tool_choice\")" : "\"output_config.format\"",
+        ": a stop sequence would cut the reply short of its format");
   return r;
 }
 
