@@ -3,7 +3,8 @@
 real-vocabulary model with an API key and runs `node tests/clients/SCRIPT BASE_URL KEY`. Skipped
 (exit 77) when node or the package it needs in tests/clients/node_modules is missing
 (tests/clients/install.sh installs them).
-Usage: node_client_check.py M3_BINARY REAL_VOCAB_MODEL_DIR SCRIPT.mjs PACKAGE"""
+Usage: node_client_check.py M3_BINARY REAL_VOCAB_MODEL_DIR SCRIPT.mjs PACKAGE [SCRIPT_ARGS...]
+(SCRIPT_ARGS follow BASE_URL and KEY)."""
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ from serve_util import Server, fixture_env  # noqa: E402
 
 SKIP = 77
 m3, model, script, package = sys.argv[1:5]
+script_args = sys.argv[5:]
 clients = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clients")
 node = shutil.which("node")
 if not node or not os.path.isdir(os.path.join(clients, "node_modules", package)):
@@ -25,8 +27,8 @@ key = "sdk-k3y"
 server = Server(m3, model, "--name", "tiny", "--slots", "2", env=dict(fixture_env(), M3_API_KEY=key), context=1024)
 run = None
 try:
-    run = subprocess.run([node, os.path.join(clients, script), f"http://127.0.0.1:{server.port}", key],
-                         cwd=clients, capture_output=True, text=True, timeout=240)
+    run = subprocess.run([node, os.path.join(clients, script), f"http://127.0.0.1:{server.port}", key, *script_args],
+                         cwd=clients, capture_output=True, text=True, timeout=1200)
     print(run.stdout, end="")
     print(run.stderr, end="", file=sys.stderr)
 finally:
