@@ -3,7 +3,7 @@
 // messages.stream() helper with finalMessage()), thinking, a stop sequence, tools with a tool_use
 // -> tool_result round trip, count_tokens, and errors as the SDK's classes (BadRequestError,
 // AuthenticationError, NotFoundError). Exits non-zero on any failure.
-// Usage: node anthropic_sdk_check.mjs BASE_URL API_KEY   (driver: tests/anthropic_sdk_check.py)
+// Usage: node anthropic_sdk_check.mjs BASE_URL API_KEY   (driver: tests/node_client_check.py)
 import Anthropic from '@anthropic-ai/sdk';
 
 const [baseURL, apiKey] = process.argv.slice(2);
