@@ -45,10 +45,11 @@ struct Reply {
 };
 
 // One chat turn of `request` (an OpenAI body) through openai::TurnInputs, as the server runs it.
-Reply Turn(const ojson& request, uint64_t seed) {
+Reply Turn(const ojson& request, uint64_t seed, int reasoning_budget = 0) {
   Fixture& f = Fixture::Get();
   auto r = m3::openai::ParseChatRequest(request, {});
   REQUIRE(r.ok());
+  r->reasoning_budget = reasoning_budget;  // the Anthropic endpoint's thinking.budget_tokens
   m3::TurnOptions turn;
   auto prompt = m3::openai::TurnInputs(*f.text, *r, "t", f.session->max_context(), &turn);
   INFO(prompt.status().ToString());
@@ -189,4 +190,19 @@ TEST_CASE("constrained turn: a GBNF grammar holds the answer, and JSON text that
   CHECK(r.out.content == "{\"a\":\"<mm:think>]<]minimax[>[<tool_call>\"}");
   CHECK(r.out.reasoning.empty());
   CHECK(r.out.tool_calls.empty());
+}
+
+TEST_CASE("constrained turn: a reasoning budget closes the reasoning after that many tokens") {
+  for (const int budget : {1, 5, 20}) {
+    for (const bool json_answer : {false, true}) {
+      INFO("budget " << budget << (json_answer ? " json" : " free"));
+      ojson req = Ask("Think briefly.", true, 80);
+      if (json_answer) req["response_format"] = {{"type", "json_object"}};
+      const Reply r = Turn(req, 3 + budget, budget);
+      const auto& tok = Fixture::Get().text->tokenizer();
+      CHECK(tok.Encode(r.out.reasoning).size() <= static_cast<size_t>(budget) + 2);  // re-encoding may merge or split a little
+      CHECK_FALSE(r.out.reasoning.empty());
+      if (json_answer) CHECK_FALSE(json::parse(r.out.content, nullptr, false).is_discarded());
+    }
+  }
 }

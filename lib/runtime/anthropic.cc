@@ -214,7 +214,7 @@ Status ConvertToolChoice(const ojson& choice, openai::Request* r) {
 }
 
 // thinking into the template's thinking_mode.
-StatusOr<std::string> ThinkingMode(const ojson& body) {
+StatusOr<std::string> ThinkingMode(const ojson& body, int* budget) {
   if (!Present(body, "thinking")) return std::string("disabled");  // Anthropic's default: no thinking
   const ojson& t = body["thinking"];
   if (!t.is_object() || !t.contains("type") || !t["type"].is_string())
@@ -231,9 +231,8 @@ StatusOr<std::string> ThinkingMode(const ojson& body) {
     return InvalidArgument("\"thinking.display\" must be \"summarized\" (the thinking is returned as it was written)");
   if (type == "enabled") {
     if (!Present(t, "budget_tokens")) return InvalidArgument("\"thinking.budget_tokens\" is required");
-    int budget = 0;
     M3_RETURN_IF_ERROR(
-        ReadInteger(t, "budget_tokens", "thinking.budget_tokens", 1, std::numeric_limits<int32_t>::max(), &budget));
+        ReadInteger(t, "budget_tokens", "thinking.budget_tokens", 1, std::numeric_limits<int32_t>::max(), budget));
   } else if (Present(t, "budget_tokens")) {
     return InvalidArgument("\"thinking.budget_tokens\" goes with type \"enabled\" only");
   }
@@ -467,7 +466,7 @@ StatusOr<openai::Request> ParseMessagesRequest(const ojson& body, const openai::
   if (Present(body, "system")) {
     M3_ASSIGN_OR_RETURN(system, TextContent(body["system"], "system"));
   }
-  M3_ASSIGN_OR_RETURN(const std::string mode, ThinkingMode(body));
+  M3_ASSIGN_OR_RETURN(const std::string mode, ThinkingMode(body, &r.reasoning_budget));
   r.template_options = {{"thinking_mode", mode}};
   r.tools = nullptr;
   if (Present(body, "tools")) {

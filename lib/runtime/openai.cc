@@ -379,6 +379,7 @@ StatusOr<OutputConstraint> BuildConstraint(const ChatText& text, const Request& 
       tools.push_back({name, nlohmann::json::parse(params.dump())});
     }
   }
+  c.reasoning_budget = static_cast<size_t>(std::max(0, r.reasoning_budget));
   if (!forced && !json && r.grammar.empty() && !strict) return c;
   c.vocab = text.vocab_index();
   if (forced || strict) {
@@ -746,7 +747,7 @@ StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r
   if (ids.size() > max_context)
     return OutOfRange("the prompt has ", ids.size(), " tokens but the context limit is ", max_context);
   M3_ASSIGN_OR_RETURN(turn->constraint, BuildConstraint(text, r));
-  if (!turn->constraint.empty()) {
+  if (turn->constraint.answer || turn->constraint.tool_block) {
     // A reply under a constraint is complete and valid whatever the model, if it has the room.
     if (!r.stop.empty())
       return InvalidArgument("\"stop\" cannot be combined with constrained output (", ConstraintField(r),

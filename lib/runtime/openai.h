@@ -70,6 +70,7 @@ struct Request {
   bool parallel_tool_calls = true;  // false: a forced tool call is a single call
   ojson response_format;
   std::string grammar;
+  int reasoning_budget = 0;  // most reasoning tokens before the answer (Anthropic's thinking.budget_tokens); 0: any
 };
 
 // Parses a body; InvalidArgument naming the field for a malformed or unsupported request (n past

@@ -41,6 +41,11 @@ void TurnConstraint::Mask(std::span<float> logits, size_t tokens_left) {
   auto in_vocab = [&](int32_t id) { return id >= 0 && static_cast<size_t>(id) < logits.size(); };
   switch (phase_) {
     case Phase::kReasoning:
+      if (constraint_.reasoning_budget > 0 && reasoning_tokens_ >= constraint_.reasoning_budget &&
+          in_vocab(ids_.think_close)) {
+        const int32_t close[] = {ids_.think_close};
+        return MaskAllBut(logits, close);
+      }
       if (!answer_) return;  // a free answer may also end inside reasoning
       // Another reasoning token must leave room for the close and the whole answer.
       if (tokens_left < AnswerNeeds() + 2 && in_vocab(ids_.think_close)) {
@@ -93,6 +98,7 @@ bool TurnConstraint::Accept(int32_t id) {
       return RawAnswer();
     case Phase::kReasoning:
       if (id == ids_.think_close) phase_ = answer_ ? Phase::kAnswer : Phase::kFree;
+      else ++reasoning_tokens_;
       return false;  // the close is the parser's
     case Phase::kFree:
       if (tool_ && id == ids_.ns) StartAnswer(id);

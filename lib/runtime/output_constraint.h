@@ -28,7 +28,9 @@ struct OutputConstraint {
   // grammar (tools with strict: true); null: tool calls are free too.
   std::shared_ptr<const constrain::Grammar> tool_block;
   std::shared_ptr<const constrain::VocabIndex> vocab;  // of the turn's tokenizer
-  bool empty() const { return !answer && !tool_block; }
+  // Most reasoning tokens before the reasoning is closed (the close not counted); 0: any.
+  size_t reasoning_budget = 0;
+  bool empty() const { return !answer && !tool_block && reasoning_budget == 0; }
 };
 
 // The markup tokens a turn's constraint needs to know (-1 where the vocabulary lacks one).
@@ -65,6 +67,7 @@ class TurnConstraint {
   MarkupIds ids_;
   std::vector<int32_t> stop_ids_;
   Phase phase_;
+  size_t reasoning_tokens_ = 0;
   std::optional<constrain::Matcher> answer_, tool_;
 };
 
