@@ -75,14 +75,15 @@ Summary Summarize(std::vector<double> us) {
 struct GrammarResult {
   std::string name;
   double compile_ms = 0;
-  Summary cold, cached, all, accept;
+  Summary cold, shared, cached, all, accept;
+  Summary first_all;  // the first walk alone: a request on a grammar no request has used yet
   size_t walks_done = 0, walks = 0;
 };
 
 bool Walks(const std::string& name, const std::shared_ptr<const constrain::Grammar>& g,
            const std::shared_ptr<const constrain::VocabIndex>& vocab, int32_t end_id, const ConstrainBenchOptions& o,
            GrammarResult& r, FILE* log) {
-  std::vector<double> cold, cached, all, accept;
+  std::vector<double> cold, shared, cached, all, accept, first_all;
   r.name = name;
   for (int w = 0; w < o.walks; ++w) {
     constrain::Matcher m(g, vocab, {end_id});
@@ -91,12 +92,14 @@ bool Walks(const std::string& name, const std::shared_ptr<const constrain::Gramm
     std::vector<int32_t> allowed;
     ++r.walks;
     for (size_t left = o.budget; left > 0 && !m.done(); --left) {
-      const size_t walks_before = m.stats().trie_walks;
+      const constrain::Matcher::Stats before = m.stats();
       const auto t0 = Clock::now();
       m.FillMask(mask, left);
       const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-      (m.stats().trie_walks > walks_before ? cold : cached).push_back(us);
+      const constrain::Matcher::Stats after = m.stats();
+      (after.trie_walks > before.trie_walks ? cold : after.shared > before.shared ? shared : cached).push_back(us);
       all.push_back(us);
+      if (w == 0) first_all.push_back(us);
       allowed.clear();
       for (size_t i = 0; i < mask.size(); ++i) {
         for (uint64_t bits = mask[i]; bits; bits &= bits - 1) allowed.push_back(int32_t(i * 64 + __builtin_ctzll(bits)));
@@ -117,6 +120,8 @@ bool Walks(const std::string& name, const std::shared_ptr<const constrain::Gramm
     r.walks_done += m.done();
   }
   r.cold = Summarize(cold);
+  r.shared = Summarize(shared);
+  r.first_all = Summarize(first_all);
   r.cached = Summarize(cached);
   r.all = Summarize(all);
   r.accept = Summarize(accept);
@@ -188,7 +193,7 @@ int RunConstrainBench(const ConstrainBenchOptions& o, FILE* out, FILE* log) {
       const json line = {{"bench", "constrain"}, {"grammar", r.name}, {"cpu", cpu}, {"commit", M3_COMMIT},
                          {"threads", 1}, {"vocab_size", vocab->vocab_size()}, {"trie_nodes", vocab->trie_nodes()},
                          {"vocab_build_s", build_s}, {"compile_ms", r.compile_ms}, {"walks", r.walks},
-                         {"walks_done", r.walks_done}, {"budget", o.budget}, {"cold", SummaryJson(r.cold)},
+                         {"walks_done", r.walks_done}, {"budget", o.budget}, {"cold", SummaryJson(r.cold)}, {"shared", SummaryJson(r.shared)}, {"first_walk", SummaryJson(r.first_all)},
                          {"cached", SummaryJson(r.cached)}, {"all", SummaryJson(r.all)},
                          {"accept", SummaryJson(r.accept)}};
       std::fprintf(out, "%s\n", line.dump().c_str());
@@ -205,7 +210,8 @@ int RunConstrainBench(const ConstrainBenchOptions& o, FILE* out, FILE* log) {
                "max");
   for (const GrammarResult& r : results) {
     const std::pair<const char*, const Summary*> rows[] = {
-        {"cold", &r.cold}, {"cached", &r.cached}, {"all", &r.all}, {"accept", &r.accept}};
+        {"cold", &r.cold}, {"shared", &r.shared}, {"cached", &r.cached}, {"all", &r.all}, {"1st walk", &r.first_all},
+        {"accept", &r.accept}};
     bool first = true;
     for (auto [label, s] : rows) {
       char compile[32] = "";

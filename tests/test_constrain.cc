@@ -170,6 +170,18 @@ end ::= "!"{1} "?"{0,2} "."{2,}
   CHECK(m.complete());
   CHECK(m.Accept(v.end_id));
   CHECK(m.done());
+  // A terminal may name a text token: matched by its id (or by its bytes where the text fits).
+  auto by_id = Gbnf("root ::= <[" + std::to_string(v.byte_token['a']) + "]> \"b\"");
+  Matcher m2(by_id, v.index, {v.end_id});
+  std::vector<uint64_t> mask(m2.mask_words());
+  m2.FillMask(mask, 100);
+  CHECK(Bit(mask, v.byte_token['a']));
+  CHECK(m2.Accept(v.byte_token['a']));
+  CHECK(m2.Accept(v.byte_token['b']));
+  CHECK(m2.complete());
+  CHECK(CheckGrammarTokens(*tok, *v.index).ok());
+  auto missing = CheckGrammarTokens(*Gbnf("root ::= \"x\" | <[999999]>"), *v.index);
+  CHECK_THAT(missing.message(), Catch::Contains("<[999999]> is not in the vocabulary"));
 }
 
 TEST_CASE("gbnf: errors name what is wrong") {
@@ -525,6 +537,8 @@ TEST_CASE("tool calls: refusals name the tool and the keyword") {
 
 // Masks against Accept on a fresh copy for every token of a sample, on states along a walk,
 // unbudgeted, cached (the same state again) and with a tight budget.
+size_t shared_hits = 0;
+
 void CheckMasksAgainstBruteForce(const std::shared_ptr<const Grammar>& g, uint32_t seed, std::vector<int32_t> specials) {
   const Vocab& v = TheVocab();
   const size_t vocab = v.index->vocab_size();
@@ -559,6 +573,7 @@ void CheckMasksAgainstBruteForce(const std::shared_ptr<const Grammar>& g, uint32
     REQUIRE(m.Accept(allowed[rng() % allowed.size()]));
   }
   CHECK(checked > 1000);
+  shared_hits += m.stats().shared;
 }
 
 TEST_CASE("masks equal a brute-force Accept of every sampled token, cached and budgeted") {
@@ -570,6 +585,8 @@ TEST_CASE("masks equal a brute-force Accept of every sampled token, cached and b
     auto g = CompileJsonSchema(schemas[i]);
     REQUIRE(g.ok());
     CheckMasksAgainstBruteForce(*g, static_cast<uint32_t>(i), {});
+    // Again on the same grammar: now the masks come from the grammar's shared cache.
+    CheckMasksAgainstBruteForce(*g, static_cast<uint32_t>(i), {});
   }
   const std::vector<ToolSpec> specs = ToolSpecs(ToolsJson());
   auto tc = CompileToolCalls(specs, *tokens);
@@ -578,6 +595,7 @@ TEST_CASE("masks equal a brute-force Accept of every sampled token, cached and b
   auto gb = CompileGbnf("root ::= (\"ab\" | [a-c]+ \" \" | \"é\"+)* \"!\" <[" + std::to_string(tokens->ns) + "]>");
   REQUIRE(gb.ok());
   CheckMasksAgainstBruteForce(*gb, 9, {tokens->ns});
+  CHECK(shared_hits > 20);
 }
 
 TEST_CASE("budget: MinTokens is exact enough that a walk at exactly that budget completes") {

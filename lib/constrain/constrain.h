@@ -8,7 +8,8 @@
 // The engine works on bytes (every byte is a token of the byte-level BPE vocabulary), as a set of
 // parse stacks (llama.cpp's llama-grammar idea) whose transitions are memoized per Matcher as a
 // lazy DFA; a mask is one walk of the vocabulary trie, pruned at the first rejected byte, and is
-// cached per parse state (docs/CONSTRAIN.md has the design and the measured costs).
+// cached per parse state, in the matcher and in the grammar (shared by the requests that use it,
+// thread-safe). docs/CONSTRAIN.md has the design and the measured costs.
 #pragma once
 
 #include <cstddef>
@@ -74,6 +75,7 @@ class VocabIndex {
  private:
   friend class Matcher;
   size_t vocab_size_ = 0;
+  uint64_t uid_ = 0;  // unique per index built (keys the grammars' shared masks)
   // Preorder trie: node i has byte_[i] at depth depth_[i] (1 = first byte); skip_[i] is the
   // index just past its subtree; token_[i] the id whose bytes end there (-1: none).
   std::vector<uint8_t> byte_;
@@ -85,6 +87,10 @@ class VocabIndex {
   std::vector<uint8_t> text_;       // by id: 1 for a text token
   size_t max_depth_ = 0;
 };
+
+// InvalidArgument naming the first <[id]> terminal of `g` that `v` lacks (ids past its size):
+// such a terminal can never be matched. Call it once per (grammar, tokenizer) for GBNF from users.
+Status CheckGrammarTokens(const Grammar& g, const VocabIndex& v);
 
 // One request's state. Not thread-safe; cheap to create (its caches fill as it runs).
 class Matcher {
@@ -111,7 +117,9 @@ class Matcher {
 
   size_t mask_words() const;  // uint64 words FillMask needs
   struct Stats {
-    size_t masks = 0, cached = 0, trie_walks = 0, dfa_states = 0, stack_nodes = 0;
+    // masks asked for; of them found in this matcher's cache, in the grammar's shared cache;
+    // vocabulary walks made (the rest); the matcher's lazy-DFA states and stack nodes.
+    size_t masks = 0, cached = 0, shared = 0, trie_walks = 0, dfa_states = 0, stack_nodes = 0;
   };
   Stats stats() const;
 

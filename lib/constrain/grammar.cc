@@ -334,6 +334,11 @@ StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Finish(uint32_t root, s
       g->elements_.push_back({Element::kEnd, 0});
     }
   }
+  for (const Element& e : g->elements_) {
+    if (e.kind == Element::kToken) g->token_ids_.push_back(static_cast<int32_t>(e.arg));
+  }
+  std::sort(g->token_ids_.begin(), g->token_ids_.end());
+  g->token_ids_.erase(std::unique(g->token_ids_.begin(), g->token_ids_.end()), g->token_ids_.end());
   g->suffix_min_.assign(g->elements_.size(), 0);
   for (size_t i = g->elements_.size(); i-- > 0;) {
     const Element& e = g->elements_[i];
@@ -344,6 +349,18 @@ StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Finish(uint32_t root, s
     }
   }
   return std::shared_ptr<const Grammar>(std::move(g));
+}
+
+std::shared_ptr<const TokenMask> Grammar::FindMask(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(masks_mu_);
+  auto it = masks_.find(key);
+  return it == masks_.end() ? nullptr : it->second;
+}
+
+void Grammar::StoreMask(const std::string& key, std::shared_ptr<const TokenMask> mask) const {
+  std::lock_guard<std::mutex> lock(masks_mu_);
+  if (masks_.size() >= kMaxSharedMasks) masks_.clear();
+  masks_.emplace(key, std::move(mask));
 }
 
 std::string Grammar::Dump() const {

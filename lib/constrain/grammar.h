@@ -11,8 +11,10 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -31,6 +33,13 @@ inline bool Has(const ByteSet& s, uint8_t b) { return (s[b >> 6] >> (b & 63)) & 
 
 inline constexpr uint32_t kInfiniteLength = std::numeric_limits<uint32_t>::max() / 4;
 
+// A token mask as the matchers compute it: bit per token id, and the largest minimal completion
+// (in bytes/tokens) after any allowed token (for the budget rule).
+struct TokenMask {
+  std::vector<uint64_t> bits;
+  uint32_t max_after = 0;
+};
+
 class Grammar {
  public:
   const std::vector<Element>& elements() const { return elements_; }
@@ -43,10 +52,21 @@ class Grammar {
   // Fewest bytes/tokens from position `pos` to the end of its alternative.
   uint32_t suffix_min(uint32_t pos) const { return suffix_min_[pos]; }
   uint32_t rule_min(uint32_t rule) const { return rule_min_[rule]; }
+  // The <[id]> terminals it uses (sorted, unique).
+  const std::vector<int32_t>& token_ids() const { return token_ids_; }
   // Readable dump (GBNF-like; byte sets as [..] ranges) for errors and tests.
   std::string Dump() const;
 
+  // Masks shared by every Matcher of this grammar, keyed by the parse state (its stacks as
+  // grammar positions), the vocabulary and the end ids: a state one request has walked costs the
+  // next request a lookup. Thread-safe; bounded (dropped whole past kMaxSharedMasks).
+  static constexpr size_t kMaxSharedMasks = 512;  // ~12.8 MB at 200K tokens
+  std::shared_ptr<const TokenMask> FindMask(const std::string& key) const;
+  void StoreMask(const std::string& key, std::shared_ptr<const TokenMask> mask) const;
+
  private:
+  mutable std::mutex masks_mu_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const TokenMask>> masks_;
   friend class GrammarBuilder;
   std::vector<Element> elements_;
   std::vector<ByteSet> byte_sets_;
@@ -55,6 +75,7 @@ class Grammar {
   std::vector<uint32_t> suffix_min_;
   std::vector<uint32_t> rule_min_;
   uint32_t root_ = 0;
+  std::vector<int32_t> token_ids_;
 };
 
 // A sequence of elements: one alternative, or a piece of one.

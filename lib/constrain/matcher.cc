@@ -10,6 +10,7 @@
 // grammar's suffix minima summed down the stack), so a state knows its minimal completion.
 // Every byte is a token of the byte-level vocabulary, so that many tokens always suffice.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <unordered_map>
@@ -64,17 +65,15 @@ struct Matcher::Impl {
     uint32_t min = 0;
     bool complete = false;
     bool has_tokens = false;
+    std::string shared_key;  // the grammar's shared-mask key, made when first needed
   };
   std::vector<State> states;
   std::unordered_map<std::vector<int32_t>, int32_t, VecHash> state_ids;
   std::vector<int32_t> trans;
   std::unordered_map<uint64_t, int32_t> token_trans;
 
-  struct CachedMask {
-    std::vector<uint64_t> bits;
-    uint32_t max_after = 0;  // the largest minimal completion after any allowed token
-  };
-  std::unordered_map<uint64_t, CachedMask> masks;
+  using CachedMask = TokenMask;
+  std::unordered_map<uint64_t, std::shared_ptr<const TokenMask>> masks;
 
   int32_t cur = kDead;
   bool done = false;
@@ -310,7 +309,26 @@ struct Matcher::Impl {
     }
   }
 
-  const CachedMask& Mask(int32_t s, uint32_t limit) {
+  // The state's stacks as grammar positions (what makes two matchers' states the same), with
+  // the vocabulary and the end ids; empty for a state too large to be worth sharing.
+  const std::string& SharedKey(int32_t s) {
+    State& st = states[s];
+    if (!st.shared_key.empty()) return st.shared_key;
+    std::string key;
+    auto put = [&key](uint64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
+    put(v->uid_);
+    put(end_ids.size());
+    for (int32_t id : end_ids) put(static_cast<uint32_t>(id));
+    for (int32_t t : st.tops) {
+      put(~uint64_t{0});
+      for (int32_t n = t; n >= 0; n = nodes[n].parent) put(nodes[n].pos);
+      if (key.size() > (1 << 16)) return st.shared_key;  // (left empty: not shared)
+    }
+    st.shared_key = std::move(key);
+    return st.shared_key;
+  }
+
+  std::shared_ptr<const TokenMask> Mask(int32_t s, uint32_t limit) {
     ++stats.masks;
     const uint64_t key = (uint64_t(uint32_t(s)) << 32) | (limit == kInfiniteLength ? 0 : uint64_t{limit} + 1);
     auto it = masks.find(key);
@@ -319,9 +337,21 @@ struct Matcher::Impl {
       return it->second;
     }
     if (masks.size() >= kMaxCachedMasks) masks.clear();
-    CachedMask m;
-    Compute(s, limit, m);
-    return masks.emplace(key, std::move(m)).first->second;
+    std::string shared = SharedKey(s);
+    std::shared_ptr<const TokenMask> m;
+    if (!shared.empty()) {
+      shared.append(reinterpret_cast<const char*>(&limit), sizeof limit);
+      m = g->FindMask(shared);
+      if (m) ++stats.shared;
+    }
+    if (!m) {
+      auto fresh = std::make_shared<TokenMask>();
+      Compute(s, limit, *fresh);
+      m = std::move(fresh);
+      if (!shared.empty()) g->StoreMask(shared, m);
+    }
+    masks.emplace(key, m);
+    return m;
   }
 };
 
@@ -360,7 +390,7 @@ void Matcher::FillMask(std::span<uint64_t> mask, size_t tokens_left) {
   }
   m.MaybeShrink();
   if (tokens_left < 1) tokens_left = 1;
-  const Impl::CachedMask* chosen = &m.Mask(m.cur, kInfiniteLength);
+  std::shared_ptr<const TokenMask> chosen = m.Mask(m.cur, kInfiniteLength);
   // A token is allowed when its minimal completion plus the end id fits in what is left after it.
   // Only when the budget is that tight is a second, budgeted walk made (and cached per budget).
   if (chosen->max_after + 2 > tokens_left) {
@@ -368,11 +398,11 @@ void Matcher::FillMask(std::span<uint64_t> mask, size_t tokens_left) {
       if (m.states[m.cur].complete) return set_ends();  // only the end id fits
     } else {
       const auto limit = static_cast<uint32_t>(std::min<size_t>(tokens_left - 2, kInfiniteLength - 1));
-      const Impl::CachedMask& tight = m.Mask(m.cur, limit);
+      std::shared_ptr<const TokenMask> tight = m.Mask(m.cur, limit);
       bool any = false;
-      for (uint64_t w : tight.bits) any = any || w != 0;
+      for (uint64_t w : tight->bits) any = any || w != 0;
       // Nothing fits only below MinTokens() (the caller asked for too little): no budget then.
-      chosen = any ? &tight : &m.Mask(m.cur, kInfiniteLength);
+      if (any) chosen = std::move(tight);
     }
   }
   const size_t words = std::min(mask.size(), chosen->bits.size());
@@ -392,7 +422,8 @@ bool Matcher::Accept(int32_t id) {
     // passes the stack bounds, only in pathological grammars) so that the mask is never empty.
     bool dead_end = false;
     if (!m.states[m.cur].complete) {
-      const auto& bits = m.Mask(m.cur, kInfiniteLength).bits;
+      const auto full = m.Mask(m.cur, kInfiniteLength);
+      const auto& bits = full->bits;
       dead_end = std::all_of(bits.begin(), bits.end(), [](uint64_t w) { return w == 0; });
     }
     if (m.states[m.cur].complete || dead_end) {
@@ -404,12 +435,22 @@ bool Matcher::Accept(int32_t id) {
   if (m.v->is_text_token(id)) {
     for (char c : m.v->token_bytes(id)) {
       s = m.Trans(s, static_cast<uint8_t>(c));
-      if (s < 0) return false;
+      if (s < 0) break;
     }
   } else {
-    s = m.AdvanceToken(s, id);
-    if (s < 0) return false;
+    s = kDead;
   }
+  // A <[id]> terminal may name a text token too: then either reading counts (their union).
+  const int32_t by_id = m.AdvanceToken(m.cur, id);
+  if (s >= 0 && by_id >= 0 && s != by_id) {
+    std::vector<int32_t> tops = m.states[s].tops;
+    tops.insert(tops.end(), m.states[by_id].tops.begin(), m.states[by_id].tops.end());
+    m.expand_steps = 0;
+    s = m.InternState(tops);
+  } else if (s < 0) {
+    s = by_id;
+  }
+  if (s < 0) return false;
   m.cur = s;
   return true;
 }
@@ -439,10 +480,21 @@ Matcher::Stats Matcher::stats() const {
   return s;
 }
 
+Status CheckGrammarTokens(const Grammar& g, const VocabIndex& v) {
+  for (int32_t id : g.token_ids()) {
+    if (id < 0 || static_cast<size_t>(id) >= v.vocab_size()) {
+      return InvalidArgument("grammar: token <[", id, "]> is not in the vocabulary (", v.vocab_size(), " tokens)");
+    }
+  }
+  return Status::Ok();
+}
+
 // --- VocabIndex ---------------------------------------------------------------------------
 
 std::shared_ptr<const VocabIndex> VocabIndex::Build(const Tokenizer& tokenizer) {
   auto v = std::make_shared<VocabIndex>();
+  static std::atomic<uint64_t> next_uid{1};
+  v->uid_ = next_uid.fetch_add(1);
   const size_t n = tokenizer.vocab_size();
   v->vocab_size_ = n;
   v->bytes_.resize(n);

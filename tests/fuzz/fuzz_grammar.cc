@@ -2,6 +2,8 @@
 // tool list (JSON: [{"name","parameters"}]); the rest is compiled, and when it compiles, a short
 // random walk (seeded by the input) drives a Matcher over a small vocabulary of single bytes and a
 // few multi-byte tokens, checking that every mask is non-empty and every allowed token accepted.
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "base/json_guard.h"
@@ -33,7 +35,7 @@ const m3::Tokenizer& SmallTokenizer() {
     }
     nlohmann::json merges = nlohmann::json::array();
     int id = 256;
-    for (const char* m : {"\" :", "\": ", "t r", "tr u", "tru e", "n u", "nu l", "nul l", "{ \"", "\" }", "[ ]"}) {
+    for (const char* m : {"\" :", "\": \"", "t r", "tr u", "tru e", "n u", "nu l", "nul l", "{ \"", "\" }", "[ ]"}) {
       std::string a(m), left = a.substr(0, a.find(' ')), right = a.substr(a.find(' ') + 1);
       merges.push_back(a);
       vocab[left + right] = id++;
@@ -54,7 +56,10 @@ const m3::Tokenizer& SmallTokenizer() {
                    {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", vocab},
                    {"merges", merges}}}};
     auto t = m3::Tokenizer::FromJson(j.dump(), "fuzz tokenizer");
-    if (!t.ok()) __builtin_trap();
+    if (!t.ok()) {
+      std::fprintf(stderr, "fuzz_grammar: %s\n", t.status().message().c_str());
+      __builtin_trap();
+    }
     return std::move(*t);
   }();
   return *tok;
@@ -112,7 +117,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     seed = seed * 1103515245u + 12345u;
     if (!m.Accept(allowed[(seed >> 8) % allowed.size()])) __builtin_trap();  // allowed means accepted
   }
-  // Within a budget of at least MinTokens() the walk always completes.
-  if (!m.done()) __builtin_trap();
+  // Within a budget of at least MinTokens() the walk always completes (unless the grammar names a
+  // token the vocabulary lacks, which CheckGrammarTokens reports).
+  if (!m.done() && m3::constrain::CheckGrammarTokens(**g, *vocab).ok()) __builtin_trap();
   return 0;
 }
