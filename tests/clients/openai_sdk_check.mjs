@@ -3,8 +3,8 @@
 // tools with a tool-call round trip (the model's call, or one written here when the tiny model does
 // not call), completions (n per prompt, prompt-major), models.list, errors as the SDK's classes
 // (BadRequestError with its param, AuthenticationError), and structured output (response_format
-// json_schema, a forced tool_choice) validated with ajv: those run only once the server takes them
-// (a 400 "not supported" to a probe prints SKIP for them). Exits non-zero on any failure.
+// json_schema, a forced tool_choice) validated with ajv (structured_check.mjs runs many more).
+// Exits non-zero on any failure.
 // Usage: node openai_sdk_check.mjs BASE_URL API_KEY   (driver: tests/node_client_check.py)
 import OpenAI from 'openai';
 import Ajv from 'ajv';
@@ -16,7 +16,6 @@ if (!baseURL || !apiKey) {
 }
 const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0, timeout: 120_000 });
 let passed = 0;
-let skipped = 0;
 const failures = [];
 const check = (cond, what) => {
   if (cond) passed += 1;
@@ -69,21 +68,6 @@ async function collectChat(stream) {
     }
   }
   return { choices, usage, chunks };
-}
-
-// Structured output: the probe's answer, or null (then the caller skips) when the server refuses
-// the feature as not supported.
-async function probe(what, request) {
-  try {
-    return await client.chat.completions.create(request);
-  } catch (e) {
-    if (e instanceof OpenAI.BadRequestError && /not supported|forced tool calls/i.test(e.message)) {
-      console.log(`SKIP ${what}: the server does not take it yet (${e.message})`);
-      skipped += 1;
-      return null;
-    }
-    throw e;
-  }
 }
 
 async function main() {
@@ -194,9 +178,9 @@ async function main() {
 
   // Structured output (the server's constrained decoding): the reply is JSON of the schema.
   const cityFormat = { type: 'json_schema', json_schema: { name: 'city', schema: weatherSchema, strict: true } };
-  const structured = await probe('response_format json_schema',
+  const structured = await client.chat.completions.create(
                                  { ...base, max_tokens: 64, messages: ask, response_format: cityFormat });
-  if (structured) {
+  {
     const content = structured.choices[0].message.content;
     let parsed;
     try {
@@ -207,10 +191,10 @@ async function main() {
     const validate = ajv.compile(weatherSchema);
     check(parsed !== undefined && validate(parsed), `json_schema reply: ${show(content)} ${show(validate.errors)}`);
   }
-  const forced = await probe('forced tool_choice', {
+  const forced = await client.chat.completions.create({
     ...base, max_tokens: 64, messages: ask, tools, tool_choice: { type: 'function', function: { name: 'get_weather' } },
   });
-  if (forced) {
+  {
     const fc = forced.choices[0].message.tool_calls ?? [];
     const validate = ajv.compile(weatherSchema);
     let args;
@@ -242,5 +226,5 @@ try {
   failures.push(`unexpected error: ${e?.constructor?.name}: ${e?.message}\n${e?.stack}`);
 }
 for (const f of failures) console.log(`FAIL ${f}`);
-console.log(`openai_sdk_check: ${passed} passed, ${failures.length} failed, ${skipped} skipped`);
+console.log(`openai_sdk_check: ${passed} passed, ${failures.length} failed`);
 process.exit(failures.length ? 1 : 0);
