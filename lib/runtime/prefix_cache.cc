@@ -12,7 +12,7 @@ struct PrefixCache::Entry {
   std::vector<int32_t> ids;    // this page's tokens
   std::vector<PageRef> pages;  // KvCache::SharePage
   uint64_t bytes = 0;
-  size_t children = 0;         // entries that continue this one
+  size_t children = 0;  // entries that continue this one
   uint64_t last_used = 0;
   bool Unshared() const {
     return std::all_of(pages.begin(), pages.end(), [](const PageRef& p) { return p.use_count() == 1; });
@@ -101,7 +101,8 @@ void PrefixCache::Evict(Entry* e) {
   if (e->parent) --e->parent->children;
   bytes_.fetch_sub(e->bytes, std::memory_order_relaxed);
   evicted_.fetch_add(1, std::memory_order_relaxed);
-  entries_.erase(e->key);
+  const uint64_t key = e->key;  // erase destroys *e
+  entries_.erase(key);
   pages_.store(entries_.size(), std::memory_order_relaxed);
 }
 
