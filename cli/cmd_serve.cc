@@ -963,7 +963,8 @@ int Serve(const ServeArgs& a) {
 void AddServeCommand(CLI::App& app, int* rc) {
   auto a = std::make_shared<ServeArgs>();
   auto* cmd = app.add_subcommand("serve", "OpenAI- and Anthropic-compatible HTTP server: /v1/chat/completions, "
-                                          "/v1/completions, /v1/messages (streaming or not), /v1/models, /health");
+                                          "/v1/completions, /v1/messages (streaming or not), /v1/models, /tokenize, /detokenize, "
+                                          "/metrics, /health");
   cmd->add_option("-m,--model", a->model, "model folder (with tokenizer.json and chat_template.jinja)")->required();
   cmd->add_option("--tokenizer", a->tokenizer, "folder with the tokenizer files, if not the model folder");
   cmd->add_option("--host", a->host, "address to listen on")->default_val("127.0.0.1");

@@ -98,6 +98,16 @@ static int CheckGenerate(m3_engine* engine, int32_t vocab) {
   o.struct_size = sizeof(o);
   o.lookup_tokens = -1;
   EXPECT(m3_session_generate(c, repeating, 8, &o, CollectId, &old_layout, NULL) == M3_ERR_INVALID_ARGUMENT);
+  o.lookup_tokens = 0;
+  /* frequency_penalty: out of -2..2 is refused; a caller built before it existed gets it off
+   * (a penalty of 2 would be refused, as the struct below claims not to have the field). */
+  o.frequency_penalty = 2.5f;
+  EXPECT(m3_session_generate(c, repeating, 8, &o, CollectId, &old_layout, NULL) == M3_ERR_INVALID_ARGUMENT);
+  o.struct_size = offsetof(m3_generate_options, frequency_penalty);
+  old_layout.n = 0;
+  EXPECT(m3_session_generate(c, repeating, 8, &o, CollectId, &old_layout, NULL) == M3_OK);
+  o.struct_size = sizeof(o);
+  o.frequency_penalty = 0.0f;
   m3_session_free(c);
   m3_session_free(a);
   m3_session_free(b);

@@ -76,7 +76,7 @@ m3_status WriteOut(const char* fn, const T* data, size_t n, T* out, size_t capac
 
 // Options (NULL: the defaults) as the sampler's and the generate loop's. The first layout ended
 // at n_stop_ids, so a smaller struct_size is an error; later fields are read only when struct_size
-// covers them (lookup_tokens).
+// covers them (lookup_tokens, frequency_penalty).
 m3::Status ReadGenerateOptions(const m3_generate_options* o, m3::SamplingParams* sp, m3::GenerateOptions* go) {
   m3_generate_options d;
   m3_generate_options_init(&d);
@@ -91,7 +91,7 @@ m3::Status ReadGenerateOptions(const m3_generate_options* o, m3::SamplingParams*
     return m3::InvalidArgument("options.stop_ids is NULL but n_stop_ids is ", d.n_stop_ids);
   *sp = m3::SamplingParams{.temperature = d.temperature, .top_k = d.top_k, .top_p = d.top_p, .min_p = d.min_p,
                            .repetition_penalty = d.repetition_penalty, .presence_penalty = d.presence_penalty,
-                           .seed = d.seed};
+                           .frequency_penalty = d.frequency_penalty, .seed = d.seed};
   M3_RETURN_IF_ERROR(m3::ValidateSamplingParams(*sp));
   go->max_tokens = d.max_tokens;
   go->stop_ids.assign(d.stop_ids, d.stop_ids + d.n_stop_ids);

@@ -129,6 +129,9 @@ typedef struct m3_generate_options {
    * output unchanged, sampling keeps its distribution). Default 0: off. Added after n_stop_ids:
    * read only when struct_size covers it. */
   int32_t lookup_tokens;
+  /* Default 0: off; -2..2: logit -= frequency_penalty x the token's count in the output so far
+   * (OpenAI's). Added after lookup_tokens: read only when struct_size covers it. */
+  float frequency_penalty;
 } m3_generate_options;
 
 void m3_generate_options_init(m3_generate_options* options);
