@@ -284,8 +284,9 @@ TEST_CASE("json schema: keywords compile and match") {
   CHECK_FALSE(Accepts(arr, R"([1])"));
 
   auto nums = compile(json::parse(R"({"type":"number","minimum":-2,"exclusiveMaximum":3})"));
-  for (const char* ok : {"-2", "-1.5", "0", "2.999", "-0.25", "2"}) CHECK(Accepts(nums, ok));
-  for (const char* bad : {"3", "-3", "3.5", "-2.5", "1e2"}) CHECK_FALSE(Accepts(nums, bad));
+  // At most 15 significant digits: 2.9999999999999999 would parse as 3.0.
+  for (const char* ok : {"-2", "-1.5", "0", "2.99999999999999", "-0.25", "2"}) CHECK(Accepts(nums, ok));
+  for (const char* bad : {"3", "-3", "3.5", "-2.5", "1e2", "2.9999999999999999"}) CHECK_FALSE(Accepts(nums, bad));
   auto free_num = compile(json::parse(R"({"type":"number"})"));
   for (const char* ok : {"0", "-0.5", "12e-3", "1E+99"}) CHECK(Accepts(free_num, ok));
   for (const char* bad : {"01", ".5", "1.", "+1", "1e999"}) CHECK_FALSE(Accepts(free_num, bad));

@@ -618,21 +618,25 @@ Seq NumberText(GrammarBuilder& b, const json& s, const std::string& path) {
   std::vector<Seq> alts;
   const int64_t ilo = r.lo_exclusive ? L + 1 : L, ihi = r.hi_exclusive ? H - 1 : H;
   if (ilo <= ihi) alts.push_back(SignedRange(b, ilo, ihi));
-  // I.F with I >= 0 lies in [I, I+1); -I.F in (-(I+1), -I].
-  const int64_t pos_lo = std::max<int64_t>(0, r.lo_exclusive ? L + 1 : L), pos_hi = H - 1;
-  if (pos_lo <= pos_hi) {
-    Seq p = UnsignedRange(b, pos_lo, pos_hi);
-    p.insert(p.end(), frac.begin(), frac.end());
-    alts.push_back(std::move(p));
-  }
-  const int64_t neg_lo = std::max<int64_t>(0, r.hi_exclusive ? -H + 1 : -H), neg_hi = -L - 1;
-  if (neg_lo <= neg_hi) {
-    Seq n{b.Byte('-')};
-    Seq m = UnsignedRange(b, neg_lo, neg_hi);
-    n.insert(n.end(), m.begin(), m.end());
-    n.insert(n.end(), frac.begin(), frac.end());
-    alts.push_back(std::move(n));
-  }
+  // I.F with I >= 0 lies in [I, I+1); -I.F in (-(I+1), -I]. At most 15 significant digits in
+  // all, so that the double it parses to never rounds to I+1 (an exclusive bound's value).
+  auto fractions = [&](int64_t lo, int64_t hi, bool negative) {
+    for (int d = 1; d < kMaxIntegerDigits; ++d) {
+      const int64_t first = d == 1 ? 0 : static_cast<int64_t>(std::pow(10.0, d - 1));
+      const int64_t last = static_cast<int64_t>(std::pow(10.0, d)) - 1;
+      const int64_t a = std::max(lo, first), z = std::min(hi, last);
+      if (a > z) continue;
+      Seq f = negative ? Seq{b.Byte('-')} : Seq{};
+      Seq m = UnsignedRange(b, a, z);
+      f.insert(f.end(), m.begin(), m.end());
+      f.push_back(b.Byte('.'));
+      Seq fd = b.Repeat(digit, 1, kMaxIntegerDigits - d);
+      f.insert(f.end(), fd.begin(), fd.end());
+      alts.push_back(std::move(f));
+    }
+  };
+  fractions(std::max<int64_t>(0, r.lo_exclusive ? L + 1 : L), H - 1, false);
+  fractions(std::max<int64_t>(0, r.hi_exclusive ? -H + 1 : -H), -L - 1, true);
   if (alts.empty()) Refuse(path, "no number satisfies minimum/maximum");
   return b.Alt(std::move(alts), "number");
 }
