@@ -378,10 +378,14 @@ std::string Grammar::Dump() const {
         return std::string(buf);
       };
       t += hex(b);
-      if (e > b) t += "-" + hex(e);
+      if (e > b) {
+        t += '-';
+        t += hex(e);
+      }
       b = e;
     }
-    return t + "]";
+    t += ']';
+    return t;
   };
   for (uint32_t r = 0; r < rule_alts_.size(); ++r) {
     out += rule_names_[r] + "#" + std::to_string(r) + " ::=";
@@ -389,7 +393,10 @@ std::string Grammar::Dump() const {
       if (a) out += " |";
       for (uint32_t p = rule_alts_[r][a]; elements_[p].kind != Element::kEnd; ++p) {
         const Element& e = elements_[p];
-        if (e.kind == Element::kBytes) out += " " + set_text(byte_sets_[e.arg]);
+        if (e.kind == Element::kBytes) {
+          out += ' ';
+          out += set_text(byte_sets_[e.arg]);
+        }
         if (e.kind == Element::kToken) out += " <[" + std::to_string(e.arg) + "]>";
         if (e.kind == Element::kRef) out += " " + rule_names_[e.arg] + "#" + std::to_string(e.arg);
       }
