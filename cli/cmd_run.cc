@@ -56,7 +56,7 @@ StatusOr<OutputConstraint> ReadConstraint(const RunArgs& a, const ChatText& text
     c.answer = *g;
   } else if (!a.grammar.empty()) {
     M3_ASSIGN_OR_RETURN(const std::string body, ReadSpecFile("--grammar", a.grammar));
-    auto g = constrain::CompileGbnf(body);
+    auto g = CompileUserGrammar(body, *text.vocab_index());
     if (!g.ok()) return InvalidArgument("--grammar ", a.grammar, ": ", g.status().message());
     c.answer = *g;
   }

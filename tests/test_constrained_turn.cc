@@ -182,6 +182,18 @@ TEST_CASE("constrained turn: a GBNF grammar holds the answer, and JSON text that
     }
     CHECK((ok && depth == 0));
   }
+  // A grammar that names a token id the vocabulary lacks could never finish: refused by name.
+  {
+    ojson bad = Ask("x", false, 60);
+    bad["grammar"] = "root ::= \"a\" <[999999]>";
+    auto parsed = m3::openai::ParseChatRequest(bad, {});
+    REQUIRE(parsed.ok());
+    m3::TurnOptions turn;
+    auto prompt = m3::openai::TurnInputs(*Fixture::Get().text, *parsed, "t", 100000, &turn);
+    REQUIRE_FALSE(prompt.ok());
+    CHECK_THAT(prompt.status().message(), Catch::Matchers::Contains("\"grammar\""));
+    CHECK_THAT(prompt.status().message(), Catch::Matchers::Contains("999999"));
+  }
   // A JSON string may hold "<mm:think>" or the tool-call namespace as text: the answer of a JSON
   // format is plain content, never parsed for markup.
   ojson req = Ask("x", false, 60);

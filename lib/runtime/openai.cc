@@ -394,7 +394,7 @@ StatusOr<OutputConstraint> BuildConstraint(const ChatText& text, const Request& 
     c.tool_block = *g;
   }
   if (!r.grammar.empty()) {
-    auto g = constrain::CompileGbnf(r.grammar);
+    auto g = CompileUserGrammar(r.grammar, *c.vocab);
     if (!g.ok()) return InvalidArgument("\"grammar\": ", g.status().message());
     c.answer = *g;
   } else if (json && r.response_format["type"] == "json_object") {

@@ -12,6 +12,13 @@ MarkupIds MarkupIds::From(const Tokenizer& tokenizer) {
           .ns = tokenizer.TokenId("]<]minimax[>[")};
 }
 
+StatusOr<std::shared_ptr<const constrain::Grammar>> CompileUserGrammar(std::string_view gbnf,
+                                                                       const constrain::VocabIndex& vocab) {
+  M3_ASSIGN_OR_RETURN(auto g, constrain::CompileGbnf(gbnf));
+  M3_RETURN_IF_ERROR(constrain::CheckGrammarTokens(*g, vocab));
+  return g;
+}
+
 size_t MinTurnTokens(const OutputConstraint& c, ThinkState start) {
   if (!c.answer) return 1;  // an end id
   const constrain::Matcher m(c.answer, c.vocab, {});

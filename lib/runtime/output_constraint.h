@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -32,6 +33,11 @@ struct OutputConstraint {
   size_t reasoning_budget = 0;
   bool empty() const { return !answer && !tool_block && reasoning_budget == 0; }
 };
+
+// A user's GBNF grammar (a request's "grammar", --grammar) compiled; refused when it names a
+// token id the vocabulary lacks (it could never be finished).
+StatusOr<std::shared_ptr<const constrain::Grammar>> CompileUserGrammar(std::string_view gbnf,
+                                                                       const constrain::VocabIndex& vocab);
 
 // The markup tokens a turn's constraint needs to know (-1 where the vocabulary lacks one).
 struct MarkupIds {
