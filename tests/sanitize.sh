@@ -31,6 +31,9 @@ if [ "$WHAT" = all ] || [ "$WHAT" = asan ]; then
   slow+='|over several prompts|prefilled in chunks|prompt lookup verifies|scored|Session::Score|large flat vocabulary'
   # ASan makes mlock a no-op, so the test of --mlock-dense cannot see locked pages here.
   slow+='|mlock-dense'
+  # Constrained output's long sweeps (200 client replies; every schema with and without reasoning):
+  # the engine's own tests, the tight-budget, tool-call and grammar turns and the SDK checks stay.
+  slow+='|cli_structured_output|every schema'
   start=$(date +%s)
   if ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
      UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions="$ROOT/tests/ubsan.supp" \
