@@ -27,13 +27,7 @@ using Catch::Matchers::Contains;
 
 using m3::test::TokenizerDir;
 
-// The fixture model of ctest (tests/make_real_vocab_model.sh).
-std::string RealVocabModel() {
-  const std::string dir = M3_REAL_VOCAB_MODEL;
-  INFO("missing " << dir << ": run ctest (its fixture make_real_vocab_model makes it)");
-  REQUIRE(std::filesystem::exists(dir + "/config.json"));
-  return dir;
-}
+using m3::test::RealVocabModel;
 
 std::vector<ojson> JsonLines(const std::string& path) {
   std::ifstream in(path);

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <filesystem>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -215,12 +214,7 @@ namespace {
 
 using m3::ojson;
 
-std::string RealVocabModel() {
-  const std::string dir = M3_REAL_VOCAB_MODEL;
-  INFO("missing " << dir << ": run ctest (its fixture make_real_vocab_model makes it)");
-  REQUIRE(std::filesystem::exists(dir + "/config.json"));
-  return dir;
-}
+using m3::test::RealVocabModel;
 
 struct Outcome {
   std::mutex mu;

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <string>
@@ -24,12 +23,7 @@ namespace {
 using ojson = nlohmann::ordered_json;
 using Catch::Matchers::Contains;
 
-std::string RealVocabModel() {
-  const std::string dir = M3_REAL_VOCAB_MODEL;
-  INFO("missing " << dir << ": run ctest (its fixture make_real_vocab_model makes it)");
-  REQUIRE(std::filesystem::exists(dir + "/config.json"));
-  return dir;
-}
+using m3::test::RealVocabModel;
 
 struct Fixture {
   std::unique_ptr<m3::Engine> engine;
