@@ -108,17 +108,7 @@ Element GrammarBuilder::ByteRange(uint8_t lo, uint8_t hi) {
   return Bytes(s);
 }
 
-Element GrammarBuilder::Byte(uint8_t b) { return ByteRange(b, b); }
-
-Seq GrammarBuilder::Literal(std::string_view bytes) {
-  Seq s;
-  for (char c : bytes) s.push_back(Byte(static_cast<uint8_t>(c)));
-  return s;
-}
-
-Seq GrammarBuilder::CharClass(const CodepointRanges& ranges_in, bool negate) {
-  // Normalize: sorted, merged, optionally complemented over [0, 0x10FFFF].
-  CodepointRanges r = ranges_in;
+CodepointRanges NormalizeRanges(CodepointRanges r, bool negate) {
   std::sort(r.begin(), r.end());
   CodepointRanges merged;
   for (auto [a, b] : r) {
@@ -129,16 +119,27 @@ Seq GrammarBuilder::CharClass(const CodepointRanges& ranges_in, bool negate) {
       merged.emplace_back(a, b);
     }
   }
-  if (negate) {
-    CodepointRanges comp;
-    uint32_t next = 0;
-    for (auto [a, b] : merged) {
-      if (a > next) comp.emplace_back(next, a - 1);
-      next = b + 1;
-    }
-    if (next <= 0x10FFFF) comp.emplace_back(next, 0x10FFFF);
-    merged = std::move(comp);
+  if (!negate) return merged;
+  CodepointRanges comp;
+  uint32_t next = 0;
+  for (auto [a, b] : merged) {
+    if (a > next) comp.emplace_back(next, a - 1);
+    next = b + 1;
   }
+  if (next <= 0x10FFFF) comp.emplace_back(next, 0x10FFFF);
+  return comp;
+}
+
+Element GrammarBuilder::Byte(uint8_t b) { return ByteRange(b, b); }
+
+Seq GrammarBuilder::Literal(std::string_view bytes) {
+  Seq s;
+  for (char c : bytes) s.push_back(Byte(static_cast<uint8_t>(c)));
+  return s;
+}
+
+Seq GrammarBuilder::CharClass(const CodepointRanges& ranges_in, bool negate) {
+  const CodepointRanges merged = NormalizeRanges(ranges_in, negate);
   // Single-byte part in one set; multi-byte sequences grouped by their leading bytes' tails.
   ByteSet ascii{};
   bool has_ascii = false;

@@ -83,6 +83,8 @@ using Seq = std::vector<Element>;
 
 // Code-point ranges (inclusive).
 using CodepointRanges = std::vector<std::pair<uint32_t, uint32_t>>;
+// Sorted and merged (empty ranges dropped); `negate`: the complement over [0, 0x10FFFF].
+CodepointRanges NormalizeRanges(CodepointRanges r, bool negate);
 
 class GrammarBuilder {
  public:

@@ -14,28 +14,6 @@ constexpr int64_t kMaxMagnitude = 999'999'999'999'999;  // 10^15 - 1
 constexpr int64_t kMaxRegexRepeat = 1000;
 constexpr int kMaxRegexNesting = 32;
 
-CodepointRanges Normalize(CodepointRanges r, bool negate) {
-  std::sort(r.begin(), r.end());
-  CodepointRanges merged;
-  for (auto [a, b] : r) {
-    if (a > b) continue;
-    if (!merged.empty() && a <= merged.back().second + 1) {
-      merged.back().second = std::max(merged.back().second, b);
-    } else {
-      merged.emplace_back(a, b);
-    }
-  }
-  if (!negate) return merged;
-  CodepointRanges comp;
-  uint32_t next = 0;
-  for (auto [a, b] : merged) {
-    if (a > next) comp.emplace_back(next, a - 1);
-    next = b + 1;
-  }
-  if (next <= 0x10FFFF) comp.emplace_back(next, 0x10FFFF);
-  return comp;
-}
-
 bool Contains(const CodepointRanges& r, uint32_t cp) {
   for (auto [a, b] : r) {
     if (cp >= a && cp <= b) return true;
@@ -280,9 +258,9 @@ class RegexCompiler {
       case 'd': ranges = digit; return;
       case 'w': ranges = word; return;
       case 's': ranges = space; return;
-      case 'D': ranges = Normalize(digit, true); negated_class = true; return;
-      case 'W': ranges = Normalize(word, true); negated_class = true; return;
-      case 'S': ranges = Normalize(space, true); negated_class = true; return;
+      case 'D': ranges = NormalizeRanges(digit, true); negated_class = true; return;
+      case 'W': ranges = NormalizeRanges(word, true); negated_class = true; return;
+      case 'S': ranges = NormalizeRanges(space, true); negated_class = true; return;
       case 'n': ranges = {{'\n', '\n'}}; return;
       case 't': ranges = {{'\t', '\t'}}; return;
       case 'r': ranges = {{'\r', '\r'}}; return;
@@ -502,7 +480,7 @@ std::string JsonPathJoin(const std::string& path, const std::string& key) {
 }
 
 Seq EncodedChar(GrammarBuilder& b, CodepointRanges ranges, bool negate, TextEncoding enc) {
-  CodepointRanges set = Normalize(std::move(ranges), negate);
+  CodepointRanges set = NormalizeRanges(std::move(ranges), negate);
   if (enc == TextEncoding::kMarkup) {
     set = Subtract(set, {{']', ']'}});
     if (set.empty()) return b.CharClass({});  // matches nothing
