@@ -177,17 +177,10 @@ class SchemaCompiler {
   }
 
   Seq Object(const json& s, const std::string& path, int depth) {
-    const json empty = json::object();
-    const json& props = s.contains("properties") ? s["properties"] : empty;
-    if (!props.is_object()) Refuse(JsonPathJoin(path, "properties"), "must be an object");
-    std::set<std::string> required;
-    if (auto it = s.find("required"); it != s.end()) {
-      if (!it->is_array()) Refuse(JsonPathJoin(path, "required"), "must be an array of strings");
-      for (const json& r : *it) {
-        if (!r.is_string()) Refuse(JsonPathJoin(path, "required"), "must be an array of strings");
-        required.insert(r.get<std::string>());
-      }
-    }
+    const ObjectKeys keys = ReadObjectKeys(s, path);
+    const json& props = *keys.properties;
+    const std::set<std::string>& required = keys.required;
+    const std::set<std::string>& names = keys.names;
     const json* extra = nullptr;  // schema of extra keys; null: none generated
     json true_schema = true;
     if (auto it = s.find("additionalProperties"); it != s.end()) {
@@ -205,9 +198,6 @@ class SchemaCompiler {
       bool required;
     };
     std::vector<Prop> list;
-    std::set<std::string> names;
-    for (auto& [key, sub] : props.items()) names.insert(key);
-    for (const std::string& r : required) names.insert(r);
     for (const std::string& key : names) {
       const std::string ppath = JsonPathJoin(JsonPathJoin(path, "properties"), key);
       const json* sub = props.contains(key) ? &props[key] : nullptr;

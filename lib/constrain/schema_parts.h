@@ -2,6 +2,7 @@
 // raw markup), numbers, patterns, formats. Internal to lib/constrain.
 #pragma once
 
+#include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -43,5 +44,14 @@ Seq AnyJsonString(GrammarBuilder& b);
 // Compact JSON value of any type (a shared recursive rule).
 Seq AnyJsonValue(GrammarBuilder& b);
 std::string JsonPathJoin(const std::string& path, const std::string& key);
+
+// An object schema's "properties" (an empty object when absent) and "required" names, checked
+// (refused by name when malformed); `names`: the keys of both, in key order.
+struct ObjectKeys {
+  const nlohmann::json* properties;
+  std::set<std::string> required;
+  std::set<std::string> names;
+};
+ObjectKeys ReadObjectKeys(const nlohmann::json& schema, const std::string& path);
 
 }  // namespace m3::constrain

@@ -479,6 +479,23 @@ std::string JsonPathJoin(const std::string& path, const std::string& key) {
   return path + "/" + k;
 }
 
+ObjectKeys ReadObjectKeys(const json& s, const std::string& path) {
+  static const json empty = json::object();
+  ObjectKeys keys;
+  keys.properties = s.contains("properties") ? &s["properties"] : &empty;
+  if (!keys.properties->is_object()) Refuse(JsonPathJoin(path, "properties"), "must be an object");
+  if (auto it = s.find("required"); it != s.end()) {
+    if (!it->is_array()) Refuse(JsonPathJoin(path, "required"), "must be an array of strings");
+    for (const json& r : *it) {
+      if (!r.is_string()) Refuse(JsonPathJoin(path, "required"), "must be an array of strings");
+      keys.required.insert(r.get<std::string>());
+    }
+  }
+  for (auto& [k, unused] : keys.properties->items()) keys.names.insert(k);
+  keys.names.insert(keys.required.begin(), keys.required.end());
+  return keys;
+}
+
 Seq EncodedChar(GrammarBuilder& b, CodepointRanges ranges, bool negate, TextEncoding enc) {
   CodepointRanges set = NormalizeRanges(std::move(ranges), negate);
   if (enc == TextEncoding::kMarkup) {

@@ -71,25 +71,15 @@ class MarkupCompiler {
 
   // The members of an object schema as elements (the body of <invoke> or of an object element).
   Seq ObjectBody(const json& s, const std::string& path, int depth) {
-    const json empty = json::object();
-    const json& props = s.contains("properties") ? s["properties"] : empty;
-    if (!props.is_object()) Refuse(JsonPathJoin(path, "properties"), "must be an object");
-    std::set<std::string> required;
-    if (auto it = s.find("required"); it != s.end()) {
-      if (!it->is_array()) Refuse(JsonPathJoin(path, "required"), "must be an array of strings");
-      for (const json& r : *it) {
-        if (!r.is_string()) Refuse(JsonPathJoin(path, "required"), "must be an array of strings");
-        required.insert(r.get<std::string>());
-      }
-    }
+    const ObjectKeys keys = ReadObjectKeys(s, path);
+    const json& props = *keys.properties;
+    const std::set<std::string>& required = keys.required;
+    const std::set<std::string>& names = keys.names;
     const json* extra = nullptr;
     if (auto it = s.find("additionalProperties"); it != s.end()) {
       if (it->is_object()) extra = &*it;
       else if (!it->is_boolean()) Refuse(JsonPathJoin(path, "additionalProperties"), "must be a boolean or a schema");
     }
-    std::set<std::string> names;
-    for (auto& [k, unused] : props.items()) names.insert(k);
-    for (const std::string& r : required) names.insert(r);
     Seq out;
     const json untyped = json::object();
     for (const std::string& key : names) {
