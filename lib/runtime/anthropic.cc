@@ -93,6 +93,13 @@ Status CheckTextBlock(const ojson& block, const std::string& where) {
   return CheckCacheControl(block, where);
 }
 
+// The "type" of a content block (an object with a string "type").
+StatusOr<std::string> BlockType(const ojson& block, const std::string& where) {
+  if (!block.is_object() || !block.contains("type") || !block["type"].is_string())
+    return InvalidArgument("\"", where, "\" must be an object with a \"type\"");
+  return block["type"].get<std::string>();
+}
+
 // The refusal of a block type the endpoint does not take, by name; `place` says where it stands.
 Status RefuseBlock(const std::string& type, const std::string& where, const char* place) {
   if (type == "image" || type == "document" || type == "search_result" || type == "container_upload")
@@ -115,10 +122,8 @@ StatusOr<std::string> TextContent(const ojson& content, const std::string& where
   for (size_t j = 0; j < content.size(); ++j) {
     const ojson& block = content[j];
     const std::string at = Str(where, "[", j, "]");
-    if (!block.is_object() || !block.contains("type") || !block["type"].is_string())
-      return InvalidArgument("\"", at, "\" must be an object with a \"type\"");
-    if (block["type"] != "text")
-      return RefuseBlock(block["type"].get<std::string>(), at, "text content (text blocks only)");
+    M3_ASSIGN_OR_RETURN(const std::string type, BlockType(block, at));
+    if (type != "text") return RefuseBlock(type, at, "text content (text blocks only)");
     M3_RETURN_IF_ERROR(CheckTextBlock(block, at));
     parts.push_back(block["text"].get<std::string>());
   }
@@ -295,9 +300,7 @@ StatusOr<ojson> ConvertMessages(const ojson& messages, std::string system) {
       for (size_t j = 0; content.is_array() && j < content.size(); ++j) {
         const ojson& block = content[j];
         const std::string block_at = Str(content_at, "[", j, "]");
-        if (!block.is_object() || !block.contains("type") || !block["type"].is_string())
-          return InvalidArgument("\"", block_at, "\" must be an object with a \"type\"");
-        const std::string type = block["type"].get<std::string>();
+        M3_ASSIGN_OR_RETURN(const std::string type, BlockType(block, block_at));
         if (type == "text") {
           M3_RETURN_IF_ERROR(CheckTextBlock(block, block_at));
           texts.push_back(block["text"].get<std::string>());
@@ -347,9 +350,7 @@ StatusOr<ojson> ConvertMessages(const ojson& messages, std::string system) {
     for (size_t j = 0; content.is_array() && j < content.size(); ++j) {
       const ojson& block = content[j];
       const std::string block_at = Str(content_at, "[", j, "]");
-      if (!block.is_object() || !block.contains("type") || !block["type"].is_string())
-        return InvalidArgument("\"", block_at, "\" must be an object with a \"type\"");
-      const std::string type = block["type"].get<std::string>();
+      M3_ASSIGN_OR_RETURN(const std::string type, BlockType(block, block_at));
       if (type == "text") {
         M3_RETURN_IF_ERROR(CheckTextBlock(block, block_at));
         texts.push_back(block["text"].get<std::string>());
