@@ -463,6 +463,25 @@ std::optional<std::string> ReadBody(const httplib::ContentReader& reader) {
   return body;
 }
 
+// The JSON body of a request that needs no model pass (count_tokens, tokenize, detokenize);
+// nullopt: refused (413 or 400 sent).
+std::optional<ojson> ReadJsonBody(const httplib::ContentReader& reader, httplib::Response& res) {
+  const std::optional<std::string> raw = ReadBody(reader);
+  GuardedServer::RequestRead();
+  if (!raw) {
+    res.set_header("Connection", "close");
+    GuardedServer::CloseAfterReply();
+    SendError(res, 413, Str("the request body is larger than ", kMaxBodyBytes >> 20, " MiB"));
+    return std::nullopt;
+  }
+  StatusOr<ojson> body = ParseJson<ojson>(*raw, "the request body");
+  if (!body.ok()) {
+    SendError(res, 400, body.status().message());
+    return std::nullopt;
+  }
+  return std::move(body).value();
+}
+
 // An error reply of the Anthropic endpoints in Anthropic's shape (anthropic::ErrorBody): the
 // refusals made for every route (SendError, in OpenAI's shape) turned over once they are made.
 void MatchErrorShape(const httplib::Request& req, httplib::Response& res) {
@@ -524,15 +543,8 @@ void StreamMessages(const std::shared_ptr<Server>& server, const std::shared_ptr
 // POST /v1/messages/count_tokens: the length of the prompt the template renders; no model pass.
 void HandleCountTokens(const std::shared_ptr<Server>& server, const httplib::ContentReader& reader,
                        httplib::Response& res) {
-  const std::optional<std::string> raw = ReadBody(reader);
-  GuardedServer::RequestRead();
-  if (!raw) {
-    res.set_header("Connection", "close");
-    GuardedServer::CloseAfterReply();
-    return SendError(res, 413, Str("the request body is larger than ", kMaxBodyBytes >> 20, " MiB"));
-  }
-  const StatusOr<ojson> body = ParseJson<ojson>(*raw, "the request body");
-  if (!body.ok()) return SendError(res, 400, body.status().message());
+  const std::optional<ojson> body = ReadJsonBody(reader, res);
+  if (!body) return;
   const auto r = anthropic::ParseMessagesRequest(*body, server->args.defaults, /*count_tokens=*/true);
   if (!r.ok()) return SendError(res, 400, r.status().message());
   TurnOptions turn;
@@ -716,15 +728,8 @@ void HandleCompletion(const std::shared_ptr<Server>& server, bool chat, const ht
 // POST /tokenize and /detokenize (openai::Tokenize, openai::Detokenize): no model pass.
 void HandleTokens(const std::shared_ptr<Server>& server, bool tokenize, const httplib::ContentReader& reader,
                   httplib::Response& res) {
-  const std::optional<std::string> raw = ReadBody(reader);
-  GuardedServer::RequestRead();
-  if (!raw) {
-    res.set_header("Connection", "close");
-    GuardedServer::CloseAfterReply();
-    return SendError(res, 413, Str("the request body is larger than ", kMaxBodyBytes >> 20, " MiB"));
-  }
-  const StatusOr<ojson> body = ParseJson<ojson>(*raw, "the request body");
-  if (!body.ok()) return SendError(res, 400, body.status().message());
+  const std::optional<ojson> body = ReadJsonBody(reader, res);
+  if (!body) return;
   const StatusOr<ojson> out =
       tokenize ? openai::Tokenize(*server->text, *body, server->args.defaults, server->scheduler->max_context())
                : openai::Detokenize(server->text->tokenizer(), *body);
