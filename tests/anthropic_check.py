@@ -11,15 +11,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from serve_util import Server, fixture_env  # noqa: E402
+from serve_util import Server, check, failures, fixture_env  # noqa: E402
 
 m3, model = sys.argv[1], sys.argv[2]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
 
 
 def sse(text):

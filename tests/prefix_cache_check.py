@@ -12,16 +12,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from serve_util import Server, fixture_env, metric  # noqa: E402
+from serve_util import Server, check, failures, fixture_env, metric  # noqa: E402
 
 m3, model = sys.argv[1], sys.argv[2]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-
 
 # ~2,000 tokens of tool definitions, as agents send them.
 tools = []

@@ -18,16 +18,9 @@ import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(__file__))
-from serve_util import events  # noqa: E402
+from serve_util import check, events, failures  # noqa: E402
 
 m3, model = sys.argv[1], sys.argv[2]
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-
 
 server = subprocess.Popen([m3, "serve", "-m", model, "--port", "0", "-t", "2", "-c", "400", "--name", "tiny",
                            "--slots", "2"],

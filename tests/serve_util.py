@@ -8,6 +8,15 @@ import threading
 import time
 
 
+# The failures of a check script (`check`); it prints them and exits 1 when there are any.
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
 class Server:
     """`m3 serve` on a free port; its stderr is collected as it runs (`log()`)."""
 
