@@ -5,34 +5,15 @@
 // AuthenticationError, NotFoundError). Exits non-zero on any failure.
 // Usage: node anthropic_sdk_check.mjs BASE_URL API_KEY   (driver: tests/node_client_check.py)
 import Anthropic from '@anthropic-ai/sdk';
+import { check, expectError, failures, runChecks, serverArgs, show } from './check_util.mjs';
 
-const [baseURL, apiKey] = process.argv.slice(2);
-if (!baseURL || !apiKey) {
-  console.error('usage: node anthropic_sdk_check.mjs BASE_URL API_KEY');
-  process.exit(2);
-}
+const [baseURL, apiKey] = serverArgs('anthropic_sdk_check.mjs');
 const client = new Anthropic({ baseURL, apiKey, maxRetries: 0, timeout: 120_000 });
-const failures = [];
-const check = (cond, what) => {
-  if (!cond) failures.push(what);
-};
-const show = (v) => JSON.stringify(v).slice(0, 400);
 const textOf = (message) => message.content.filter((b) => b.type === 'text').map((b) => b.text).join('');
 
 const hello = [{ role: 'user', content: 'Hello! Who are you?' }];
 const base = { model: 'tiny', max_tokens: 10, temperature: 0, messages: hello };
 const thinking = { ...base, thinking: { type: 'enabled', budget_tokens: 1024 } };
-
-async function expectError(what, cls, fn) {
-  try {
-    await fn();
-    failures.push(`${what}: no error`);
-  } catch (e) {
-    check(e instanceof cls, `${what}: ${e?.constructor?.name} is not ${cls.name}: ${e?.message}`);
-    return e;
-  }
-  return null;
-}
 
 async function main() {
   // Whole replies, thinking on and off.
@@ -150,11 +131,4 @@ async function main() {
   check(notFound?.status === 404, `404: ${show(notFound?.error)}`);
 }
 
-try {
-  await main();
-} catch (e) {
-  failures.push(`unexpected: ${e?.constructor?.name}: ${e?.message}\n${e?.stack}`);
-}
-for (const f of failures) console.log('FAIL:', f);
-console.log(`anthropic sdk checks: ${failures.length} failed`);
-process.exit(failures.length ? 1 : 0);
+await runChecks('anthropic_sdk_check', main);

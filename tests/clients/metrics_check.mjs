@@ -7,19 +7,9 @@
 // queue gauges. Exits non-zero on any failure.
 // Usage: node metrics_check.mjs BASE_URL API_KEY   (driver: tests/node_client_check.py)
 import parsePrometheusTextFormat from 'parse-prometheus-text-format';
+import { check, failures, runChecks, serverArgs, show } from './check_util.mjs';
 
-const [baseURL, apiKey] = process.argv.slice(2);
-if (!baseURL || !apiKey) {
-  console.error('usage: node metrics_check.mjs BASE_URL API_KEY');
-  process.exit(2);
-}
-let passed = 0;
-const failures = [];
-const check = (cond, what) => {
-  if (cond) passed += 1;
-  else failures.push(what);
-};
-const show = (v) => JSON.stringify(v).slice(0, 400);
+const [baseURL, apiKey] = serverArgs('metrics_check.mjs');
 const headers = { Authorization: `Bearer ${apiKey}`, 'Content-Type': 'application/json' };
 const post = (path, body) => fetch(`${baseURL}${path}`, { method: 'POST', headers, body: JSON.stringify(body) });
 const chat = { model: 'tiny', max_tokens: 6, temperature: 0, messages: [{ role: 'user', content: 'Hello!' }] };
@@ -172,11 +162,4 @@ async function main() {
   }
 }
 
-try {
-  await main();
-} catch (e) {
-  failures.push(`unexpected error: ${e?.constructor?.name}: ${e?.message}\n${e?.stack}`);
-}
-for (const f of failures) console.log(`FAIL ${f}`);
-console.log(`metrics_check: ${passed} passed, ${failures.length} failed`);
-process.exit(failures.length ? 1 : 0);
+await runChecks('metrics_check', main);

@@ -8,20 +8,10 @@
 // Usage: node openai_sdk_check.mjs BASE_URL API_KEY   (driver: tests/node_client_check.py)
 import OpenAI from 'openai';
 import Ajv from 'ajv';
+import { check, expectError, failures, runChecks, serverArgs, show } from './check_util.mjs';
 
-const [baseURL, apiKey] = process.argv.slice(2);
-if (!baseURL || !apiKey) {
-  console.error('usage: node openai_sdk_check.mjs BASE_URL API_KEY');
-  process.exit(2);
-}
+const [baseURL, apiKey] = serverArgs('openai_sdk_check.mjs');
 const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0, timeout: 120_000 });
-let passed = 0;
-const failures = [];
-const check = (cond, what) => {
-  if (cond) passed += 1;
-  else failures.push(what);
-};
-const show = (v) => JSON.stringify(v).slice(0, 400);
 const ajv = new Ajv({ allErrors: true, strict: false });
 
 const hello = [{ role: 'user', content: 'Hello! Who are you?' }];
@@ -36,17 +26,6 @@ const tools = [{
   type: 'function',
   function: { name: 'get_weather', description: 'Weather of a city', parameters: weatherSchema },
 }];
-
-async function expectError(what, cls, fn) {
-  try {
-    await fn();
-    failures.push(`${what}: no error`);
-  } catch (e) {
-    check(e instanceof cls, `${what}: ${e?.constructor?.name} is not ${cls.name}: ${e?.message}`);
-    return e;
-  }
-  return null;
-}
 
 // Collects a streamed chat reply per choice index: content, finish_reason, and the usage chunk.
 async function collectChat(stream) {
@@ -220,11 +199,4 @@ async function main() {
   }
 }
 
-try {
-  await main();
-} catch (e) {
-  failures.push(`unexpected error: ${e?.constructor?.name}: ${e?.message}\n${e?.stack}`);
-}
-for (const f of failures) console.log(`FAIL ${f}`);
-console.log(`openai_sdk_check: ${passed} passed, ${failures.length} failed`);
-process.exit(failures.length ? 1 : 0);
+await runChecks('openai_sdk_check', main);
