@@ -132,6 +132,37 @@ json SummaryJson(const Summary& s) {
   return {{"n", s.n}, {"mean_us", s.mean}, {"p50_us", s.p50}, {"p99_us", s.p99}, {"max_us", s.max}};
 }
 
+// Median milliseconds of single-token decode steps of `model_dir` after a short prompt, and its
+// layer and thread counts; -1 with a message on `log` when the model does not open.
+double DecodeStepMs(const ConstrainBenchOptions& o, int* layers, int* threads, FILE* log) {
+  auto engine = Engine::Open(o.model_dir, o.engine);
+  if (!engine.ok()) {
+    std::fprintf(log, "m3 bench --constrain: %s\n", engine.status().message().c_str());
+    return -1;
+  }
+  *layers = (*engine)->model().config().num_layers;
+  *threads = (*engine)->threads().threads;
+  Session session(**engine, SessionOptions{});
+  std::vector<float> logits;
+  std::vector<int32_t> prompt(16);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(1000 + 37 * i);
+  if (Status st = session.Eval(prompt, LogitsMode::kLastRow, &logits); !st.ok()) {
+    std::fprintf(log, "m3 bench --constrain: %s\n", st.message().c_str());
+    return -1;
+  }
+  // 48 steps, the first 32 untimed: they page in the experts a step may route to (a server's
+  // weights are resident).
+  std::vector<double> ms;
+  for (int step = 0; step < 48; ++step) {
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const auto t = Clock::now();
+    if (!session.Eval(std::span<const int32_t>(&next, 1), LogitsMode::kLastRow, &logits).ok()) return -1;
+    if (step >= 32) ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 }  // namespace
 
 int RunConstrainBench(const ConstrainBenchOptions& o, FILE* out, FILE* log) {
@@ -187,6 +218,15 @@ int RunConstrainBench(const ConstrainBenchOptions& o, FILE* out, FILE* log) {
     results.push_back(r);
   }
 
+  // The masks against a decode step of a real model (-m), as the server pays both per token.
+  // A model of fewer layers than the 60 of MiniMax-M3 has a shorter step: the share is an upper
+  // bound of the full model's.
+  double step_ms = -1;
+  int layers = 0, threads = 0;
+  if (!o.model_dir.empty()) {
+    step_ms = DecodeStepMs(o, &layers, &threads, log);
+    if (step_ms < 0) return 1;
+  }
   const std::string cpu = CpuModel();
   if (o.json) {
     for (const GrammarResult& r : results) {
@@ -196,7 +236,11 @@ int RunConstrainBench(const ConstrainBenchOptions& o, FILE* out, FILE* log) {
                          {"walks_done", r.walks_done}, {"budget", o.budget}, {"cold", SummaryJson(r.cold)}, {"shared", SummaryJson(r.shared)}, {"first_walk", SummaryJson(r.first_all)},
                          {"cached", SummaryJson(r.cached)}, {"all", SummaryJson(r.all)},
                          {"accept", SummaryJson(r.accept)}};
-      std::fprintf(out, "%s\n", line.dump().c_str());
+      json with_step = line;
+      if (step_ms >= 0)
+        with_step.update({{"decode_step_ms", step_ms}, {"decode_layers", layers}, {"decode_threads", threads},
+                          {"mask_mean_share_of_step", r.all.mean / 1000.0 / step_ms}});
+      std::fprintf(out, "%s\n", with_step.dump().c_str());
     }
     return 0;
   }
@@ -221,6 +265,14 @@ int RunConstrainBench(const ConstrainBenchOptions& o, FILE* out, FILE* log) {
       first = false;
     }
     std::fprintf(out, "%-12s %zu of %zu walks completed within the budget\n", "", r.walks_done, r.walks);
+  }
+  if (step_ms >= 0) {
+    std::fprintf(out, "\ndecode step of %s: %.2f ms median (%d layers, %d threads; the 60-layer model's is longer)\n",
+                 o.model_dir.c_str(), step_ms, layers, threads);
+    for (const GrammarResult& r : results)
+      std::fprintf(out, "%-12s mask per token: mean %.1f us = %.3f%% of that step, p99 %.1f us = %.2f%%\n",
+                   r.name.c_str(), r.all.mean, 100.0 * r.all.mean / 1000.0 / step_ms, r.all.p99,
+                   100.0 * r.all.p99 / 1000.0 / step_ms);
   }
   return 0;
 }

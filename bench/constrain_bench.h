@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <string>
 
+#include "runtime/engine.h"
+
 namespace m3::bench {
 
 struct ConstrainBenchOptions {
@@ -21,6 +23,10 @@ struct ConstrainBenchOptions {
   int walks = 8;          // random walks per grammar
   size_t budget = 512;    // tokens per walk
   bool json = false;      // JSON lines instead of the table
+  // -m DIR: a model whose decode step (median of single-token steps) the masks are set against;
+  // empty: none.
+  std::string model_dir;
+  EngineOptions engine;
 };
 
 // Returns 0, or 1 when the tokenizer or a grammar cannot be loaded or a walk breaks the grammar.

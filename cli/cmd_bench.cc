@@ -175,6 +175,15 @@ int RunConstrain(const BenchArgs& args) {
   opts.tokenizer = args.tokenizer;
   opts.json = args.json;
   if (args.quick) opts.walks = 2;
+  opts.model_dir = args.model;  // -m: the decode step the masks are set against
+  EngineArgs engine = args.engine;
+  engine.threads = args.threads.empty() ? 0 : args.threads[0];
+  const StatusOr<EngineOptions> engine_options = engine.Options();
+  if (!engine_options.ok()) {
+    std::fprintf(stderr, "m3 bench: %s\n", engine_options.status().message().c_str());
+    return 2;
+  }
+  opts.engine = engine_options.value();
   return bench::RunConstrainBench(opts, stdout, stderr);
 #else
   (void)args;
@@ -239,7 +248,8 @@ void AddBenchCommand(CLI::App& app, int* rc) {
   cmd->add_flag("--attention", args->attention, kModes[1].description);
   cmd->add_flag("--constrain", args->constrain, kModes[2].description);
   cmd->add_option("--tokenizer", args->tokenizer,
-                  "--constrain: tokenizer.json or its folder (default: tests/data/tokenizer/minimax-m3)");
+                  "--constrain: tokenizer.json or its folder (default: tests/data/tokenizer/minimax-m3); with -m, "
+                  "the masks are set against that model's decode step");
   cmd->add_flag("--json", args->json, "Machine output: one JSON object (end to end) or JSON lines (--kernels, --attention)");
   cmd->add_flag("--quick", args->quick,
                 "--kernels, --attention: tiny sizes and few repetitions (a smoke test; figures are not meaningful)");
@@ -293,8 +303,9 @@ void AddBenchCommand(CLI::App& app, int* rc) {
                       "--attention: PNG plot of time vs context to FILE (gnuplot; default none)"),
   };
   cmd->callback([args, rc, end_to_end, attention] {
-    for (CLI::Option* o : end_to_end)
-      if (o->count() > 0) args->end_to_end_flags.push_back(o->get_name());
+    for (CLI::Option* o : end_to_end)  // -m also serves --constrain (the decode step it compares with)
+      if (o->count() > 0 && !(args->constrain && o->get_name() == "--model"))
+        args->end_to_end_flags.push_back(o->get_name());
     for (CLI::Option* o : attention)
       if (o->count() > 0) args->attention_flags.push_back(o->get_name());
     *rc = RunBench(*args);
