@@ -25,7 +25,9 @@ bool Present(const ojson& obj, const char* key) { return obj.contains(key) && !o
 // block's "citations": null); the top level (`strict`) refuses every unknown key.
 Status CheckKeys(const ojson& obj, const std::string& where, std::initializer_list<const char*> allowed,
                  bool strict = false) {
-  for (const auto& [key, value] : obj.items()) {
+  for (const auto& item : obj.items()) {
+    const std::string& key = item.key();
+    const ojson& value = item.value();
     if (std::any_of(allowed.begin(), allowed.end(), [&](const char* k) { return key == k; })) continue;
     if (!strict && (value.is_null() || (value.is_array() && value.empty()))) continue;
     return InvalidArgument("\"", where.empty() ? key : where + "." + key, "\" is not supported by this server");
