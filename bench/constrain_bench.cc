@@ -183,40 +183,30 @@ int RunConstrainBench(const ConstrainBenchOptions& o, FILE* out, FILE* log) {
 
   const json schema = json::parse(kAgentSchema);
   std::vector<GrammarResult> results;
-  {
+  // Times the compile, then the walks over the grammar; false (with a message) when either fails.
+  auto measure = [&](const char* name, auto compile) {
     t0 = Clock::now();
-    auto g = constrain::CompileJsonSchema(schema);
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    StatusOr<std::shared_ptr<const constrain::Grammar>> g = compile();
+    GrammarResult r;
+    r.compile_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (!g.ok()) {
       std::fprintf(log, "m3 bench --constrain: %s\n", g.status().message().c_str());
-      return 1;
+      return false;
     }
-    GrammarResult r;
-    r.compile_ms = ms;
-    if (!Walks("json_schema", *g, vocab, end_id, o, r, log)) return 1;
+    if (!Walks(name, *g, vocab, end_id, o, r, log)) return false;
     results.push_back(r);
+    return true;
+  };
+  if (!measure("json_schema", [&] { return constrain::CompileJsonSchema(schema); })) return 1;
+  auto tokens = constrain::MarkupTokens::From(tok);
+  if (!tokens.ok()) {
+    std::fprintf(log, "m3 bench --constrain: %s\n", tokens.status().message().c_str());
+    return 1;
   }
-  {
-    auto tokens = constrain::MarkupTokens::From(tok);
-    if (!tokens.ok()) {
-      std::fprintf(log, "m3 bench --constrain: %s\n", tokens.status().message().c_str());
-      return 1;
-    }
-    const std::vector<constrain::ToolSpec> tools = {{"agent_step", schema["properties"]["arguments"]},
-                                                    {"finish", json::parse(R"({"type":"object","properties":{
-                                                        "answer":{"type":"string"}},"required":["answer"]})")}};
-    t0 = Clock::now();
-    auto g = constrain::CompileToolCalls(tools, *tokens);
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    if (!g.ok()) {
-      std::fprintf(log, "m3 bench --constrain: %s\n", g.status().message().c_str());
-      return 1;
-    }
-    GrammarResult r;
-    r.compile_ms = ms;
-    if (!Walks("tool_calls", *g, vocab, end_id, o, r, log)) return 1;
-    results.push_back(r);
-  }
+  const std::vector<constrain::ToolSpec> tools = {{"agent_step", schema["properties"]["arguments"]},
+                                                  {"finish", json::parse(R"({"type":"object","properties":{
+                                                      "answer":{"type":"string"}},"required":["answer"]})")}};
+  if (!measure("tool_calls", [&] { return constrain::CompileToolCalls(tools, *tokens); })) return 1;
 
   // The masks against a decode step of a real model (-m), as the server pays both per token.
   // A model of fewer layers than the 60 of MiniMax-M3 has a shorter step: the share is an upper

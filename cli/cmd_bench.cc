@@ -126,6 +126,21 @@ int RunAttention(const BenchArgs& args) {
 #endif
 }
 
+#if M3_HAVE_BENCH
+// The engine options of a run that uses one thread count (-t's first); nothing, with a message,
+// when the engine flags are wrong.
+std::optional<EngineOptions> BenchEngineOptions(const BenchArgs& args) {
+  EngineArgs engine = args.engine;
+  engine.threads = args.threads.empty() ? 0 : args.threads[0];
+  const StatusOr<EngineOptions> options = engine.Options();
+  if (!options.ok()) {
+    std::fprintf(stderr, "m3 bench: %s\n", options.status().message().c_str());
+    return std::nullopt;
+  }
+  return options.value();
+}
+#endif
+
 int RunEndToEnd(const BenchArgs& args) {
 #if M3_HAVE_BENCH
   if (args.quick) {
@@ -135,15 +150,10 @@ int RunEndToEnd(const BenchArgs& args) {
   }
   if (args.threads.size() > 1)
     std::fprintf(stderr, "m3 bench: the end-to-end run uses one thread count: -t %d\n", args.threads[0]);
-  EngineArgs engine = args.engine;
-  engine.threads = args.threads.empty() ? 0 : args.threads[0];
-  const StatusOr<EngineOptions> engine_options = engine.Options();
-  if (!engine_options.ok()) {
-    std::fprintf(stderr, "m3 bench: %s\n", engine_options.status().message().c_str());
-    return 2;
-  }
+  const std::optional<EngineOptions> engine_options = BenchEngineOptions(args);
+  if (!engine_options) return 2;
   bench::ModelBenchOptions opts;
-  opts.engine = engine_options.value();
+  opts.engine = *engine_options;
   opts.model_dir = args.model;
   opts.layers = args.layers;
   if (args.type) {
@@ -176,14 +186,9 @@ int RunConstrain(const BenchArgs& args) {
   opts.json = args.json;
   if (args.quick) opts.walks = 2;
   opts.model_dir = args.model;  // -m: the decode step the masks are set against
-  EngineArgs engine = args.engine;
-  engine.threads = args.threads.empty() ? 0 : args.threads[0];
-  const StatusOr<EngineOptions> engine_options = engine.Options();
-  if (!engine_options.ok()) {
-    std::fprintf(stderr, "m3 bench: %s\n", engine_options.status().message().c_str());
-    return 2;
-  }
-  opts.engine = engine_options.value();
+  const std::optional<EngineOptions> engine_options = BenchEngineOptions(args);
+  if (!engine_options) return 2;
+  opts.engine = *engine_options;
   return bench::RunConstrainBench(opts, stdout, stderr);
 #else
   (void)args;
