@@ -189,7 +189,15 @@ void AxpyImpl(float alpha, const float* HWY_RESTRICT x, float* HWY_RESTRICT y, s
   const auto va = hn::Set(df, alpha);
   size_t i = 0;
   for (; i + N <= n; i += N) hn::StoreU(hn::MulAdd(va, hn::LoadU(df, x + i), hn::LoadU(df, y + i)), df, y + i);
-  for (; i < n; ++i) y[i] += alpha * x[i];
+  // The tail through the same vector operation on a padded copy: an element's result never
+  // depends on where a call's range starts (a MoE split over processes adds up column slices).
+  if (i < n) {
+    HWY_ALIGN float xt[HWY_MAX_BYTES / sizeof(float)] = {}, yt[HWY_MAX_BYTES / sizeof(float)] = {};
+    std::memcpy(xt, x + i, (n - i) * sizeof(float));
+    std::memcpy(yt, y + i, (n - i) * sizeof(float));
+    hn::Store(hn::MulAdd(va, hn::Load(df, xt), hn::Load(df, yt)), df, yt);
+    std::memcpy(y + i, yt, (n - i) * sizeof(float));
+  }
 }
 
 void ScaleImpl(float* y, float s, size_t n) { RowScale(y, s, n); }

@@ -2,6 +2,9 @@
 // token by token with RouteToken and MlpForward, for raw and packed weights, on 1-3 threads.
 #include <algorithm>
 #include <atomic>
+#include <barrier>
+#include <span>
+#include <thread>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -279,6 +282,85 @@ TEST_CASE("a NUMA split (simulated nodes) gives the same bits as no split", "[mo
       size_t rows = 0;
       for (const auto& node : split.value()->slices) rows += node[0].local.gate.rows + node[0].local.down.rows;
       CHECK(rows == m.w.experts[0].gate.rows + m.w.experts[0].down.rows);
+    }
+  }
+}
+
+// The processes of a MoePart as threads of this one: each part's exchange meets the others'
+// at a barrier and copies their values.
+struct ThreadExchanges {
+  explicit ThreadExchanges(int count) : sync(count), own(static_cast<size_t>(count)) {
+    for (int i = 0; i < count; ++i) parts.push_back(std::make_unique<Part>(this, i));
+  }
+  struct Part : MoeExchange {
+    Part(ThreadExchanges* all, int index) : all(all), index(index) {}
+    Status AllGather(const float* mine, std::span<const size_t> counts, float* out) override {
+      return Collect(mine, counts, out, true);
+    }
+    Status Gather(const float* mine, std::span<const size_t> counts, float* out) override {
+      return Collect(mine, counts, out, index == 0);
+    }
+    Status Collect(const float* mine, std::span<const size_t> counts, float* out, bool receive) {
+      all->own[static_cast<size_t>(index)] = mine;
+      all->sync.arrive_and_wait();
+      if (receive)
+        for (size_t q = 0, at = 0; q < counts.size(); at += counts[q++])
+          std::copy_n(all->own[q], counts[q], out + at);
+      all->sync.arrive_and_wait();
+      return Status::Ok();
+    }
+    ThreadExchanges* all;
+    int index;
+  };
+  std::barrier<> sync;
+  std::vector<const float*> own;
+  std::vector<std::unique_ptr<Part>> parts;
+};
+
+TEST_CASE("a MoE block shared out over processes (MoePart) gives process 0 the same bits as one process", "[moe][dist]") {
+  using F = simd::WeightFormat;
+  struct Shape {
+    F f;
+    size_t hidden, inter;
+  };
+  // Partial last tiles (72 = 4.5 tiles, 40 = 2.5) and more processes than some matrices have tiles.
+  for (const Shape& sh : {Shape{F::kQ4, 128, 80}, Shape{F::kQ8, 128, 80}, Shape{F::kBF16Tiled, 128, 80},
+                          Shape{F::kF32, 72, 40}, Shape{F::kF32, 40, 24}}) {
+    for (bool shared : {true, false}) {
+      TestMoe m(sh.f, sh.f == F::kQ4 ? F::kQ8 : sh.f, 6, sh.hidden, sh.inter, shared, 31);
+      MoeParams p;
+      p.top_k = 2;
+      for (size_t n : {1, 7}) {
+        const auto x = RandomVec(n * sh.hidden, static_cast<uint32_t>(n + 3));
+        std::vector<float> want(n * sh.hidden);
+        std::vector<int32_t> ids(n * 2);
+        std::vector<float> weights(n * 2);
+        MoeForward(ThreadConfig{2}, m.w, p, x.data(), n, want.data());
+        MoeRoute(ThreadConfig{1}, m.w, p, x.data(), n, ids.data(), weights.data());
+        for (int count : {2, 3, 4}) {
+          INFO(simd::WeightFormatName(sh.f) << " H " << sh.hidden << (shared ? " with" : " without")
+                                            << " a shared expert, " << count << " processes, " << n << " tokens");
+          ThreadExchanges ex(count);
+          std::vector<MoeWeights> parts;
+          for (int i = 0; i < count; ++i) parts.push_back(MoePartOf(m.w, MoePart{i, count}));
+          std::vector<std::vector<float>> out(static_cast<size_t>(count), std::vector<float>(n * sh.hidden, -1.0f));
+          std::vector<Status> status(static_cast<size_t>(count));
+          std::vector<std::thread> threads;
+          for (int i = 0; i < count; ++i)
+            threads.emplace_back([&, i] {
+              const auto u = static_cast<size_t>(i);
+              status[u] = MoePartForward(ThreadConfig{1 + i % 2}, parts[u], p, x.data(), n, ids.data(), weights.data(),
+                                         *ex.parts[u], out[u].data());
+            });
+          for (std::thread& t : threads) t.join();
+          for (const Status& st : status) CHECK(st.ok());
+          CHECK(out[0] == want);
+          // The slices add up to the whole expert: each row of gate and down on one process.
+          size_t rows = 0;
+          for (const MoeWeights& w : parts) rows += w.experts[0].gate.rows + w.experts[0].down.rows;
+          CHECK(rows == sh.hidden + sh.inter);
+        }
+      }
     }
   }
 }

@@ -248,8 +248,9 @@ void CheckPackedAgainstSource(const std::string& src_dir, const fs::path& out, m
     if (!L.is_moe) continue;
     REQUIRE(L.moe.expert_memory.size() == L.moe.experts.size());
     for (size_t e = 0; e < L.moe.experts.size(); ++e) {
-      const auto* lo = static_cast<const uint8_t*>(L.moe.expert_memory[e].data);
-      const auto* hi = lo + L.moe.expert_memory[e].bytes;
+      REQUIRE(L.moe.expert_memory[e].size() == 1);
+      const auto* lo = static_cast<const uint8_t*>(L.moe.expert_memory[e][0].data);
+      const auto* hi = lo + L.moe.expert_memory[e][0].bytes;
       CHECK(reinterpret_cast<uintptr_t>(lo) % 4096 == 0);
       for (const m3::simd::WeightRef* wr : {&L.moe.experts[e].gate, &L.moe.experts[e].up, &L.moe.experts[e].down}) {
         const auto* d = static_cast<const uint8_t*>(wr->data);

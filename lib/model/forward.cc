@@ -283,7 +283,11 @@ Status Model::ForwardBatch(const OpContext& ctx, std::span<const Segment> segmen
     NormRows(tc, h, rows, H, L.post_norm, c.rms_norm_eps, x);
     if (L.is_moe) {
       routed.resize(rows * c.experts_per_token);
-      MoeForward(tc, L.moe, moe_params, x, rows, delta, routed.data());
+      if (moe_runner_) {
+        M3_RETURN_IF_ERROR(moe_runner_->Run(tc, l, L.moe, moe_params, x, rows, delta, routed.data()));
+      } else {
+        MoeForward(tc, L.moe, moe_params, x, rows, delta, routed.data());
+      }
       if (observer) observer->OnRouting(l, pos[0], rows, c.experts_per_token, routed.data());
     } else {
       MlpForward(tc, L.mlp, moe_params.act, x, rows, delta);

@@ -14,6 +14,7 @@
 #include "model/kv_cache.h"
 #include "model/weights.h"
 #include "ops/attention.h"
+#include "ops/moe.h"
 #include "ops/norm_rope.h"
 #include "platform/numa.h"
 #include "platform/parallel.h"
@@ -52,6 +53,16 @@ struct SelectionRecorder : ForwardObserver {
         row.emplace_back(sel.Blocks(t, h), sel.Blocks(t, h) + sel.Count(t, h));
     }
   }
+};
+
+// Runs the MoE blocks of forward passes in place of MoeForward: lib/dist's expert parallelism,
+// where other processes compute slices of the experts. `layer` indexes the decoder layers, then
+// the MTP layers after them (Model::MoeOfLayer).
+class MoeRunner {
+ public:
+  virtual ~MoeRunner() = default;
+  virtual Status Run(const OpContext& tc, int layer, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+                     float* out, int32_t* routed_ids) const = 0;
 };
 
 class Model {
@@ -116,6 +127,14 @@ class Model {
   // them; returns the bytes locked.
   Status PlaceOnNodes(const Topology& topology, int nodes, int threads);
   StatusOr<uint64_t> LockDenseWeights();
+  // Expert parallelism (lib/dist): keeps only slice `part.index` of `part.count` of every MoE
+  // layer's experts (MoePart), as views of the mapping, so this process never reads the rest.
+  // Before PlaceOnNodes, which then splits the slices over the nodes.
+  void KeepExpertPart(const MoePart& part);
+  // The MoE blocks of later passes run through `runner` (null: MoeForward here). Not owned.
+  void set_moe_runner(const MoeRunner* runner) { moe_runner_ = runner; }
+  // The MoE weights of layer `layer` (decoder layers, then MTP layers); null if it has none.
+  const MoeWeights* MoeOfLayer(int layer) const;
 
  private:
   Model() = default;
@@ -134,6 +153,7 @@ class Model {
   WeightStats stats_;
   std::unique_ptr<Rope> rope_;
   std::shared_ptr<NodeBuffer> dense_memory_;  // --numa split: the node-local dense matrices
+  const MoeRunner* moe_runner_ = nullptr;
 };
 
 }  // namespace m3

@@ -84,15 +84,32 @@ Status Model::SplitExperts(const Topology& topology, int nodes) {
     M3_ASSIGN_OR_RETURN(L.moe.split,
                         BuildMoeSplit(topology, nodes, L.moe.experts, L.moe.has_shared ? &L.moe.shared : nullptr));
     // The mapped copies are now read only by the fallback path (fewer threads than nodes).
-    for (const MemoryRange& r : L.moe.expert_memory)
-      if (pack_ && r.data)
-        pack_->file().DontNeed(static_cast<size_t>(static_cast<const uint8_t*>(r.data) - pack_->file().data()),
-                               r.bytes);
+    for (const std::vector<MemoryRange>& ranges : L.moe.expert_memory)
+      for (const MemoryRange& r : ranges)
+        if (pack_ && r.data)
+          pack_->file().DontNeed(static_cast<size_t>(static_cast<const uint8_t*>(r.data) - pack_->file().data()),
+                                 r.bytes);
     return Status::Ok();
   };
   for (LayerWeights& L : weights_.layers) M3_RETURN_IF_ERROR(split_layer(L));
   for (MtpWeights& m : weights_.mtp) M3_RETURN_IF_ERROR(split_layer(m.layer));
   return Status::Ok();
+}
+
+void Model::KeepExpertPart(const MoePart& part) {
+  for (LayerWeights& L : weights_.layers)
+    if (L.is_moe) L.moe = MoePartOf(L.moe, part);
+  for (MtpWeights& m : weights_.mtp)
+    if (m.layer.is_moe) m.layer.moe = MoePartOf(m.layer.moe, part);
+}
+
+const MoeWeights* Model::MoeOfLayer(int layer) const {
+  if (layer < 0) return nullptr;
+  const size_t l = static_cast<size_t>(layer);
+  const LayerWeights* L = l < weights_.layers.size() ? &weights_.layers[l]
+                          : l - weights_.layers.size() < weights_.mtp.size() ? &weights_.mtp[l - weights_.layers.size()].layer
+                                                                              : nullptr;
+  return L && L->is_moe ? &L->moe : nullptr;
 }
 
 StatusOr<uint64_t> Model::LockDenseWeights() {

@@ -284,10 +284,10 @@ StatusOr<WeightStats> BindPackedWeights(const ModelConfig& cfg, const PackFile& 
     if (!used.count(t.name)) return UnexplainedTensor(cfg, pack.path(), t.name);
   // Each routed expert's byte range, so the MoE can ask for the chosen ones ahead of use.
   auto bind_expert_memory = [&](int layer_index, MoeWeights* moe) {
-    moe->expert_memory.assign(moe->experts.size(), MemoryRange{});
+    moe->expert_memory.assign(moe->experts.size(), {});
     for (size_t e = 0; e < moe->experts.size(); ++e)
       if (const ByteRange* r = pack.ExpertRange(layer_index, static_cast<int>(e)))
-        moe->expert_memory[e] = {pack.file().data() + r->offset, static_cast<size_t>(r->bytes)};
+        moe->expert_memory[e] = {{pack.file().data() + r->offset, static_cast<size_t>(r->bytes)}};
   };
   for (size_t l = 0; l < w->layers.size(); ++l)
     if (w->layers[l].is_moe) bind_expert_memory(static_cast<int>(l), &w->layers[l].moe);

@@ -106,8 +106,9 @@ MoePlan Plan(const OpContext& tc, const MoeWeights& w, const float* x, size_t n,
     if (first[e + 1] > first[e]) plan.advised.push_back(e);
 
   // Jobs: the shared expert first, then the chosen experts in id order.
-  const size_t routed_inter = w.experts.empty() ? 0 : w.experts[0].gate.rows;
-  const size_t shared_inter = has_shared ? w.shared.gate.rows : 0;
+  // Intermediate widths from down's columns: a part's slices have fewer gate rows.
+  const size_t routed_inter = w.experts.empty() ? 0 : w.experts[0].down.cols;
+  const size_t shared_inter = has_shared ? w.shared.down.cols : 0;
   s.y.EnsureSize(n * k * hidden);
   s.g.EnsureSize(n * shared_inter + n * k * routed_inter);
   s.u.EnsureSize(n * shared_inter + n * k * routed_inter);
@@ -118,7 +119,7 @@ MoePlan Plan(const OpContext& tc, const MoeWeights& w, const float* x, size_t n,
   auto add_job = [&](const MlpWeights& mw, size_t expert, size_t m, const uint32_t* tokens, float* gathered,
                      bool from_source, float* y) {
     ExpertJob& J = s.jobs[j++];
-    const size_t inter = mw.gate.rows;
+    const size_t inter = mw.down.cols;
     J.w = &mw;
     J.expert = expert;
     J.m = m;
@@ -197,21 +198,58 @@ MoePlan Plan(const OpContext& tc, const MoeWeights& w, const float* x, size_t n,
   return plan;
 }
 
-// The block in one parallel region: (A) inputs, (B) gate and up, (C) SwiGLU, (D) down, (E) the
-// weighted sum into `out`, with a barrier between phases and none per expert.
-void Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n, float* out,
-         bool with_shared, const MoePlan& plan, MoeScratch& s, Workspace& ws) {
+// Columns [first, last) of a row of `width` values that process `part.index` computes.
+std::pair<size_t, size_t> PartColumns(size_t width, const MoePart& part) {
+  const auto [t0, t1] = PartTiles(width, part);
+  return {std::min(width, t0 * kMatMulRowTile), std::min(width, t1 * kMatMulRowTile)};
+}
+
+// Copies (pack) or places back (!pack) columns cols(i) of the rows of blocks i = 0..blocks-1
+// (rows(i) rows of ld(i) floats at base(i)) to or from the contiguous `flat`.
+template <class Blocks>
+size_t MoveColumns(size_t blocks, Blocks&& block, float* flat, bool pack) {
+  size_t at = 0;
+  for (size_t i = 0; i < blocks; ++i) {
+    const auto [base, rows, ld, c0, c1] = block(i);
+    for (size_t r = 0; r < rows; ++r, at += c1 - c0) {
+      float* row = base + r * ld + c0;
+      if (pack) std::memcpy(flat + at, row, (c1 - c0) * sizeof(float));
+      else std::memcpy(row, flat + at, (c1 - c0) * sizeof(float));
+    }
+  }
+  return at;
+}
+
+struct ColumnBlock {
+  float* base;
+  size_t rows, ld, c0, c1;
+};
+
+// The block: (A) inputs, (B) gate and up, (C) SwiGLU, (D) down, (E) the weighted sum into `out`,
+// with a barrier between phases and none per expert: one parallel region for one process, two
+// around the exchanges for a part (w.part), which computes its slices' columns in B, D and E.
+Status Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n, float* out,
+           bool with_shared, const MoePlan& plan, MoeScratch& s, Workspace& ws, MoeExchange* exchange) {
   const bool has_shared = with_shared && w.has_shared;
   const size_t hidden = w.router.cols, k = static_cast<size_t>(p.top_k);
   const MoeSplit* split = plan.split;
+  const MoePart part = exchange ? w.part : MoePart{};
+  const bool parted = part.count > 1;
+  // Where this process's rows of a job's gate/up and of every down start (in row tiles), and the
+  // columns of its activations and of the output they give.
+  auto act_tile0 = [&](const ExpertJob& J) { return PartTiles(J.w->down.cols, part).first; };
+  const size_t out_tile0 = PartTiles(hidden, part).first;
+  const size_t out_c0 = PartColumns(hidden, part).first, out_c1 = PartColumns(hidden, part).second;
   if (has_shared) s.jobs[0].y = out;  // the shared expert writes the output itself
   std::atomic<uint64_t> gate_up_cursor{0}, down_cursor{0};
-  ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
+
+  // (A) Quantize every token for the shared expert and the routed source; then gather each
+  // routed expert's rows: int8 rows from the source, or fp32 rows quantized for its weights.
+  // (B) Gate and up row tiles: units [0, T) are gate tiles, [T, 2T) up tiles.
+  auto inputs_gate_up = [&](int tid, int nt, auto& barrier) {
     AlignedBuffer<float>& decoded = ws.thread(tid).decoded;
     for (size_t i = static_cast<size_t>(tid); i < plan.advised.size(); i += static_cast<size_t>(nt))
-      AdviseWillNeed(w.expert_memory[plan.advised[i]].data, w.expert_memory[plan.advised[i]].bytes);
-    // (A) Quantize every token for the shared expert and the routed source; then gather each
-    // routed expert's rows: int8 rows from the source, or fp32 rows quantized for its weights.
+      for (const MemoryRange& r : w.expert_memory[plan.advised[i]]) AdviseWillNeed(r.data, r.bytes);
     ForEachShare(plan.source_rows, plan.source_cost, tid, nt,
                  [&](size_t i, size_t b, size_t e) { plan.sources[i]->PrepareRows(b, e); });
     barrier();
@@ -229,58 +267,133 @@ void Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const flo
     // This thread's node and its place among the node's threads (all threads: one node).
     const int node = NodeOfThread(tid, nt, plan.nodes);
     const auto [node_first, node_end] = NodeThreads(node, nt, plan.nodes);
-    const int node_threads = node_end - node_first;
-    // (B) Gate and up row tiles: units [0, T) are gate tiles, [T, 2T) up tiles.
     auto gate_up = [&](const MlpWeights& mw, size_t tile0, const ExpertJob& J, size_t b, size_t e) {
-      const size_t tiles = MatMulRowTiles(mw.gate), inter = J.w->gate.rows, r0 = tile0 * kMatMulRowTile;
+      const size_t tiles = MatMulRowTiles(mw.gate), inter = J.w->down.cols, r0 = tile0 * kMatMulRowTile;
       if (b < tiles) J.gate_up_in.Multiply(mw.gate, b, std::min(e, tiles), J.g + r0, inter, decoded);
       if (e > tiles) J.gate_up_in.Multiply(mw.up, std::max(b, tiles) - tiles, e - tiles, J.u + r0, inter, decoded);
     };
     if (split) {
-      ForEachShare(plan.node_gate_up[static_cast<size_t>(node)], plan.per_row, tid - node_first, node_threads,
+      ForEachShare(plan.node_gate_up[static_cast<size_t>(node)], plan.per_row, tid - node_first, node_end - node_first,
                    [&](size_t i, size_t b, size_t e) {
                      const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][s.jobs[i].expert];
-                     gate_up(sl.local, sl.gate_up_tile0, s.jobs[i], b, e);
+                     gate_up(sl.local, act_tile0(s.jobs[i]) + sl.gate_up_tile0, s.jobs[i], b, e);
                    });
     } else {  // tiles handed out while the threads run: a thread slowed by its memory takes fewer
-      ForEachDynamicShare(plan.gate_up_tiles, plan.per_row, nt, gate_up_cursor,
-                          [&](size_t i, size_t b, size_t e) { gate_up(*s.jobs[i].w, 0, s.jobs[i], b, e); });
+      ForEachDynamicShare(plan.gate_up_tiles, plan.per_row, nt, gate_up_cursor, [&](size_t i, size_t b, size_t e) {
+        gate_up(*s.jobs[i].w, act_tile0(s.jobs[i]), s.jobs[i], b, e);
+      });
     }
     barrier();
-    // (C) SwiGLU, then quantize for the down weights.
+  };
+  // (C) SwiGLU (a part: of its own columns, before the exchange), then quantize for down.
+  auto swiglu = [&](int tid, int nt) {
     ForEachShare(plan.rows, plan.one, tid, nt, [&](size_t i, size_t b, size_t e) {
       ExpertJob& J = s.jobs[i];
-      const size_t inter = J.w->gate.rows;
-      SwigluOai(J.g + b * inter, J.u + b * inter, (e - b) * inter, p.act);
-      J.down_in.PrepareRows(b, e);
+      const size_t inter = J.w->down.cols;
+      if (!parted) {
+        SwigluOai(J.g + b * inter, J.u + b * inter, (e - b) * inter, p.act);
+        J.down_in.PrepareRows(b, e);
+        return;
+      }
+      const auto [c0, c1] = PartColumns(inter, part);
+      for (size_t r = b; r < e; ++r) SwigluOai(J.g + r * inter + c0, J.u + r * inter + c0, c1 - c0, p.act);
     });
-    barrier();
-    // (D) Down row tiles: the shared expert writes `out`, routed experts their rows of y.
+  };
+  // (D) Down row tiles: the shared expert writes `out`, routed experts their rows of y.
+  // (E) out[t] += w_s * y[row of (t, s)] in slot order (a part: its columns).
+  auto down_combine = [&](int tid, int nt, auto& barrier) {
+    AlignedBuffer<float>& decoded = ws.thread(tid).decoded;
+    const int node = NodeOfThread(tid, nt, plan.nodes);
+    const auto [node_first, node_end] = NodeThreads(node, nt, plan.nodes);
     if (split) {
-      ForEachShare(plan.node_down[static_cast<size_t>(node)], plan.per_row, tid - node_first, node_threads,
+      ForEachShare(plan.node_down[static_cast<size_t>(node)], plan.per_row, tid - node_first, node_end - node_first,
                    [&](size_t i, size_t b, size_t e) {
                      const ExpertJob& J = s.jobs[i];
                      const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][J.expert];
-                     J.down_in.Multiply(sl.local.down, b, e, J.y + sl.down_tile0 * kMatMulRowTile, hidden, decoded);
+                     J.down_in.Multiply(sl.local.down, b, e, J.y + (out_tile0 + sl.down_tile0) * kMatMulRowTile,
+                                        hidden, decoded);
                    });
     } else {
       ForEachDynamicShare(plan.down_tiles, plan.per_row, nt, down_cursor, [&](size_t i, size_t b, size_t e) {
         const ExpertJob& J = s.jobs[i];
-        J.down_in.Multiply(J.w->down, b, e, J.y, hidden, decoded);
+        J.down_in.Multiply(J.w->down, b, e, J.y + out_tile0 * kMatMulRowTile, hidden, decoded);
       });
     }
     barrier();
-    // (E) out[t] += w_s * y[row of (t, s)] in slot order.
     ForEachShare(plan.tokens, plan.token_cost, tid, nt, [&](size_t, size_t b, size_t e) {
       for (size_t t = b; t < e; ++t) {
-        float* o = out + t * hidden;
-        if (!has_shared) std::fill_n(o, hidden, 0.0f);
+        float* o = out + t * hidden + out_c0;
+        if (!has_shared) std::fill_n(o, out_c1 - out_c0, 0.0f);
         for (size_t slot = 0; slot < k; ++slot)
-          simd::Axpy(s.weights[t * k + slot], s.y.data() + static_cast<size_t>(s.slot_row[t * k + slot]) * hidden, o,
-                     hidden);
+          simd::Axpy(s.weights[t * k + slot],
+                     s.y.data() + static_cast<size_t>(s.slot_row[t * k + slot]) * hidden + out_c0, o, out_c1 - out_c0);
       }
     });
+  };
+
+  if (!parted) {
+    ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
+      inputs_gate_up(tid, nt, barrier);
+      swiglu(tid, nt);
+      barrier();
+      down_combine(tid, nt, barrier);
+    });
+    return Status::Ok();
+  }
+  // A part: its activation columns to every process, whole rows back.
+  ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
+    inputs_gate_up(tid, nt, barrier);
+    swiglu(tid, nt);
   });
+  auto activations = [&](const MoePart& of) {
+    return [&, of](size_t i) {
+      const ExpertJob& J = s.jobs[i];
+      const auto [c0, c1] = PartColumns(J.w->down.cols, of);
+      return ColumnBlock{J.g, J.m, J.w->down.cols, c0, c1};
+    };
+  };
+  const size_t count = static_cast<size_t>(part.count), jobs = s.jobs.size();
+  std::vector<size_t> counts(count);
+  for (size_t q = 0; q < count; ++q)
+    for (size_t i = 0; i < jobs; ++i) {
+      const auto [c0, c1] = PartColumns(s.jobs[i].w->down.cols, MoePart{static_cast<int>(q), part.count});
+      counts[q] += s.jobs[i].m * (c1 - c0);
+    }
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  s.sent.EnsureSize(std::max(counts[static_cast<size_t>(part.index)], size_t{1}));
+  s.received.EnsureSize(std::max(total, size_t{1}));
+  MoveColumns(jobs, activations(part), s.sent.data(), true);
+  M3_RETURN_IF_ERROR(exchange->AllGather(s.sent.data(), counts, s.received.data()));
+  for (size_t q = 0, at = 0; q < count; at += counts[q++])
+    if (q != static_cast<size_t>(part.index))
+      MoveColumns(jobs, activations(MoePart{static_cast<int>(q), part.count}), s.received.data() + at, false);
+  ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
+    ForEachShare(plan.rows, plan.one, tid, nt, [&](size_t i, size_t b, size_t e) { s.jobs[i].down_in.PrepareRows(b, e); });
+    barrier();
+    down_combine(tid, nt, barrier);
+  });
+  // Its output columns to process 0.
+  auto output = [&](const MoePart& of) {
+    return [&, of](size_t) {
+      const auto [c0, c1] = PartColumns(hidden, of);
+      return ColumnBlock{out, n, hidden, c0, c1};
+    };
+  };
+  total = 0;
+  for (size_t q = 0; q < count; ++q) {
+    const auto [c0, c1] = PartColumns(hidden, MoePart{static_cast<int>(q), part.count});
+    counts[q] = n * (c1 - c0);
+    total += counts[q];
+  }
+  s.sent.EnsureSize(std::max(counts[static_cast<size_t>(part.index)], size_t{1}));
+  s.received.EnsureSize(std::max(total, size_t{1}));
+  MoveColumns(1, output(part), s.sent.data(), true);
+  M3_RETURN_IF_ERROR(exchange->Gather(s.sent.data(), counts, s.received.data()));
+  if (part.index == 0)
+    for (size_t q = 1, at = counts[0]; q < count; at += counts[q++])
+      MoveColumns(1, output(MoePart{static_cast<int>(q), part.count}), s.received.data() + at, false);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -294,7 +407,7 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
   Route(tc, w, p, x, n, s);
   if (routed_ids) std::copy(s.ids.begin(), s.ids.end(), routed_ids);
   const MoePlan plan = Plan(tc, w, x, n, static_cast<size_t>(p.top_k), true, s);
-  Run(tc, w, p, x, n, out, true, plan, s, *ws);
+  (void)Run(tc, w, p, x, n, out, true, plan, s, *ws, nullptr);  // cannot fail without an exchange
 }
 
 void MoeRoutedForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
@@ -307,7 +420,59 @@ void MoeRoutedForward(const OpContext& tc, const MoeWeights& w, const MoeParams&
   s.ids.assign(ids, ids + n * k);
   s.weights.assign(weights, weights + n * k);
   const MoePlan plan = Plan(tc, w, x, n, k, false, s);
-  Run(tc, w, p, x, n, out, false, plan, s, *ws);
+  (void)Run(tc, w, p, x, n, out, false, plan, s, *ws, nullptr);
+}
+
+void MoeRoute(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n, int32_t* ids,
+              float* weights) {
+  if (n == 0) return;
+  ScopedWorkspace ws(tc.workspace);
+  ws->ReserveThreads(tc.threads);
+  MoeScratch& s = ws->moe();
+  Route(tc, w, p, x, n, s);
+  std::copy(s.ids.begin(), s.ids.end(), ids);
+  std::copy(s.weights.begin(), s.weights.end(), weights);
+}
+
+MoeWeights MoePartOf(const MoeWeights& w, const MoePart& part) {
+  MoeWeights out = w;
+  out.part = part;
+  auto slice = [&](MlpWeights& e) {
+    const std::pair<size_t, size_t> gate_up = PartTiles(e.gate.rows, part), down = PartTiles(e.down.rows, part);
+    e.gate = RowTileView(e.gate, gate_up.first, gate_up.second);
+    e.up = RowTileView(e.up, gate_up.first, gate_up.second);
+    e.down = RowTileView(e.down, down.first, down.second);
+  };
+  // Each slice's bytes (data and scales of gate, up and down): what a chosen expert prefetches.
+  auto ranges = [](const MlpWeights& e) {
+    std::vector<MemoryRange> r;
+    for (const simd::WeightRef* m : {&e.gate, &e.up, &e.down}) {
+      if (!m->data) continue;
+      const simd::StoredSpan span = simd::RowTileSpan(*m, 0, MatMulRowTiles(*m));
+      r.push_back({span.data, span.data_bytes});
+      if (span.scale_bytes) r.push_back({span.scales, span.scale_bytes});
+    }
+    return r;
+  };
+  for (size_t e = 0; e < out.experts.size(); ++e) {
+    slice(out.experts[e]);
+    if (e < out.expert_memory.size()) out.expert_memory[e] = ranges(out.experts[e]);
+  }
+  if (out.has_shared) slice(out.shared);
+  return out;
+}
+
+Status MoePartForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+                      const int32_t* ids, const float* weights, MoeExchange& exchange, float* out) {
+  if (n == 0) return Status::Ok();
+  ScopedWorkspace ws(tc.workspace);
+  ws->ReserveThreads(tc.threads);
+  MoeScratch& s = ws->moe();
+  const size_t k = static_cast<size_t>(p.top_k);
+  s.ids.assign(ids, ids + n * k);
+  s.weights.assign(weights, weights + n * k);
+  const MoePlan plan = Plan(tc, w, x, n, k, true, s);
+  return Run(tc, w, p, x, n, out, true, plan, s, *ws, &exchange);
 }
 
 }  // namespace m3

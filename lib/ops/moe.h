@@ -19,8 +19,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <utility>
 #include <vector>
 
+#include "base/status.h"
+#include "ops/matmul.h"
 #include "ops/mlp.h"
 #include "ops/moe_numa.h"
 #include "ops/context.h"
@@ -35,14 +39,36 @@ struct MemoryRange {
   size_t bytes = 0;
 };
 
+// A MoE block whose experts are shared out over several processes (lib/dist): process `index` of
+// `count` holds row slice `index` (PartTiles) of every expert's gate, up and down, computes those
+// rows alone, and the processes exchange what the others need: each its SwiGLU activation columns
+// (so that every process can run its down rows over whole activation rows) and then its columns
+// of the block's output. Nothing is summed across processes: every output element is computed by
+// one process exactly as one process alone computes it, so the results are bit for bit those of
+// one process whatever the number of processes or the network's timing.
+struct MoePart {
+  int index = 0;
+  int count = 1;
+};
+
+// Row tiles [first, last) of a matrix with `rows` rows in slice `part.index` of `part.count`.
+inline std::pair<size_t, size_t> PartTiles(size_t rows, const MoePart& part) {
+  return NodeTiles((rows + kMatMulRowTile - 1) / kMatMulRowTile, part.index, part.count);
+}
+
 struct MoeWeights {
   simd::WeightRef router;                  // [E, H], fp32 in the release
   std::vector<float> router_bias;          // [E] e_score_correction_bias (zeros when unused)
-  std::vector<MlpWeights> experts;         // E routed experts
-  std::vector<MemoryRange> expert_memory;  // [E] for prefetching chosen experts; empty: none known
+  // E routed experts: whole, or with a part this process's row slices of gate, up and down (their
+  // widths then come from down.cols, the intermediate size, and gate.cols, the hidden size).
+  std::vector<MlpWeights> experts;
+  // [E] the bytes of each expert this process reads, for prefetching chosen experts (one range for
+  // a packed expert, its slices' ranges with a part); empty: none known.
+  std::vector<std::vector<MemoryRange>> expert_memory;
   bool has_shared = false;
-  MlpWeights shared;
+  MlpWeights shared;                       // whole, or this process's slice with a part
   std::shared_ptr<const MoeSplit> split;   // --numa split: node-local row slices (ops/moe_numa.h)
+  MoePart part;                            // one process: {0, 1}
 };
 
 struct MoeParams {
@@ -69,5 +95,30 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
 // the GPU and this on the CPU.
 void MoeRoutedForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
                       const int32_t* ids, const float* weights, float* out);
+
+// The router alone: ids and weights [n, top_k] as MoeForward chooses them.
+void MoeRoute(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n, int32_t* ids,
+              float* weights);
+
+// How the processes of a part (MoePart) move values between them; lib/dist implements it over MPI.
+class MoeExchange {
+ public:
+  virtual ~MoeExchange() = default;
+  // Every process gives its counts[its index] floats `own` and receives every process's, in
+  // process order, into `all` (the sum of counts, its own included).
+  virtual Status AllGather(const float* own, std::span<const size_t> counts, float* all) = 0;
+  // The same, but only process 0 receives (`all` is not written elsewhere).
+  virtual Status Gather(const float* own, std::span<const size_t> counts, float* all) = 0;
+};
+
+// The block with only slice `part` of each expert (views of w's memory, nothing copied), and
+// expert_memory narrowed to the slices' bytes. w must be whole.
+MoeWeights MoePartOf(const MoeWeights& w, const MoePart& part);
+
+// This process's part (w.part) of the block for routes chosen by one of them (MoeRoute) and given
+// to all with x: ids and weights [n, top_k]. Process 0 gets the whole out[n, H], equal bit for bit
+// to MoeForward's; the others' `out` holds only their columns. Fails when the exchange does.
+Status MoePartForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+                      const int32_t* ids, const float* weights, MoeExchange& exchange, float* out);
 
 }  // namespace m3

@@ -39,12 +39,8 @@ size_t SliceBytes(const simd::WeightRef& w, size_t tile0, size_t tile1) {
 
 // Copies rows of tiles [tile0, tile1) of w to dst; returns the slice as a weight there.
 simd::WeightRef CopySlice(const simd::WeightRef& w, size_t tile0, size_t tile1, uint8_t*& dst) {
-  simd::WeightRef s = SliceShape(w, tile0, tile1);
-  if (tile0 >= tile1) {
-    s.data = nullptr;
-    s.scales = nullptr;
-    return s;
-  }
+  simd::WeightRef s = RowTileView(w, tile0, tile1);
+  if (tile0 >= tile1) return s;
   const simd::StoredSpan r = simd::RowTileSpan(w, tile0, tile1);
   std::memcpy(dst, r.data, r.data_bytes);
   s.data = dst;
@@ -60,6 +56,19 @@ simd::WeightRef CopySlice(const simd::WeightRef& w, size_t tile0, size_t tile1, 
 }
 
 }  // namespace
+
+simd::WeightRef RowTileView(const simd::WeightRef& w, size_t tile0, size_t tile1) {
+  simd::WeightRef s = SliceShape(w, tile0, tile1);
+  if (tile0 >= tile1) {
+    s.data = nullptr;
+    s.scales = nullptr;
+    return s;
+  }
+  const simd::StoredSpan r = simd::RowTileSpan(w, tile0, tile1);
+  s.data = r.data;
+  s.scales = r.scale_bytes ? r.scales : nullptr;
+  return s;
+}
 
 StatusOr<std::shared_ptr<const MoeSplit>> BuildMoeSplit(const Topology& topology, int nodes,
                                                         const std::vector<MlpWeights>& experts,

@@ -44,6 +44,9 @@ inline std::pair<size_t, size_t> NodeTiles(size_t tiles, int node, int nodes) {
           tiles * static_cast<size_t>(node + 1) / static_cast<size_t>(nodes)};
 }
 
+// Rows of tiles [tile0, tile1) of w as a weight of its own, in place (no copy; null data when empty).
+simd::WeightRef RowTileView(const simd::WeightRef& w, size_t tile0, size_t tile1);
+
 // One expert's rows on one node: local copies of gate/up rows and down rows, and where they
 // start in the whole matrices (in row tiles).
 struct ExpertSlice {

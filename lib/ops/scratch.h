@@ -42,6 +42,7 @@ struct MoeScratch {
   std::vector<uint32_t> row_tokens;  // routed rows grouped by expert: the token of each
   std::vector<uint32_t> slot_row;    // [n, k]: routed row of (token, slot)
   std::vector<ExpertJob> jobs;
+  AlignedBuffer<float> sent, received;  // a part's (MoePart) columns to and from the other processes
 };
 
 }  // namespace m3
