@@ -140,7 +140,7 @@ int RunLogits(const LogitsArgs& a) {
   std::fprintf(stderr, "prefill %zu tokens in %.3f s (%.1f tok/s); decode %d tokens in %.3f s (%.1f tok/s)%s; %d threads, %s\n",
                ids->size(), pre_s, ids->size() / pre_s, a.steps, dec_s, a.steps > 0 ? a.steps / dec_s : 0.0,
                LookupSummary(g.stats()).c_str(), (*engine)->threads().threads, (*engine)->simd_target().c_str());
-  if (a.engine_args.numa != "off" || a.engine_args.mlock_dense)
+  if (a.engine_args.numa != "off" || a.engine_args.mlock_dense || (*engine)->expert_parallel())
     std::fprintf(stderr, "placement: %s\n", (*engine)->placement().c_str());
   return 0;
 }

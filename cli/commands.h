@@ -12,7 +12,7 @@
 namespace m3::cli {
 
 // The engine and session options of every command that runs a model: -t, --numa, --mlock-dense,
-// --kernels, --kv-cache, --index-cache, --prefill-chunk, --gpu, --gpu-device, --gpu-id.
+// --kernels, --kv-cache, --index-cache, --prefill-chunk, --gpu, --gpu-device, --gpu-id, --dist.
 struct EngineArgs {
   int threads = 0;
   std::string numa = "off";
@@ -22,6 +22,7 @@ struct EngineArgs {
   size_t prefill_chunk = 0;
   std::string gpu = "none", gpu_device = "cuda";
   int gpu_id = 0;
+  std::string dist = "auto";
   StatusOr<EngineOptions> Options() const;
   // Sets the cache types and the prefill chunk of `session` (InvalidArgument for a bad name).
   Status Configure(SessionOptions* session) const;
@@ -29,7 +30,7 @@ struct EngineArgs {
   StatusOr<std::unique_ptr<Engine>> Open(const std::string& model_dir, SessionOptions* session) const;
 };
 void AddEngineOptions(CLI::App* cmd, EngineArgs* args);
-// --gpu, --gpu-device, --gpu-id alone (m3 bench, which has its own engine options).
+// --gpu, --gpu-device, --gpu-id and --dist alone (m3 bench, which has its own engine options).
 void AddGpuOptions(CLI::App* cmd, EngineArgs* args);
 // --temp, --top-k, --top-p, --min-p, --repeat-penalty, --presence-penalty, --frequency-penalty,
 // --seed.

@@ -20,6 +20,7 @@ StatusOr<EngineOptions> EngineArgs::Options() const {
   o.gpu = gpu;
   o.gpu_device = gpu_device;
   o.gpu_ordinal = gpu_id;
+  o.dist = dist;
   return o;
 }
 
@@ -124,6 +125,11 @@ void AddGpuOptions(CLI::App* cmd, EngineArgs* args) {
       ->default_val("cuda")
       ->check(CLI::IsMember({"cuda", "host"}));
   cmd->add_option("--gpu-id", args->gpu_id, "which CUDA GPU --gpu dense uses (0 = the first)")->default_val(0);
+  cmd->add_option("--dist", args->dist,
+                  "expert parallelism over MPI (docs/DIST.md): auto (when started by mpirun with 2+ ranks), mpi "
+                  "(require it) or none; each rank holds a slice of every expert, rank 0 runs the rest")
+      ->default_val("auto")
+      ->check(CLI::IsMember({"auto", "mpi", "none"}));
 }
 
 void AddSamplingOptions(CLI::App* cmd, SamplingParams* p) {

@@ -4,8 +4,11 @@
 #include <new>
 
 #include "cli/commands.h"
+#include "dist/expert_parallel.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int RunCommand(int argc, char** argv) {
   CLI::App app{"m3: MiniMax-M3 inference on CPUs"};
   app.require_subcommand(1);
   int rc = 0;
@@ -29,5 +32,24 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "m3: internal error: %s\n", e.what());
     return 1;
   }
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Started by mpirun with several ranks (docs/DIST.md): rank 0 runs the command, the others
+  // follow its engines, computing their slices of the experts, until it is done.
+  auto group = m3::dist::Group::JoinIfLaunched(&argc, &argv);
+  if (!group.ok()) {
+    std::fprintf(stderr, "m3: %s\n", group.status().ToString().c_str());
+    return 1;
+  }
+  if (*group) {
+    (*group)->OnFailure([](const m3::Status& s) { std::fprintf(stderr, "m3: %s\n", s.message().c_str()); });
+    if ((*group)->rank() != 0) return m3::dist::RunFollower(**group);
+  }
+  const int rc = RunCommand(argc, argv);
+  if (*group) m3::dist::EndJob(**group);
   return rc;
 }

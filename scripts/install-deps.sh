@@ -6,6 +6,7 @@ packages=(
   libhwy-dev libomp-dev libdnnl-dev libnuma-dev libxsimd-dev
   nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev catch2
   libcpp-httplib-dev # m3 serve
+  libopenmpi-dev openmpi-bin  # expert parallelism over several servers (mpirun -np N m3 ...)
   python3-numpy bc   # golden checks: the oracle's check_case.py needs NumPy
   gnuplot-nox        # m3 bench --attention: the plot (optional at run time)
   clang libclang-rt-14-dev  # tests/fuzz.sh: libFuzzer, ASan and UBSan

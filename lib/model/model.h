@@ -126,6 +126,10 @@ class Model {
   // which a token reads one row) in memory, so that streaming experts from disk cannot evict
   // them; returns the bytes locked.
   Status PlaceOnNodes(const Topology& topology, int nodes, int threads);
+  // The NUMA placement of `mode` for `threads` threads (--numa): PlaceOnNodes (or only the expert
+  // slices, without `dense`, for a process that runs no dense part) and the threads pinned.
+  // Returns the placement in words ("numa split over 2 of ...").
+  StatusOr<std::string> Place(NumaMode mode, int threads, bool dense);
   StatusOr<uint64_t> LockDenseWeights();
   // Expert parallelism (lib/dist): keeps only slice `part.index` of `part.count` of every MoE
   // layer's experts (MoePart), as views of the mapping, so this process never reads the rest.

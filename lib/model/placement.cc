@@ -78,6 +78,18 @@ Status Model::PlaceOnNodes(const Topology& topology, int nodes, int threads) {
   return Status::Ok();
 }
 
+StatusOr<std::string> Model::Place(NumaMode mode, int threads, bool dense) {
+  std::string placement = std::string("numa ") + NumaModeName(mode);
+  if (mode == NumaMode::kOff) return placement;
+  M3_ASSIGN_OR_RETURN(const Topology topology, DetectTopology());
+  // A node without a thread would leave its slices uncomputed: at most one node per thread.
+  const int nodes = std::min(static_cast<int>(topology.nodes.size()), threads);
+  if (mode == NumaMode::kSplit && nodes > 1)
+    M3_RETURN_IF_ERROR(dense ? PlaceOnNodes(topology, nodes, threads) : SplitExperts(topology, nodes));
+  M3_RETURN_IF_ERROR(PinThreads(topology, mode, threads, nodes));
+  return placement + " over " + std::to_string(nodes) + " of " + topology.Describe();
+}
+
 Status Model::SplitExperts(const Topology& topology, int nodes) {
   auto split_layer = [&](LayerWeights& L) -> Status {
     if (!L.is_moe) return Status::Ok();

@@ -15,17 +15,27 @@ StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, con
   if (options.threads < 0) return InvalidArgument("threads must be >= 0 (0 = all cores), got ", options.threads);
   std::unique_ptr<Engine> e(new Engine());
   M3_ASSIGN_OR_RETURN(e->kernels_, Kernels::Select(options.kernels));
+  dist::Group* group = dist::Group::Current();
+  const bool distributed = options.dist != "none" && group && group->size() > 1;
+  if (options.dist != "auto" && !options.dist.empty() && options.dist != "none" && options.dist != "mpi")
+    return InvalidArgument("--dist takes auto, mpi or none, got '", options.dist, "'");
+  if (options.dist == "mpi" && !distributed)
+    return InvalidArgument("--dist mpi: this process was not started by mpirun with two or more ranks "
+                           "(mpirun -np N m3 ...; docs/DIST.md)");
+  if (distributed && !options.gpu.empty() && options.gpu != "none")
+    return Unsupported("--gpu dense and expert parallelism over MPI do not combine: choose one");
+  if (distributed) {
+    // The followers open their parts while this rank opens its own.
+    M3_ASSIGN_OR_RETURN(e->dist_, dist::ExpertParallel::Start(
+                                      *group, {model_dir, options.threads, NumaModeName(options.numa), options.kernels}));
+  }
   M3_ASSIGN_OR_RETURN(e->model_, Model::Load(model_dir));
-  e->threads_.threads = ResolveThreadCount(options.threads);
-  e->placement_ = std::string("numa ") + NumaModeName(options.numa);
-  if (options.numa != NumaMode::kOff) {
-    M3_ASSIGN_OR_RETURN(const Topology topology, DetectTopology());
-    // A node without a thread would leave its slices uncomputed: at most one node per thread.
-    const int nodes = std::min(static_cast<int>(topology.nodes.size()), e->threads_.threads);
-    if (options.numa == NumaMode::kSplit && nodes > 1)
-      M3_RETURN_IF_ERROR(e->model_->PlaceOnNodes(topology, nodes, e->threads_.threads));
-    M3_RETURN_IF_ERROR(PinThreads(topology, options.numa, e->threads_.threads, nodes));
-    e->placement_ += " over " + std::to_string(nodes) + " of " + topology.Describe();
+  e->threads_.threads = distributed ? dist::RankThreads(options.threads) : ResolveThreadCount(options.threads);
+  if (e->dist_) M3_RETURN_IF_ERROR(e->dist_->Connect(*e->model_));  // slice 0 of the experts, before placing
+  M3_ASSIGN_OR_RETURN(e->placement_, e->model_->Place(options.numa, e->threads_.threads, /*dense=*/true));
+  if (e->dist_) {
+    e->model_->set_moe_runner(e->dist_.get());
+    e->placement_ += "; " + e->dist_->Describe();
   }
   if (options.mlock_dense) {
     M3_ASSIGN_OR_RETURN(const uint64_t locked, e->model_->LockDenseWeights());

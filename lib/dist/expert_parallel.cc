@@ -1,0 +1,418 @@
+#include "dist/expert_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/hash.h"
+#include "dist/mpi_group.h"
+#include "ops/workspace.h"
+#include "platform/parallel.h"
+
+namespace m3::dist {
+namespace {
+
+// What rank 0 tells the followers, broadcast before each step's data.
+enum Op : int32_t { kOpen = 1, kMoe = 2, kProbe = 3, kClose = 4, kExit = 5 };
+struct Header {
+  int32_t op = 0;
+  int32_t layer = 0;  // kMoe: the layer (Model::MoeOfLayer); kProbe: repeats
+  uint64_t n = 0;     // kMoe, kProbe: rows; kOpen: bytes of the options
+};
+
+void Broadcast(MPI_Comm comm, Header* h) { MPI_Bcast(h, sizeof(Header), MPI_BYTE, 0, comm); }
+
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Displacements of counts (in elements), as ints for MPI.
+StatusOr<std::vector<int>> Ints(std::span<const size_t> counts, const char* what) {
+  std::vector<int> out;
+  size_t total = 0;
+  for (size_t c : counts) {
+    M3_ASSIGN_OR_RETURN(const int v, MpiCount(c, what));
+    out.push_back(v);
+    total += c;
+  }
+  M3_RETURN_IF_ERROR(MpiCount(total, what).status());
+  return out;
+}
+
+std::vector<int> Displacements(const std::vector<int>& counts) {
+  std::vector<int> d(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + counts[i - 1];
+  return d;
+}
+
+// The exchanges of a MoePart over MPI, timed and counted into `stats` (rank 0's).
+class MpiExchange : public MoeExchange {
+ public:
+  MpiExchange(MPI_Comm comm, int rank, int size, ExchangeStats* stats)
+      : comm_(comm), rank_(rank), size_(size), stats_(stats) {}
+  Status AllGather(const float* own, std::span<const size_t> counts, float* all) override {
+    M3_ASSIGN_OR_RETURN(const std::vector<int> c, Ints(counts, "the MoE activation exchange"));
+    const std::vector<int> d = Displacements(c);
+    const double t0 = Now();
+    MPI_Allgatherv(own, c[static_cast<size_t>(rank_)], MPI_FLOAT, all, c.data(), d.data(), MPI_FLOAT, comm_);
+    if (stats_) {
+      stats_->activations_s += Now() - t0;
+      for (int v : c) stats_->bytes += static_cast<uint64_t>(v) * sizeof(float) * static_cast<uint64_t>(size_ - 1);
+    }
+    return Status::Ok();
+  }
+  Status Gather(const float* own, std::span<const size_t> counts, float* all) override {
+    M3_ASSIGN_OR_RETURN(const std::vector<int> c, Ints(counts, "the MoE output exchange"));
+    const std::vector<int> d = Displacements(c);
+    const double t0 = Now();
+    MPI_Gatherv(own, c[static_cast<size_t>(rank_)], MPI_FLOAT, all, c.data(), d.data(), MPI_FLOAT, 0, comm_);
+    if (stats_) {
+      stats_->outputs_s += Now() - t0;
+      for (size_t q = 1; q < c.size(); ++q) stats_->bytes += static_cast<uint64_t>(c[q]) * sizeof(float);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  MPI_Comm comm_;
+  int rank_, size_;
+  ExchangeStats* stats_;
+};
+
+// A block's input rows and routes, as one broadcast: x [n, H] floats, ids [n, k], weights [n, k].
+struct Payload {
+  std::vector<uint8_t> bytes;
+  size_t x_bytes = 0, ids_bytes = 0;
+  Payload(size_t n, size_t hidden, size_t k)
+      : bytes(n * hidden * sizeof(float) + n * k * (sizeof(int32_t) + sizeof(float))),
+        x_bytes(n * hidden * sizeof(float)),
+        ids_bytes(n * k * sizeof(int32_t)) {}
+  float* x() { return reinterpret_cast<float*>(bytes.data()); }
+  int32_t* ids() { return reinterpret_cast<int32_t*>(bytes.data() + x_bytes); }
+  float* weights() { return reinterpret_cast<float*>(bytes.data() + x_bytes + ids_bytes); }
+};
+
+Status BroadcastBytes(MPI_Comm comm, uint8_t* data, size_t bytes) {
+  M3_ASSIGN_OR_RETURN(const int count, MpiCount(bytes, "a MoE block's input rows"));
+  MPI_Bcast(data, count, MPI_BYTE, 0, comm);
+  return Status::Ok();
+}
+
+// What identifies a model across ranks: its shapes and formats (every rank must open the same).
+std::string Fingerprint(const Model& m) {
+  const ModelConfig& c = m.config();
+  std::string s = Str(c.num_layers, "/", c.hidden_size, "/", c.vocab_size, "/", c.num_experts, "/",
+                      c.experts_per_token);
+  auto add = [&](const simd::WeightRef& w) {
+    s += Str("|", static_cast<int>(w.format), ":", w.rows, "x", w.cols, "g", w.group);
+  };
+  for (int l = 0; m.MoeOfLayer(l) || l < c.num_layers; ++l) {
+    const MoeWeights* moe = m.MoeOfLayer(l);
+    if (!moe) continue;
+    add(moe->router);
+    for (const MlpWeights& e : moe->experts) add(e.gate), add(e.up), add(e.down);
+    if (moe->has_shared) add(moe->shared.gate), add(moe->shared.down);
+  }
+  return Str(c.num_layers, "L ", c.hidden_size, "H ", Hash64(s.data(), s.size()));
+}
+
+MoeParams ParamsOf(const ModelConfig& c) {
+  return {c.experts_per_token, c.routed_scaling_factor, c.use_routing_bias,
+          {c.swiglu_alpha, c.swiglu_limit, c.swiglu_beta}};
+}
+
+}  // namespace
+
+int RankThreads(int requested) {
+  if (requested > 0) return ResolveThreadCount(requested);
+  int local = 1;
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(v));
+  const int cpus = ResolveThreadCount(0);
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, std::min(cpus, hw / local));
+}
+
+namespace {
+
+// Shapes of the exchanges of a decode-like block (each row to top-k distinct experts).
+struct BlockShape {
+  size_t hidden = 0, k = 0, inter = 0, shared_inter = 0;
+  std::vector<size_t> activation_counts(size_t n, int size) const {
+    std::vector<size_t> c;
+    for (int q = 0; q < size; ++q) {
+      const MoePart part{q, size};
+      auto cols = [&](size_t width) {
+        const auto t = PartTiles(width, part);
+        return std::min(width, t.second * kMatMulRowTile) - std::min(width, t.first * kMatMulRowTile);
+      };
+      c.push_back(n * (k * cols(inter) + cols(shared_inter)));
+    }
+    return c;
+  }
+  std::vector<size_t> output_counts(size_t n, int size) const {
+    std::vector<size_t> c;
+    for (int q = 0; q < size; ++q) {
+      const auto t = PartTiles(hidden, MoePart{q, size});
+      c.push_back(n * (std::min(hidden, t.second * kMatMulRowTile) - std::min(hidden, t.first * kMatMulRowTile)));
+    }
+    return c;
+  }
+};
+
+StatusOr<BlockShape> ShapeOf(const Model& m) {
+  for (int l = 0; l < m.config().num_layers; ++l)
+    if (const MoeWeights* w = m.MoeOfLayer(l)) {
+      BlockShape s;
+      s.hidden = static_cast<size_t>(m.config().hidden_size);
+      s.k = static_cast<size_t>(m.config().experts_per_token);
+      s.inter = w->experts.empty() ? 0 : w->experts[0].down.cols;
+      s.shared_inter = w->has_shared ? w->shared.down.cols : 0;
+      return s;
+    }
+  return InvalidArgument("the model has no MoE layer to exchange");
+}
+
+// The exchanges of `repeats` blocks of n rows with nothing computed (every rank).
+void RunProbe(MPI_Comm comm, int rank, int size, const BlockShape& shape, size_t n, int repeats,
+              ExchangeStats* stats) {
+  Payload payload(n, shape.hidden, shape.k);
+  const std::vector<size_t> act = shape.activation_counts(n, size), outs = shape.output_counts(n, size);
+  size_t act_total = 0, out_total = 0;
+  for (size_t c : act) act_total += c;
+  for (size_t c : outs) out_total += c;
+  std::vector<float> own(std::max(act[static_cast<size_t>(rank)], outs[static_cast<size_t>(rank)]) + 1),
+      all(std::max(act_total, out_total) + 1);
+  MpiExchange ex(comm, rank, size, stats);
+  for (int r = 0; r < repeats; ++r) {
+    (void)BroadcastBytes(comm, payload.bytes.data(), payload.bytes.size());
+    (void)ex.AllGather(own.data(), act, all.data());
+    (void)ex.Gather(own.data(), outs, all.data());
+  }
+}
+
+// A follower's part of one model.
+struct Part {
+  std::unique_ptr<Model> model;
+  Kernels kernels;
+  ThreadConfig threads;
+  std::unique_ptr<Workspace> workspace = std::make_unique<Workspace>();
+  std::vector<float> out;
+  std::string fingerprint;
+};
+
+StatusOr<std::unique_ptr<Part>> OpenPart(const PartOptions& o, int rank, int size) {
+  auto part = std::make_unique<Part>();
+  M3_ASSIGN_OR_RETURN(part->kernels, Kernels::Select(o.kernels));
+  M3_ASSIGN_OR_RETURN(part->model, Model::Load(o.model_dir));
+  part->fingerprint = Fingerprint(*part->model);  // of the whole model, as rank 0's
+  part->model->KeepExpertPart(MoePart{rank, size});
+  part->threads.threads = RankThreads(o.threads);
+  M3_ASSIGN_OR_RETURN(const NumaMode numa, ParseNumaMode(o.numa));
+  M3_RETURN_IF_ERROR(part->model->Place(numa, part->threads.threads, /*dense=*/false).status());
+  return part;
+}
+
+std::string ToJson(const PartOptions& o) {
+  return nlohmann::json{{"model", o.model_dir}, {"threads", o.threads}, {"numa", o.numa}, {"kernels", o.kernels}}.dump();
+}
+
+PartOptions FromJson(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text);  // written by rank 0's ToJson
+  return {j.at("model").get<std::string>(), j.at("threads").get<int>(), j.at("numa").get<std::string>(),
+          j.at("kernels").get<std::string>()};
+}
+
+// Each rank's answer to kOpen, "" when its part opened, gathered on rank 0 ("error\nfingerprint").
+std::vector<std::string> GatherText(MPI_Comm comm, int rank, int size, const std::string& mine) {
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(static_cast<size_t>(size));
+  MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, comm);
+  const std::vector<int> displs = Displacements(lens);
+  std::vector<char> all(rank == 0 ? static_cast<size_t>(displs.back() + lens.back()) + 1 : 1);
+  MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, comm);
+  std::vector<std::string> out;
+  if (rank == 0)
+    for (int q = 0; q < size; ++q)
+      out.emplace_back(all.data() + displs[static_cast<size_t>(q)], static_cast<size_t>(lens[static_cast<size_t>(q)]));
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ExpertParallel>> ExpertParallel::Start(Group& group, const PartOptions& o) {
+  if (group.rank() != 0) return Internal("only rank 0 starts the expert-parallel engine");
+  std::unique_ptr<ExpertParallel> ep(new ExpertParallel(group));
+  std::string text = ToJson(o);
+  Header h{kOpen, 0, text.size()};
+  Broadcast(group.mpi().work, &h);
+  MPI_Bcast(text.data(), static_cast<int>(text.size()), MPI_CHAR, 0, group.mpi().work);
+  return ep;
+}
+
+Status ExpertParallel::Connect(Model& model) {
+  const std::string mine = "\n" + Fingerprint(model);
+  const std::vector<std::string> answers = GatherText(group_.mpi().work, 0, group_.size(), mine);
+  std::string errors;
+  for (int q = 1; q < group_.size(); ++q) {
+    const std::string& a = answers[static_cast<size_t>(q)];
+    const size_t nl = a.find('\n');
+    const std::string error = a.substr(0, nl), fingerprint = nl == std::string::npos ? "" : a.substr(nl);
+    if (!error.empty()) {
+      errors += Str(errors.empty() ? "" : "; ", group_.Describe(q), ": ", error);
+    } else if (fingerprint != mine) {
+      errors += Str(errors.empty() ? "" : "; ", group_.Describe(q), " opened a different model (",
+                    fingerprint.substr(1), ", rank 0 has ", mine.substr(1), ")");
+    }
+  }
+  if (!errors.empty()) return Status(StatusCode::kUnavailable, "expert parallelism: " + errors);
+  model.KeepExpertPart(MoePart{0, group_.size()});
+  model_ = &model;
+  connected_ = true;
+  return Status::Ok();
+}
+
+ExpertParallel::~ExpertParallel() {
+  // Connect not reached (rank 0's own model failed): the followers still answer kOpen first.
+  if (!connected_) GatherText(group_.mpi().work, 0, group_.size(), "");
+  Header h{kClose, 0, 0};
+  Broadcast(group_.mpi().work, &h);
+}
+
+Status ExpertParallel::Run(const OpContext& tc, int layer, const MoeWeights& w, const MoeParams& p, const float* x,
+                           size_t n, float* out, int32_t* routed_ids) const {
+  if (n == 0) return Status::Ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  const double t0 = Now();
+  const size_t hidden = w.router.cols, k = static_cast<size_t>(p.top_k);
+  Payload payload(n, hidden, k);
+  std::memcpy(payload.x(), x, n * hidden * sizeof(float));
+  MoeRoute(tc, w, p, x, n, payload.ids(), payload.weights());
+  if (routed_ids) std::memcpy(routed_ids, payload.ids(), n * k * sizeof(int32_t));
+  MPI_Comm comm = group_.mpi().work;
+  Header h{kMoe, layer, n};
+  Broadcast(comm, &h);
+  M3_RETURN_IF_ERROR(BroadcastBytes(comm, payload.bytes.data(), payload.bytes.size()));
+  stats_.send_s += Now() - t0;
+  stats_.bytes += (payload.bytes.size() + sizeof(Header)) * static_cast<uint64_t>(group_.size() - 1);
+  MpiExchange ex(comm, 0, group_.size(), &stats_);
+  M3_RETURN_IF_ERROR(MoePartForward(tc, w, p, x, n, payload.ids(), payload.weights(), ex, out));
+  stats_.blocks += 1;
+  stats_.tokens += n;
+  stats_.total_s += Now() - t0;
+  return Status::Ok();
+}
+
+ExchangeStats ExpertParallel::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void ExpertParallel::ResetStats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = {};
+}
+
+StatusOr<std::pair<double, uint64_t>> ExpertParallel::ProbeExchange(size_t tokens, int repeats) const {
+  if (!model_) return Internal("ProbeExchange before Connect");
+  M3_ASSIGN_OR_RETURN(const BlockShape shape, ShapeOf(*model_));
+  std::lock_guard<std::mutex> lock(mu_);
+  Header h{kProbe, repeats, tokens};
+  Broadcast(group_.mpi().work, &h);
+  ExchangeStats probe;
+  const double t0 = Now();
+  RunProbe(group_.mpi().work, 0, group_.size(), shape, tokens, repeats, &probe);
+  const double per = (Now() - t0) / std::max(1, repeats);
+  const uint64_t payload = tokens * shape.hidden * sizeof(float) + tokens * shape.k * 8 + sizeof(Header);
+  return std::make_pair(per, probe.bytes / static_cast<uint64_t>(std::max(1, repeats)) +
+                                 payload * static_cast<uint64_t>(group_.size() - 1));
+}
+
+std::string ExpertParallel::Describe() const {
+  std::string s = Str("experts split over ", group_.size(), " ranks:");
+  bool one_host = true;
+  for (int q = 0; q < group_.size(); ++q) {
+    s += Str(q ? ", " : " ", group_.Describe(q));
+    one_host = one_host && group_.host(q) == group_.host(0);
+  }
+  // Open MPI's transports: shared memory between ranks of one host, TCP (or a fabric) between hosts.
+  return s + (one_host ? "; one host: shared memory" : "; several hosts: TCP or the fabric Open MPI finds");
+}
+
+int RunFollower(Group& group) {
+  MPI_Comm comm = group.mpi().work;
+  const int rank = group.rank(), size = group.size();
+  std::unique_ptr<Part> part;
+  std::optional<BlockShape> shape;
+  for (;;) {
+    Header h;
+    Broadcast(comm, &h);
+    switch (h.op) {
+      case kOpen: {
+        std::string text(h.n, '\0');
+        MPI_Bcast(text.data(), static_cast<int>(h.n), MPI_CHAR, 0, comm);
+        part.reset();
+        std::string answer;
+        try {
+          const PartOptions o = FromJson(text);
+          auto opened = OpenPart(o, rank, size);
+          if (opened.ok()) {
+            part = std::move(opened).value();
+            answer = "\n" + part->fingerprint;
+          } else {
+            answer = opened.status().ToString();
+          }
+        } catch (const std::exception& e) {
+          answer = Str("cannot open its part: ", e.what());
+        }
+        GatherText(comm, rank, size, answer);
+        if (part) {
+          auto s = ShapeOf(*part->model);
+          if (s.ok()) shape = *s;
+        }
+        break;
+      }
+      case kMoe: {
+        if (!part) group.Abort("rank 0 sent a MoE block but this rank has no model open");
+        const ModelConfig& c = part->model->config();
+        const MoeWeights* w = part->model->MoeOfLayer(h.layer);
+        if (!w) group.Abort(Str("rank 0 sent a MoE block for layer ", h.layer, ", which has no MoE"));
+        const MoeParams p = ParamsOf(c);
+        Payload payload(h.n, static_cast<size_t>(c.hidden_size), static_cast<size_t>(p.top_k));
+        if (Status s = BroadcastBytes(comm, payload.bytes.data(), payload.bytes.size()); !s.ok()) group.Abort(s.message());
+        part->out.resize(h.n * static_cast<size_t>(c.hidden_size));
+        MpiExchange ex(comm, rank, size, nullptr);
+        const OpContext tc(part->threads, &part->kernels, part->workspace.get());
+        if (Status s = MoePartForward(tc, *w, p, payload.x(), h.n, payload.ids(), payload.weights(), ex, part->out.data());
+            !s.ok())
+          group.Abort(s.message());
+        break;
+      }
+      case kProbe:
+        if (!shape) group.Abort("rank 0 sent an exchange probe but this rank has no model open");
+        RunProbe(comm, rank, size, *shape, h.n, h.layer, nullptr);
+        break;
+      case kClose:
+        part.reset();
+        shape.reset();
+        break;
+      case kExit:
+        return 0;
+      default:
+        group.Abort(Str("unknown command ", h.op, " from rank 0"));
+    }
+  }
+}
+
+void EndJob(Group& group) {
+  if (group.rank() != 0) return;
+  Header h{kExit, 0, 0};
+  Broadcast(group.mpi().work, &h);
+}
+
+}  // namespace m3::dist

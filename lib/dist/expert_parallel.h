@@ -1,0 +1,79 @@
+// Expert parallelism over MPI (docs/DIST.md): every rank maps the same model and keeps slice r of
+// N of every MoE layer's experts (ops/moe.h MoePart); rank 0 alone runs the dense part (attention,
+// router, shared work, lm_head) and the command. For each MoE block rank 0 broadcasts the block's
+// input rows and their routes, every rank computes its slice, the ranks all-gather the SwiGLU
+// activation columns and rank 0 gathers the output columns. Nothing is summed across ranks, so the
+// logits are bit for bit those of one process for any rank count and any network timing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "base/status.h"
+#include "dist/group.h"
+#include "model/model.h"
+
+namespace m3::dist {
+
+// What the followers need to open their part of the model, from rank 0's engine options.
+struct PartOptions {
+  std::string model_dir;  // the same path on every node (a shared filesystem or a copy per node)
+  int threads = 0;        // 0: each node's CPUs, shared by the ranks on that node
+  std::string numa = "off";
+  std::string kernels = "auto";
+};
+
+// Rank 0's time and traffic in the MoE blocks of its passes since the last reset.
+struct ExchangeStats {
+  uint64_t blocks = 0, tokens = 0;  // MoE blocks run and their rows
+  uint64_t bytes = 0;               // bytes that crossed between ranks (every rank's sends)
+  double send_s = 0;                // the inputs and routes broadcast
+  double activations_s = 0;         // the activation all-gather (waits for the slowest gate/up)
+  double outputs_s = 0;             // the output gather (waits for the slowest down)
+  double total_s = 0;               // the whole blocks, compute included
+};
+
+class ExpertParallel : public MoeRunner {
+ public:
+  // Asks the followers to open their part of `o.model_dir` (they load while rank 0 does).
+  static StatusOr<std::unique_ptr<ExpertParallel>> Start(Group& group, const PartOptions& o);
+  ~ExpertParallel() override;  // the followers drop their part
+  // With rank 0's model loaded (whole): waits until every follower has opened its part, checks
+  // that all opened the same model, keeps slice 0 of the experts in `model` and runs its MoE
+  // blocks from now on. Errors name the rank and host that failed.
+  Status Connect(Model& model);
+
+  Status Run(const OpContext& tc, int layer, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+             float* out, int32_t* routed_ids) const override;
+
+  int ranks() const { return group_.size(); }
+  ExchangeStats stats() const;
+  void ResetStats();
+  // The exchanges of one MoE block of `tokens` rows (each routed to top-k distinct experts)
+  // without any compute, `repeats` times: seconds per block on rank 0, and bytes per block.
+  StatusOr<std::pair<double, uint64_t>> ProbeExchange(size_t tokens, int repeats) const;
+  // E.g. "experts split over 2 ranks: rank 0 (host a), rank 1 (host a); shared memory".
+  std::string Describe() const;
+
+ private:
+  explicit ExpertParallel(Group& group) : group_(group) {}
+  Group& group_;
+  const Model* model_ = nullptr;
+  bool connected_ = false;
+  mutable std::mutex mu_;  // one block at a time: the ranks follow one sequence of collectives
+  mutable ExchangeStats stats_;
+};
+
+// Threads of a rank: -t when given (capped at its CPUs), else this node's CPUs shared by the
+// ranks mpirun started on it.
+int RankThreads(int requested);
+
+// A follower's life: opens the parts rank 0 asks for, computes its slices of their MoE blocks,
+// until rank 0 ends the job (EndJob). Returns the process's exit code.
+int RunFollower(Group& group);
+// Rank 0: the command is over; the followers return from RunFollower.
+void EndJob(Group& group);
+
+}  // namespace m3::dist
