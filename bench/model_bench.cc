@@ -348,7 +348,9 @@ StatusOr<Plan> PlanRun(const ModelBenchOptions& o) {
     return InvalidArgument("--layers must be 1..", shapes::kLayers, " (the real model has ", shapes::kLayers,
                            " layers), got ", *o.layers);
   Plan p;
-  p.threads = ResolveThreadCount(o.engine.threads);
+  // Under mpirun each rank takes its node's share of the CPUs unless -t says (dist/expert_parallel.h).
+  p.threads = dist::Group::Current() && o.engine.dist != "none" ? dist::RankThreads(o.engine.threads)
+                                                                 : ResolveThreadCount(o.engine.threads);
   // The model: given, or the synthetic one (generated once).
   if (!o.model_dir.empty()) {
     if (o.layers || o.tiny || !o.cache_dir.empty() || o.type_given)
@@ -482,6 +484,8 @@ void ReadWeightsIn(Bench* b, Result* r, FILE* log) {
     if (log) std::fprintf(log, "m3 bench: reading %s of weights into memory\n", Bytes(static_cast<double>(fp.range_bytes)).c_str());
     const auto t0 = Clock::now();
     ReadIn(ThreadConfig{r->threads}, fp.ranges);
+    // Under mpirun the other ranks read their slices of the experts in too.
+    if (const dist::ExpertParallel* ep = b->engine->expert_parallel()) ep->ReadExpertsIn();
     r->read_in_s = Seconds(t0, Clock::now());
     r->read_in = true;
   } else if (log) {
@@ -573,6 +577,7 @@ Status MeasureDecode(const Plan& p, Bench* b, Result* r, std::vector<double>* re
   uint64_t routed_total = 0;
   double read_s = 0;
   const int64_t io_before = StorageReadBytes();
+  if (dist::ExpertParallel* ep = b->engine->expert_parallel()) ep->ResetStats();  // the decode's exchanges alone
   int32_t token = Argmax(logits);
   for (int i = 0; i < p.decode_tokens; ++i) {
     clock.Start();
@@ -632,6 +637,49 @@ void Project(const Plan& p, const Footprint& fp, const std::vector<double>& rest
   r->layer_share_full = r->projected_bytes_per_token > 0
                             ? (r->projected_bytes_per_token - outside_layers) / r->projected_bytes_per_token
                             : 0;
+}
+
+// Expert parallelism (mpirun -np N): the decode phase's exchanges (its stats, reset when it
+// began), the exchanges alone, and the projection for 1-8 ranks from the measured parts of a
+// layer: attention and the rest outside the MoE block, the block's compute (rank 0's share times
+// the ranks, split evenly over N), the exchanges at this run's rank count.
+Status MeasureDist(const Footprint& fp, const std::vector<double>& layer_mean_s, Bench* b, Result* r, FILE* log) {
+  const dist::ExpertParallel* ep = b->engine->expert_parallel();
+  if (!ep) return Status::Ok();
+  DistResult& d = r->dist;
+  d.ran = true;
+  d.ranks = ep->ranks();
+  d.ranks_described = ep->Describe();
+  const dist::ExchangeStats st = ep->stats();
+  const double tokens = std::max(1, r->decode_tokens), blocks = static_cast<double>(std::max<uint64_t>(1, st.blocks));
+  const double wait_s = st.send_s + st.activations_s + st.outputs_s;
+  double decode_s = 0;
+  for (double v : r->step_s) decode_s += v;
+  d.bytes_per_token = static_cast<double>(st.bytes) / tokens;
+  d.bytes_per_layer = static_cast<double>(st.bytes) / blocks;
+  d.wait_s_per_token = wait_s / tokens;
+  d.wait_share = decode_s > 0 ? wait_s / decode_s : 0;
+  d.block_s = st.total_s / blocks;
+  d.compute_s = (st.total_s - wait_s) / blocks;
+  d.rest_of_layer_s = std::max(0.0, Median(layer_mean_s) - d.block_s);
+  if (log) std::fprintf(log, "m3 bench: timing the exchanges of one MoE layer alone (%d ranks)\n", d.ranks);
+  std::vector<double> probes;
+  for (int i = 0; i < 5; ++i) {
+    M3_ASSIGN_OR_RETURN(const auto probe, ep->ProbeExchange(1, 20));
+    probes.push_back(probe.first);
+  }
+  d.exchange_s = Median(probes);
+  uint64_t expert_bytes = 0;  // rank 0's slices of one layer's experts
+  for (const auto& layer : fp.expert_bytes)
+    for (uint64_t e : layer) expert_bytes += e;
+  const double per_layer = static_cast<double>(expert_bytes) / std::max(1, r->layers);
+  d.expert_bytes_per_rank_full = per_layer * static_cast<double>(shapes::kLayers - shapes::kDenseLayers);
+  const double compute_all = d.compute_s * d.ranks;  // the block's compute on one process
+  for (int n : {1, 2, 4, 8}) {
+    const double layer = d.rest_of_layer_s + compute_all / n + (n > 1 ? d.exchange_s : 0);
+    d.projected_tok_s.emplace_back(n, 1.0 / (layer * static_cast<double>(shapes::kLayers) + r->t_rest_s));
+  }
+  return Status::Ok();
 }
 
 // A phase's steps, each paired with a greedy single step of a lone session at the same context
@@ -857,6 +905,7 @@ StatusOr<Result> Measure(const Plan& p, FILE* log) {
   std::vector<double> rest_s, layer_mean_s;  // per decode step: after the last layer, a layer's mean
   M3_RETURN_IF_ERROR(MeasureDecode(p, &b, &r, &rest_s, &layer_mean_s, log));
   Project(p, b.fp, rest_s, layer_mean_s, &r);
+  M3_RETURN_IF_ERROR(MeasureDist(b.fp, layer_mean_s, &b, &r, log));
   M3_RETURN_IF_ERROR(MeasureBatch(p, &b, &r, log));
   M3_RETURN_IF_ERROR(MeasureLookup(p, &b, &r, log));
   if (p.offload) {

@@ -34,6 +34,25 @@ struct OffloadResult {
   double shared_overlap() const { return shared_s > 0 ? std::min(1.0, experts_s / shared_s) : 0; }
 };
 
+// Under `mpirun -np N` (expert parallelism, docs/DIST.md): rank 0's view of the exchanges in the
+// decode phase, the exchanges alone (a probe without compute), and the projected 60-layer decode
+// for other rank counts from the measured parts of a layer.
+struct DistResult {
+  bool ran = false;
+  int ranks = 0;
+  std::string ranks_described;      // ranks, hosts and the transport between them
+  double bytes_per_token = 0;       // crossing between ranks per decode token (all MoE layers here)
+  double bytes_per_layer = 0;       // of one MoE layer and one token
+  double exchange_s = 0;            // one layer's exchanges alone, one token (probe median)
+  double wait_s_per_token = 0;      // rank 0's time in the exchanges per decode token
+  double wait_share = 0;            // of a decode step's time
+  double block_s = 0;               // rank 0's time in one MoE block per token, exchanges included
+  double compute_s = 0;             // of which its own compute (routing, its slices)
+  double rest_of_layer_s = 0;       // a layer's time outside the MoE block (attention, norms)
+  double expert_bytes_per_rank_full = 0;  // routed experts each rank holds with 60 layers (57 MoE)
+  std::vector<std::pair<int, double>> projected_tok_s;  // ranks -> projected 60-layer decode tok/s
+};
+
 // The result: every figure of a run, as the report prints it.
 struct Result {
   std::string model_dir, model_kind;
@@ -97,6 +116,7 @@ struct Result {
   double logits_rms = 0;  // of the last decode step: a sanity check of the synthetic weights
   double loadavg_start = 0, loadavg_end = 0;
   OffloadResult offload;
+  DistResult dist;
 };
 
 // The result as one JSON line or the table; the logits warning goes to `log` as well.

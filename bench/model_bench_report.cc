@@ -219,11 +219,33 @@ nlohmann::json OffloadJson(const Result& r) {
             {"shared_experts_overlap", f.shared_overlap()}}}};
 }
 
+// Expert parallelism under mpirun (null when not).
+nlohmann::json DistJson(const Result& r) {
+  const DistResult& d = r.dist;
+  if (!d.ran) return {{"dist", nullptr}};
+  nlohmann::json projected = nlohmann::json::object();
+  for (const auto& [n, tok_s] : d.projected_tok_s) projected[std::to_string(n)] = tok_s;
+  return {{"dist",
+           {{"ranks", d.ranks},
+            {"ranks_described", d.ranks_described},
+            {"exchange_bytes_per_token", d.bytes_per_token},
+            {"exchange_bytes_per_layer", d.bytes_per_layer},
+            {"exchange_s_per_layer", d.exchange_s},
+            {"network_wait_s_per_token", d.wait_s_per_token},
+            {"network_wait_share", d.wait_share},
+            {"moe_block_s", d.block_s},
+            {"moe_compute_s", d.compute_s},
+            {"rest_of_layer_s", d.rest_of_layer_s},
+            {"expert_bytes_per_rank_full_model", d.expert_bytes_per_rank_full},
+            {"projected_full_model_tok_s_by_ranks", projected}}}};
+}
+
 // One JSON object (keys sorted, as nlohmann::json keeps them) of every group above.
 nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
   const LimitRatios lr = JudgeLimits(r);
   nlohmann::json j = RunJson(r, simd_target);
   j.update(OffloadJson(r));
+  j.update(DistJson(r));
   for (const nlohmann::json& part : {PrefillJson(r, lr), DecodeJson(r, lr), LayersJson(r, lr), PhasesJson(r, lr)})
     j.update(part);
   return j;
@@ -414,6 +436,30 @@ void PrintOffloadRows(const Result& r, FILE* out) {
                Num(f.t_layer_s * 1e3), " ms/layer x ", shapes::kLayers, " + ", Num(f.t_rest_s * 1e3), " ms lm_head)"));
 }
 
+// mpirun -np N: the exchanges of the decode above and the projection over rank counts.
+void PrintDistRows(const Result& r, FILE* out) {
+  const DistResult& d = r.dist;
+  if (!d.ran) return;
+  std::fprintf(out, "\nexpert parallelism: %s\n", d.ranks_described.c_str());
+  PrintRow(out, "exchanged per token", d.bytes_per_token / 1e3, "KB", 0, "",
+           Str(Num(d.bytes_per_layer / 1e3), " KB per MoE layer: inputs and routes out, activation columns "
+               "all-gathered, output columns back (every rank's sends)"));
+  PrintRow(out, "one layer's exchange", d.exchange_s * 1e6, "us", 0, "",
+           "the three collectives of one token's MoE layer alone, no compute (median of 5 x 20)");
+  PrintRow(out, "network wait per token", d.wait_s_per_token * 1e3, "ms", 0, "",
+           Str(Num(d.wait_share * 100), "% of a decode step: rank 0 in the collectives, waiting on the network and "
+               "on slower ranks"));
+  PrintRow(out, "MoE block per layer", d.block_s * 1e3, "ms", 0, "",
+           Str("rank 0: ", Num(d.compute_s * 1e3), " ms its own compute; the layer's rest ",
+               Num(d.rest_of_layer_s * 1e3), " ms"));
+  PrintRow(out, "routed experts per rank", d.expert_bytes_per_rank_full / 1e9, "GB", 0, "",
+           Str("with the real 60 layers over ", d.ranks, " ranks (the dense part on rank 0 only)"));
+  for (const auto& [n, tok_s] : d.projected_tok_s)
+    PrintRow(out, Str("projected 60-layer decode, ", n, n == 1 ? " rank" : " ranks").c_str(), tok_s, "tok/s", 0, "",
+             n == 1 ? "the layer's rest + the whole block's compute, no exchange"
+                    : "the layer's rest + 1/N of the block's compute + the exchange measured here");
+}
+
 void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
   const LimitRatios lr = JudgeLimits(r);
   PrintHeading(r, simd_target, out);
@@ -422,6 +468,7 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
   PrintPhaseRows(r, lr, out);
   PrintProjectionRows(r, out);
   PrintOffloadRows(r, out);
+  PrintDistRows(r, out);
   PrintNotes(r, lr, out);
 }
 

@@ -9,6 +9,7 @@
 // by cli/serve_connections.h; SIGTERM or SIGINT drains (Serve).
 #include <httplib.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <charconv>
@@ -37,6 +38,7 @@
 
 #include "cli/commands.h"
 #include "cli/serve_connections.h"
+#include "dist/group.h"
 #include "base/json_guard.h"
 #include "runtime/anthropic.h"
 #include "runtime/chat.h"
@@ -844,6 +846,13 @@ int Serve(const ServeArgs& a) {
   if (server->args.name.empty()) server->args.name = "m3";
 
   server->scheduler->Start();
+  // A lost rank (docs/DIST.md): the drain of SIGTERM turns requests away with 503 until the
+  // watchdog stops every rank.
+  if (dist::Group* group = dist::Group::Current())
+    group->OnFailure([](const Status& s) {
+      std::fprintf(stderr, "m3 serve: %s\n", s.message().c_str());
+      kill(getpid(), SIGTERM);
+    });
 
   auto access = std::make_shared<Access>();
   access->api_key = a.api_key;

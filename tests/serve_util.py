@@ -20,8 +20,9 @@ def check(cond, what):
 class Server:
     """`m3 serve` on a free port; its stderr is collected as it runs (`log()`)."""
 
-    def __init__(self, m3, model, *extra, env=None, threads=2, context=400):
-        self.proc = subprocess.Popen([m3, "serve", "-m", model, "--port", "0", "-t", str(threads), "-c", str(context),
+    def __init__(self, m3, model, *extra, env=None, threads=2, context=400, launcher=()):
+        # launcher: what runs m3 (e.g. mpirun and its options), nothing for m3 alone.
+        self.proc = subprocess.Popen([*launcher, m3, "serve", "-m", model, "--port", "0", "-t", str(threads), "-c", str(context),
                                       *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline()
         if "http://127.0.0.1:" not in line:

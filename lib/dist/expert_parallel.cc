@@ -1,6 +1,7 @@
 #include "dist/expert_parallel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <optional>
 #include <cstdio>
@@ -21,7 +22,7 @@ namespace m3::dist {
 namespace {
 
 // What rank 0 tells the followers, broadcast before each step's data.
-enum Op : int32_t { kOpen = 1, kMoe = 2, kProbe = 3, kClose = 4, kExit = 5 };
+enum Op : int32_t { kOpen = 1, kMoe = 2, kProbe = 3, kClose = 4, kExit = 5, kReadIn = 6 };
 struct Header {
   int32_t op = 0;
   int32_t layer = 0;  // kMoe: the layer (Model::MoeOfLayer); kProbe: repeats
@@ -218,6 +219,34 @@ StatusOr<std::unique_ptr<Part>> OpenPart(const PartOptions& o, int rank, int siz
   return part;
 }
 
+// Touches every page of this rank's expert slices (one byte a page, split over the threads).
+void ReadIn(const Model& m, const ThreadConfig& tc) {
+  std::vector<std::pair<const uint8_t*, size_t>> ranges;
+  for (int l = 0; m.MoeOfLayer(l) || l < m.config().num_layers; ++l) {
+    const MoeWeights* w = m.MoeOfLayer(l);
+    if (!w) continue;
+    std::vector<const MlpWeights*> experts;
+    for (const MlpWeights& e : w->experts) experts.push_back(&e);
+    if (w->has_shared) experts.push_back(&w->shared);
+    for (const MlpWeights* e : experts)
+      for (const simd::WeightRef* r : {&e->gate, &e->up, &e->down}) {
+        if (!r->data) continue;
+        const simd::StoredSpan span = simd::RowTileSpan(*r, 0, MatMulRowTiles(*r));
+        ranges.emplace_back(span.data, span.data_bytes);
+        if (span.scale_bytes) ranges.emplace_back(span.scales, span.scale_bytes);
+      }
+  }
+  std::atomic<uint64_t> sum{0};
+  ParallelFor(tc, ranges.size(), 1, [&](size_t b, size_t e, int) {
+    uint64_t s = 0;
+    for (size_t i = b; i < e; ++i)
+      for (size_t at = 0; at < ranges[i].second; at += 4096) s += ranges[i].first[at];
+    sum += s;
+  });
+  static volatile uint64_t sink;
+  sink = sum.load();
+}
+
 std::string ToJson(const PartOptions& o) {
   return nlohmann::json{{"model", o.model_dir}, {"threads", o.threads}, {"numa", o.numa}, {"kernels", o.kernels}}.dump();
 }
@@ -258,6 +287,7 @@ StatusOr<std::unique_ptr<ExpertParallel>> ExpertParallel::Start(Group& group, co
 Status ExpertParallel::Connect(Model& model) {
   const std::string mine = "\n" + Fingerprint(model);
   const std::vector<std::string> answers = GatherText(group_.mpi().work, 0, group_.size(), mine);
+  answered_ = true;
   std::string errors;
   for (int q = 1; q < group_.size(); ++q) {
     const std::string& a = answers[static_cast<size_t>(q)];
@@ -273,13 +303,12 @@ Status ExpertParallel::Connect(Model& model) {
   if (!errors.empty()) return Status(StatusCode::kUnavailable, "expert parallelism: " + errors);
   model.KeepExpertPart(MoePart{0, group_.size()});
   model_ = &model;
-  connected_ = true;
   return Status::Ok();
 }
 
 ExpertParallel::~ExpertParallel() {
   // Connect not reached (rank 0's own model failed): the followers still answer kOpen first.
-  if (!connected_) GatherText(group_.mpi().work, 0, group_.size(), "");
+  if (!answered_) GatherText(group_.mpi().work, 0, group_.size(), "");
   Header h{kClose, 0, 0};
   Broadcast(group_.mpi().work, &h);
 }
@@ -331,6 +360,13 @@ StatusOr<std::pair<double, uint64_t>> ExpertParallel::ProbeExchange(size_t token
   const uint64_t payload = tokens * shape.hidden * sizeof(float) + tokens * shape.k * 8 + sizeof(Header);
   return std::make_pair(per, probe.bytes / static_cast<uint64_t>(std::max(1, repeats)) +
                                  payload * static_cast<uint64_t>(group_.size() - 1));
+}
+
+void ExpertParallel::ReadExpertsIn() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Header h{kReadIn, 0, 0};
+  Broadcast(group_.mpi().work, &h);
+  MPI_Barrier(group_.mpi().work);
 }
 
 std::string ExpertParallel::Describe() const {
@@ -396,6 +432,10 @@ int RunFollower(Group& group) {
       case kProbe:
         if (!shape) group.Abort("rank 0 sent an exchange probe but this rank has no model open");
         RunProbe(comm, rank, size, *shape, h.n, h.layer, nullptr);
+        break;
+      case kReadIn:
+        if (part) ReadIn(*part->model, part->threads);
+        MPI_Barrier(comm);
         break;
       case kClose:
         part.reset();

@@ -54,6 +54,10 @@ class ExpertParallel : public MoeRunner {
   // The exchanges of one MoE block of `tokens` rows (each routed to top-k distinct experts)
   // without any compute, `repeats` times: seconds per block on rank 0, and bytes per block.
   StatusOr<std::pair<double, uint64_t>> ProbeExchange(size_t tokens, int repeats) const;
+  // The followers read their slices of the experts into memory (the first use of an expert would
+  // otherwise fault its pages in from storage); returns when all have. Benchmarks call it, as
+  // they read rank 0's weights in.
+  void ReadExpertsIn() const;
   // E.g. "experts split over 2 ranks: rank 0 (host a), rank 1 (host a); shared memory".
   std::string Describe() const;
 
@@ -61,7 +65,7 @@ class ExpertParallel : public MoeRunner {
   explicit ExpertParallel(Group& group) : group_(group) {}
   Group& group_;
   const Model* model_ = nullptr;
-  bool connected_ = false;
+  bool answered_ = false;  // the followers' answers to the open are in
   mutable std::mutex mu_;  // one block at a time: the ranks follow one sequence of collectives
   mutable ExchangeStats stats_;
 };

@@ -1,6 +1,9 @@
 #include "dist/group.h"
 
+#include <pthread.h>
+
 #include <chrono>
+#include <csignal>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +52,17 @@ Group* Group::Current() { return current; }
 
 StatusOr<std::unique_ptr<Group>> Group::JoinIfLaunched(int* argc, char*** argv) {
   if (LaunchedSize() <= 1) return std::unique_ptr<Group>();
+  // MPI's own threads and the watchdog never take SIGTERM or SIGINT: those stay with the
+  // program's threads (m3 serve's drain waits for them), so they are blocked while those start.
+  sigset_t stop, before;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, &before);
+  struct Restore {
+    sigset_t mask;
+    ~Restore() { pthread_sigmask(SIG_SETMASK, &mask, nullptr); }
+  } restore{before};
   int provided = 0;
   if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
     return IoError("MPI_Init_thread failed");
