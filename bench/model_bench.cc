@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <random>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -640,9 +641,10 @@ void Project(const Plan& p, const Footprint& fp, const std::vector<double>& rest
 }
 
 // Expert parallelism (mpirun -np N): the decode phase's exchanges (its stats, reset when it
-// began), the exchanges alone, and the projection for 1-8 ranks from the measured parts of a
+// began), the exchanges alone, and the projection for 2-8 ranks from the measured parts of a
 // layer: attention and the rest outside the MoE block, the block's compute (rank 0's share times
-// the ranks, split evenly over N), the exchanges at this run's rank count.
+// the ranks, split evenly over N), the exchanges at this run's rank count. Ranks that share one
+// host share its memory bandwidth: on separate servers each rank's share runs faster.
 Status MeasureDist(const Footprint& fp, const std::vector<double>& layer_mean_s, Bench* b, Result* r, FILE* log) {
   const dist::ExpertParallel* ep = b->engine->expert_parallel();
   if (!ep) return Status::Ok();
@@ -669,14 +671,40 @@ Status MeasureDist(const Footprint& fp, const std::vector<double>& layer_mean_s,
     probes.push_back(probe.first);
   }
   d.exchange_s = Median(probes);
+  // Whole experts per rank, to compare: its exchanges, and how much longer its slowest rank works.
+  probes.clear();
+  for (int i = 0; i < 5; ++i) {
+    M3_ASSIGN_OR_RETURN(const auto probe, ep->ProbeExchange(1, 20, dist::MoeSplitKind::kWholeExperts));
+    probes.push_back(probe.first);
+    d.whole_bytes_per_layer = static_cast<double>(probe.second);
+  }
+  d.whole_exchange_s = Median(probes);
+  {
+    const ModelConfig& c = b->engine->model().config();
+    std::mt19937 rng(7);
+    std::vector<int> experts(static_cast<size_t>(c.num_experts));
+    double slowest = 0;
+    const int draws = 100000;
+    for (int t = 0; t < draws; ++t) {
+      std::iota(experts.begin(), experts.end(), 0);
+      std::vector<int> load(static_cast<size_t>(d.ranks), 0);
+      for (int k = 0; k < c.experts_per_token; ++k) {  // k distinct experts, uniformly
+        std::uniform_int_distribution<int> pick(k, c.num_experts - 1);
+        std::swap(experts[static_cast<size_t>(k)], experts[static_cast<size_t>(pick(rng))]);
+        ++load[static_cast<size_t>(experts[static_cast<size_t>(k)] % d.ranks)];
+      }
+      slowest += *std::max_element(load.begin(), load.end());
+    }
+    d.whole_slowest_share = slowest / draws / (static_cast<double>(c.experts_per_token) / d.ranks);
+  }
   uint64_t expert_bytes = 0;  // rank 0's slices of one layer's experts
   for (const auto& layer : fp.expert_bytes)
     for (uint64_t e : layer) expert_bytes += e;
   const double per_layer = static_cast<double>(expert_bytes) / std::max(1, r->layers);
   d.expert_bytes_per_rank_full = per_layer * static_cast<double>(shapes::kLayers - shapes::kDenseLayers);
   const double compute_all = d.compute_s * d.ranks;  // the block's compute on one process
-  for (int n : {1, 2, 4, 8}) {
-    const double layer = d.rest_of_layer_s + compute_all / n + (n > 1 ? d.exchange_s : 0);
+  for (int n : {2, 4, 8}) {
+    const double layer = d.rest_of_layer_s + compute_all / n + d.exchange_s;
     d.projected_tok_s.emplace_back(n, 1.0 / (layer * static_cast<double>(shapes::kLayers) + r->t_rest_s));
   }
   return Status::Ok();

@@ -51,6 +51,10 @@ struct DistResult {
   double rest_of_layer_s = 0;       // a layer's time outside the MoE block (attention, norms)
   double expert_bytes_per_rank_full = 0;  // routed experts each rank holds with 60 layers (57 MoE)
   std::vector<std::pair<int, double>> projected_tok_s;  // ranks -> projected 60-layer decode tok/s
+  // The other split, whole experts per rank, measured to compare: its exchanges alone (probe) and
+  // the routed work of the slowest rank over an even share, for uniform top-k routing over
+  // `ranks` ranks (expert e on rank e mod N; mean over 100000 drawn tokens).
+  double whole_bytes_per_layer = 0, whole_exchange_s = 0, whole_slowest_share = 0;
 };
 
 // The result: every figure of a run, as the report prints it.

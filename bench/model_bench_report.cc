@@ -237,7 +237,10 @@ nlohmann::json DistJson(const Result& r) {
             {"moe_compute_s", d.compute_s},
             {"rest_of_layer_s", d.rest_of_layer_s},
             {"expert_bytes_per_rank_full_model", d.expert_bytes_per_rank_full},
-            {"projected_full_model_tok_s_by_ranks", projected}}}};
+            {"projected_full_model_tok_s_by_ranks", projected},
+            {"whole_experts_exchange_bytes_per_layer", d.whole_bytes_per_layer},
+            {"whole_experts_exchange_s_per_layer", d.whole_exchange_s},
+            {"whole_experts_slowest_rank_share", d.whole_slowest_share}}}};
 }
 
 // One JSON object (keys sorted, as nlohmann::json keeps them) of every group above.
@@ -454,10 +457,12 @@ void PrintDistRows(const Result& r, FILE* out) {
                Num(d.rest_of_layer_s * 1e3), " ms"));
   PrintRow(out, "routed experts per rank", d.expert_bytes_per_rank_full / 1e9, "GB", 0, "",
            Str("with the real 60 layers over ", d.ranks, " ranks (the dense part on rank 0 only)"));
+  PrintRow(out, "whole experts instead", d.whole_exchange_s * 1e6, "us", 0, "",
+           Str(Num(d.whole_bytes_per_layer / 1e3), " KB per layer (no activations move), but its slowest rank has ",
+               Num(d.whole_slowest_share), "x an even share of the routed experts (uniform top-k)"));
   for (const auto& [n, tok_s] : d.projected_tok_s)
     PrintRow(out, Str("projected 60-layer decode, ", n, n == 1 ? " rank" : " ranks").c_str(), tok_s, "tok/s", 0, "",
-             n == 1 ? "the layer's rest + the whole block's compute, no exchange"
-                    : "the layer's rest + 1/N of the block's compute + the exchange measured here");
+             "the layer's rest + rank 0's compute x ranks here / N + the exchange measured here");
 }
 
 void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {

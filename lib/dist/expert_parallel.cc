@@ -27,6 +27,8 @@ struct Header {
   int32_t op = 0;
   int32_t layer = 0;  // kMoe: the layer (Model::MoeOfLayer); kProbe: repeats
   uint64_t n = 0;     // kMoe, kProbe: rows; kOpen: bytes of the options
+  int32_t split = 0;  // kProbe: the exchanges of a MoeSplitKind
+  int32_t unused = 0;
 };
 
 void Broadcast(MPI_Comm comm, Header* h) { MPI_Bcast(h, sizeof(Header), MPI_BYTE, 0, comm); }
@@ -179,11 +181,20 @@ StatusOr<BlockShape> ShapeOf(const Model& m) {
   return InvalidArgument("the model has no MoE layer to exchange");
 }
 
-// The exchanges of `repeats` blocks of n rows with nothing computed (every rank).
-void RunProbe(MPI_Comm comm, int rank, int size, const BlockShape& shape, size_t n, int repeats,
+// The exchanges of `repeats` blocks of n rows with nothing computed (every rank). Whole experts
+// per rank: no activations move, and each rank's expert outputs (whole rows, k per token shared
+// evenly, as uniform routing gives on average) go to rank 0, which sums them in slot order.
+void RunProbe(MPI_Comm comm, int rank, int size, const BlockShape& shape, size_t n, int repeats, MoeSplitKind split,
               ExchangeStats* stats) {
   Payload payload(n, shape.hidden, shape.k);
-  const std::vector<size_t> act = shape.activation_counts(n, size), outs = shape.output_counts(n, size);
+  std::vector<size_t> act = shape.activation_counts(n, size), outs = shape.output_counts(n, size);
+  if (split == MoeSplitKind::kWholeExperts) {
+    for (int q = 0; q < size; ++q) {
+      const size_t rows = n * shape.k * static_cast<size_t>(q + 1) / static_cast<size_t>(size) -
+                          n * shape.k * static_cast<size_t>(q) / static_cast<size_t>(size);
+      outs[static_cast<size_t>(q)] = rows * shape.hidden;
+    }
+  }
   size_t act_total = 0, out_total = 0;
   for (size_t c : act) act_total += c;
   for (size_t c : outs) out_total += c;
@@ -192,7 +203,7 @@ void RunProbe(MPI_Comm comm, int rank, int size, const BlockShape& shape, size_t
   MpiExchange ex(comm, rank, size, stats);
   for (int r = 0; r < repeats; ++r) {
     (void)BroadcastBytes(comm, payload.bytes.data(), payload.bytes.size());
-    (void)ex.AllGather(own.data(), act, all.data());
+    if (split == MoeSplitKind::kSlices) (void)ex.AllGather(own.data(), act, all.data());
     (void)ex.Gather(own.data(), outs, all.data());
   }
 }
@@ -347,15 +358,16 @@ void ExpertParallel::ResetStats() {
   stats_ = {};
 }
 
-StatusOr<std::pair<double, uint64_t>> ExpertParallel::ProbeExchange(size_t tokens, int repeats) const {
+StatusOr<std::pair<double, uint64_t>> ExpertParallel::ProbeExchange(size_t tokens, int repeats,
+                                                                   MoeSplitKind split) const {
   if (!model_) return Internal("ProbeExchange before Connect");
   M3_ASSIGN_OR_RETURN(const BlockShape shape, ShapeOf(*model_));
   std::lock_guard<std::mutex> lock(mu_);
-  Header h{kProbe, repeats, tokens};
+  Header h{kProbe, repeats, tokens, static_cast<int32_t>(split)};
   Broadcast(group_.mpi().work, &h);
   ExchangeStats probe;
   const double t0 = Now();
-  RunProbe(group_.mpi().work, 0, group_.size(), shape, tokens, repeats, &probe);
+  RunProbe(group_.mpi().work, 0, group_.size(), shape, tokens, repeats, split, &probe);
   const double per = (Now() - t0) / std::max(1, repeats);
   const uint64_t payload = tokens * shape.hidden * sizeof(float) + tokens * shape.k * 8 + sizeof(Header);
   return std::make_pair(per, probe.bytes / static_cast<uint64_t>(std::max(1, repeats)) +
@@ -431,7 +443,7 @@ int RunFollower(Group& group) {
       }
       case kProbe:
         if (!shape) group.Abort("rank 0 sent an exchange probe but this rank has no model open");
-        RunProbe(comm, rank, size, *shape, h.n, h.layer, nullptr);
+        RunProbe(comm, rank, size, *shape, h.n, h.layer, static_cast<MoeSplitKind>(h.split), nullptr);
         break;
       case kReadIn:
         if (part) ReadIn(*part->model, part->threads);

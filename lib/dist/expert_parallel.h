@@ -25,6 +25,11 @@ struct PartOptions {
   std::string kernels = "auto";
 };
 
+// How the experts are split over the ranks: a row slice of every expert (what m3 does: every
+// rank's work is the same whatever the routing), or whole experts per rank (fewer bytes to move,
+// but a rank whose experts more tokens chose is slower, and the others wait for it).
+enum class MoeSplitKind : int32_t { kSlices = 0, kWholeExperts = 1 };
+
 // Rank 0's time and traffic in the MoE blocks of its passes since the last reset.
 struct ExchangeStats {
   uint64_t blocks = 0, tokens = 0;  // MoE blocks run and their rows
@@ -52,8 +57,10 @@ class ExpertParallel : public MoeRunner {
   ExchangeStats stats() const;
   void ResetStats();
   // The exchanges of one MoE block of `tokens` rows (each routed to top-k distinct experts)
-  // without any compute, `repeats` times: seconds per block on rank 0, and bytes per block.
-  StatusOr<std::pair<double, uint64_t>> ProbeExchange(size_t tokens, int repeats) const;
+  // without any compute, `repeats` times: seconds per block on rank 0, and bytes per block. For
+  // the split m3 uses, or for whole experts per rank (the other way to split, measured to compare).
+  StatusOr<std::pair<double, uint64_t>> ProbeExchange(size_t tokens, int repeats,
+                                                      MoeSplitKind split = MoeSplitKind::kSlices) const;
   // The followers read their slices of the experts into memory (the first use of an expert would
   // otherwise fault its pages in from storage); returns when all have. Benchmarks call it, as
   // they read rank 0's weights in.
