@@ -163,7 +163,7 @@ void Group::Watch() {
   std::vector<int> in(n, 0);
   std::vector<double> last(n, Now());
   for (size_t i = 0; i < n; ++i) MPI_Irecv(&in[i], 1, MPI_INT, peers[i], kBeatTag, mpi_->beat, &recv[i]);
-  const int tick = 1;
+  static const int tick = 1;  // outlives the sends freed unfinished
   double next_beat = 0;
   while (!mpi_->stop) {
     const double now = Now();
