@@ -410,17 +410,27 @@ void MoeForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, co
   (void)Run(tc, w, p, x, n, out, true, plan, s, *ws, nullptr);  // cannot fail without an exchange
 }
 
-void MoeRoutedForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
-                      const int32_t* ids, const float* weights, float* out) {
-  if (n == 0) return;
+namespace {
+
+// The block for routes chosen elsewhere (ids and weights [n, top_k]).
+Status RunRouted(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+                 const int32_t* ids, const float* weights, bool with_shared, MoeExchange* exchange, float* out) {
+  if (n == 0) return Status::Ok();
   ScopedWorkspace ws(tc.workspace);
   ws->ReserveThreads(tc.threads);
   MoeScratch& s = ws->moe();
   const size_t k = static_cast<size_t>(p.top_k);
   s.ids.assign(ids, ids + n * k);
   s.weights.assign(weights, weights + n * k);
-  const MoePlan plan = Plan(tc, w, x, n, k, false, s);
-  (void)Run(tc, w, p, x, n, out, false, plan, s, *ws, nullptr);
+  const MoePlan plan = Plan(tc, w, x, n, k, with_shared, s);
+  return Run(tc, w, p, x, n, out, with_shared, plan, s, *ws, exchange);
+}
+
+}  // namespace
+
+void MoeRoutedForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+                      const int32_t* ids, const float* weights, float* out) {
+  (void)RunRouted(tc, w, p, x, n, ids, weights, false, nullptr, out);  // cannot fail without an exchange
 }
 
 void MoeRoute(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n, int32_t* ids,
@@ -464,15 +474,7 @@ MoeWeights MoePartOf(const MoeWeights& w, const MoePart& part) {
 
 Status MoePartForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
                       const int32_t* ids, const float* weights, MoeExchange& exchange, float* out) {
-  if (n == 0) return Status::Ok();
-  ScopedWorkspace ws(tc.workspace);
-  ws->ReserveThreads(tc.threads);
-  MoeScratch& s = ws->moe();
-  const size_t k = static_cast<size_t>(p.top_k);
-  s.ids.assign(ids, ids + n * k);
-  s.weights.assign(weights, weights + n * k);
-  const MoePlan plan = Plan(tc, w, x, n, k, true, s);
-  return Run(tc, w, p, x, n, out, true, plan, s, *ws, &exchange);
+  return RunRouted(tc, w, p, x, n, ids, weights, true, &exchange, out);
 }
 
 }  // namespace m3
