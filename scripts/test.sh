@@ -3,13 +3,20 @@
 # beside the clone, when there, is walked as well).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+start=$(date +%s)
+# Each phase's time, so a slow CI run says where its minutes went.
+phase() { echo "== $1 done at $(($(date +%s) - start)) s"; }
 "$here/scripts/build.sh"
+phase build
 # The real clients the server is tested with (Node.js packages pinned in tests/clients/package-lock.json).
 "$here/tests/clients/install.sh"
 cd "$here/build"
 ctest --output-on-failure -j "$(nproc)"
+phase ctest
 # Every parser of untrusted input under libFuzzer, ASan and UBSan: the saved regression inputs,
 # then 10 s a target (tests/fuzz/README.md; longer campaigns are run by hand).
 "$here/tests/fuzz.sh" 10
+phase fuzz
 # The unit tests under ASan + UBSan (in the fuzz build), the scheduler and a serve soak under TSan.
 "$here/tests/sanitize.sh"
+phase sanitizers
