@@ -3,7 +3,7 @@
 # with clang, ASan and UBSan in build-fuzz/, seeds each from the repository's own test data,
 # replays every saved regression input, then fuzzes each target for SECONDS.
 #
-#   tests/fuzz.sh [SECONDS]   default 20 a target (CI's smoke run: 10 targets, ~3.5 minutes)
+#   tests/fuzz.sh [SECONDS]   default 20 a target (CI's smoke run: 10 s each, as many at once as cores)
 #
 # A crash, leak, UB report or timeout fails the run; its input is copied to
 # tests/fuzz/regressions/<target>/ to be committed with the fix. Exit 0 when every target ran clean.
@@ -87,33 +87,45 @@ if [ -x build/bin/m3 ]; then
     cp "$BUILD/packed/model.m3w" "$CORPUS/pack/s1_q8"
 fi
 
-fail=0
-for t in "${TARGETS[@]}"; do
-  bin=$BUILD/tests/fuzz/fuzz_$t
-  regressions=tests/fuzz/regressions/$t
+# One target: its saved regressions, then SECONDS_EACH of fuzzing. Its one-line verdict goes to
+# fuzz_<t>.result; crash inputs go to a folder of its own, as targets run side by side.
+fuzz_one() {
+  local t=$1 bin=$BUILD/tests/fuzz/fuzz_$1 regressions=tests/fuzz/regressions/$1 artifacts=$BUILD/artifacts_$1
+  local result=$BUILD/fuzz_$1.result
   mkdir -p "$CORPUS/$t"
+  rm -rf "$artifacts" && mkdir -p "$artifacts"
   if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ]; then
     if ! "$bin" "$regressions"/* >"$BUILD/fuzz_$t.regressions.log" 2>&1; then
-      echo "fuzz_$t: a saved regression input fails again ($BUILD/fuzz_$t.regressions.log)"
-      fail=1
-      continue
+      echo "fuzz_$t: a saved regression input fails again ($BUILD/fuzz_$t.regressions.log)" >"$result"
+      return
     fi
   fi
-  (cd "$BUILD" && "$bin" "$CORPUS/$t" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 \
-    -max_len=1048576 -print_final_stats=1 >"$BUILD/fuzz_$t.log" 2>&1)
-  rc=$?
+  "$bin" "$CORPUS/$t" -max_total_time="$SECONDS_EACH" -timeout=10 -rss_limit_mb=2048 -max_len=1048576 \
+    -artifact_prefix="$artifacts/" -print_final_stats=1 >"$BUILD/fuzz_$t.log" 2>&1
+  local rc=$? runs cov
   runs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$BUILD/fuzz_$t.log" | grep -o '[0-9]*$')
   cov=$(grep -o 'cov: [0-9]*' "$BUILD/fuzz_$t.log" | tail -1 | grep -o '[0-9]*$')
   if [ $rc -ne 0 ]; then
     mkdir -p "$regressions"
-    for f in "$BUILD"/crash-* "$BUILD"/leak-* "$BUILD"/timeout-* "$BUILD"/oom-*; do
+    for f in "$artifacts"/*; do
       [ -e "$f" ] && mv "$f" "$regressions/"
     done
-    echo "fuzz_$t: FAILED (rc $rc) after ${runs:-?} runs; input saved in $regressions; log $BUILD/fuzz_$t.log"
-    grep -m3 -E 'ERROR|SUMMARY' "$BUILD/fuzz_$t.log"
-    fail=1
+    { echo "fuzz_$t: FAILED (rc $rc) after ${runs:-?} runs; input saved in $regressions; log $BUILD/fuzz_$t.log"
+      grep -m3 -E 'ERROR|SUMMARY' "$BUILD/fuzz_$t.log"; } >"$result"
   else
-    echo "fuzz_$t: ${runs:-?} runs in ${SECONDS_EACH} s, coverage ${cov:-?} edges, clean"
+    echo "fuzz_$t: ${runs:-?} runs in ${SECONDS_EACH} s, coverage ${cov:-?} edges, clean" >"$result"
   fi
+}
+
+# As many targets at once as there are cores.
+for t in "${TARGETS[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do wait -n; done
+  fuzz_one "$t" &
+done
+wait
+fail=0
+for t in "${TARGETS[@]}"; do
+  cat "$BUILD/fuzz_$t.result"
+  grep -q ', clean$' "$BUILD/fuzz_$t.result" || fail=1
 done
 exit $fail
