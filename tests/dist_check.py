@@ -1,7 +1,8 @@
 """Expert parallelism over MPI (docs/DIST.md), on this machine's loopback:
 
 parity  `mpirun -np N m3 logits` gives every golden case's files byte for byte as one process does
-        (N = 2, 3; the checkpoints as they are and one packed q4-mixed).
+        (N = 2, 3 over shared memory, and N = 2 over loopback TCP on the first case; the checkpoints
+        as they are and one packed q4-mixed).
 faults  a rank that cannot open its model, a killed rank and a hung one each end every rank with an
         error naming the rank and its host in under 10 s; `m3 serve` answers 503 while it stops.
 
@@ -77,14 +78,19 @@ def parity(m3, data_dirs, first_only=False):
             shutil.rmtree(alone, ignore_errors=True)
             r = logits(m3, case, alone)
             check(r.returncode == 0, f"{case}: m3 logits failed: {r.stderr[-500:]}")
-            for ranks in (2, 3):
+            # Shared memory at 2 and 3 ranks; the first case over loopback TCP too.
+            runs = [(2, ()), (3, ())] + ([(2, ("--mca", "btl", "self,tcp"))] if case == cases[0] else [])
+            for ranks, mca in runs:
+                how = f"-np {ranks}" + (" over TCP" if mca else "")
                 out = os.path.join(tmp, f"np{ranks}")
                 shutil.rmtree(out, ignore_errors=True)
-                r = logits(m3, case, out, mpirun(ranks))
-                ok = r.returncode == 0 and f"split over {ranks} ranks" in r.stderr and same_files(alone, out)
-                check(ok, f"{os.path.basename(case)}: -np {ranks} differs from one process or failed "
+                r = logits(m3, case, out, mpirun(ranks) + list(mca))
+                transport = "loopback (btl self,tcp)" if mca else "shared memory"
+                ok = (r.returncode == 0 and f"split over {ranks} ranks" in r.stderr and transport in r.stderr
+                      and same_files(alone, out))
+                check(ok, f"{os.path.basename(case)}: {how} differs from one process or failed "
                           f"(rc {r.returncode}): {r.stderr[-800:]}")
-                print(f"{os.path.basename(case):45s} -np {ranks}: {'bit for bit' if ok else 'FAIL'}")
+                print(f"{os.path.basename(case):45s} {how}: {'bit for bit' if ok else 'FAIL'}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -388,8 +388,13 @@ std::string ExpertParallel::Describe() const {
     s += Str(q ? ", " : " ", group_.Describe(q));
     one_host = one_host && group_.host(q) == group_.host(0);
   }
-  // Open MPI's transports: shared memory between ranks of one host, TCP (or a fabric) between hosts.
-  return s + (one_host ? "; one host: shared memory" : "; several hosts: TCP or the fabric Open MPI finds");
+  // Open MPI's transports: shared memory between ranks of one host, TCP (or a fabric) between hosts,
+  // unless `--mca btl ...` (which mpirun passes on as OMPI_MCA_btl) leaves shared memory out.
+  const char* btl = std::getenv("OMPI_MCA_btl");
+  const bool names_shm = btl && (std::strstr(btl, "vader") || std::strstr(btl, "sm"));
+  const bool shm_allowed = !btl || !*btl || (btl[0] == '^' ? !names_shm : names_shm);
+  if (one_host) return s + (shm_allowed ? "; one host: shared memory" : Str("; one host: loopback (btl ", btl, ")"));
+  return s + "; several hosts: TCP or the fabric Open MPI finds";
 }
 
 int RunFollower(Group& group) {
