@@ -146,24 +146,18 @@ namespace {
 // Shapes of the exchanges of a decode-like block (each row to top-k distinct experts).
 struct BlockShape {
   size_t hidden = 0, k = 0, inter = 0, shared_inter = 0;
+  static size_t Cols(size_t width, const MoePart& part) {
+    const auto [c0, c1] = PartColumns(width, part);
+    return c1 - c0;
+  }
   std::vector<size_t> activation_counts(size_t n, int size) const {
     std::vector<size_t> c;
-    for (int q = 0; q < size; ++q) {
-      const MoePart part{q, size};
-      auto cols = [&](size_t width) {
-        const auto t = PartTiles(width, part);
-        return std::min(width, t.second * kMatMulRowTile) - std::min(width, t.first * kMatMulRowTile);
-      };
-      c.push_back(n * (k * cols(inter) + cols(shared_inter)));
-    }
+    for (int q = 0; q < size; ++q) c.push_back(n * (k * Cols(inter, {q, size}) + Cols(shared_inter, {q, size})));
     return c;
   }
   std::vector<size_t> output_counts(size_t n, int size) const {
     std::vector<size_t> c;
-    for (int q = 0; q < size; ++q) {
-      const auto t = PartTiles(hidden, MoePart{q, size});
-      c.push_back(n * (std::min(hidden, t.second * kMatMulRowTile) - std::min(hidden, t.first * kMatMulRowTile)));
-    }
+    for (int q = 0; q < size; ++q) c.push_back(n * Cols(hidden, {q, size}));
     return c;
   }
 };

@@ -198,12 +198,6 @@ MoePlan Plan(const OpContext& tc, const MoeWeights& w, const float* x, size_t n,
   return plan;
 }
 
-// Columns [first, last) of a row of `width` values that process `part.index` computes.
-std::pair<size_t, size_t> PartColumns(size_t width, const MoePart& part) {
-  const auto [t0, t1] = PartTiles(width, part);
-  return {std::min(width, t0 * kMatMulRowTile), std::min(width, t1 * kMatMulRowTile)};
-}
-
 // Copies (pack) or places back (!pack) columns cols(i) of the rows of blocks i = 0..blocks-1
 // (rows(i) rows of ld(i) floats at base(i)) to or from the contiguous `flat`.
 template <class Blocks>

@@ -16,6 +16,7 @@
 // With a NUMA split (w.split), phases B and D give each node's threads that node's row slices.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -54,6 +55,12 @@ struct MoePart {
 // Row tiles [first, last) of a matrix with `rows` rows in slice `part.index` of `part.count`.
 inline std::pair<size_t, size_t> PartTiles(size_t rows, const MoePart& part) {
   return NodeTiles((rows + kMatMulRowTile - 1) / kMatMulRowTile, part.index, part.count);
+}
+
+// Columns [first, last) of a row of `width` values that process `part.index` computes (and sends).
+inline std::pair<size_t, size_t> PartColumns(size_t width, const MoePart& part) {
+  const auto [t0, t1] = PartTiles(width, part);
+  return {std::min(width, t0 * kMatMulRowTile), std::min(width, t1 * kMatMulRowTile)};
 }
 
 struct MoeWeights {
