@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "model/kv_cache.h"
+#include "ops/kv_cache.h"
 #include "quality.h"
 #include "runtime/engine.h"
 

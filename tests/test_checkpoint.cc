@@ -592,7 +592,7 @@ TEST_CASE("the GPU footprint is the dense part and the caches, and a GPU too sma
     const m3::CacheOptions bf16{m3::CacheType::kBF16, m3::CacheType::kF32};
     const m3::GpuFootprint f = m3::EstimateGpuFootprint(c, dense, bf16, 300);
     CHECK(f.weight_bytes == dense.bytes());
-    CHECK(f.cache_bytes == m3::KvCache(c, bf16).BytesFor(300));
+    CHECK(f.cache_bytes == m3::KvCache(m3::CacheShapeOf(c), bf16).BytesFor(300));
     CHECK(m3::CheckGpuFits(f, "GPU 0", f.total()).ok());
     const m3::Status tight = m3::CheckGpuFits(f, "GPU 0", f.total() - 1);
     CHECK(tight.code() == m3::StatusCode::kOutOfMemory);

@@ -614,54 +614,60 @@ TEST_CASE("batched decode is bit-identical to decoding alone on every SIMD targe
   }
 }
 
-TEST_CASE("a prompt's last layer computes only the rows that give logits, with the same bits", "[golden]") {
+TEST_CASE("a prompt's last layer computes only the rows that give logits, with the same bits", "[golden][offload]") {
   // Without an observer that sees rows, the last layer runs the other rows' keys and values only;
   // with one (SelectionRecorder), every row in full. Logits, caches and the steps after them are
-  // the same to the bit, in one pass, in chunks (the earlier ones give no logits) and batched.
+  // the same to the bit, in one pass, in chunks (the earlier ones give no logits) and batched, on
+  // the CPU and with the dense part offloaded (one layer loop for both).
   struct SeesRows : ForwardObserver {};
-  for (const auto& [name, dir] : GoldenCases()) {
-    SECTION(name) {
-      auto cj = test::ReadPythonJson(dir + "/case.json");
-      const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
-      auto engine = Engine::Open(dir, EngineOptions{2});
-      REQUIRE(engine.ok());
-      const size_t vocab = (*engine)->model().config().vocab_size;
-      SessionOptions chunks;
-      chunks.prefill_chunk = 7;
-      Session trimmed(**engine), full(**engine), trimmed_chunks(**engine, chunks);
-      SeesRows sees;
-      std::vector<float> a, b, c;
-      REQUIRE(trimmed.Eval(prompt, LogitsMode::kLastRow, &a).ok());
-      REQUIRE(full.Eval(prompt, LogitsMode::kLastRow, &b, &sees).ok());
-      REQUIRE(trimmed_chunks.Eval(prompt, LogitsMode::kLastRow, &c).ok());
-      CHECK(a == b);
-      std::vector<float> full_chunks_logits;
-      Session full_chunks(**engine, chunks);
-      REQUIRE(full_chunks.Eval(prompt, LogitsMode::kLastRow, &full_chunks_logits, &sees).ok());
-      CHECK(c == full_chunks_logits);
-      int32_t next = Argmax(a.data(), vocab), next_c = Argmax(c.data(), vocab);
-      for (int i = 0; i < 3; ++i) {  // the caches behind them are the same too
-        REQUIRE(trimmed.Eval({&next, 1}, LogitsMode::kLastRow, &a).ok());
-        REQUIRE(full.Eval({&next, 1}, LogitsMode::kLastRow, &b, &sees).ok());
-        REQUIRE(trimmed_chunks.Eval({&next_c, 1}, LogitsMode::kLastRow, &c).ok());
-        REQUIRE(full_chunks.Eval({&next_c, 1}, LogitsMode::kLastRow, &full_chunks_logits, &sees).ok());
+  std::vector<std::pair<std::string, EngineOptions>> backends = {{"cpu", EngineOptions{2}}};
+  for (const std::string& device : OffloadDevices()) backends.emplace_back(device, OffloadOptions(device));
+  for (const auto& [backend, options] : backends) {
+    for (const auto& [name, dir] : GoldenCases()) {
+      SECTION(backend + " " + name) {
+        auto cj = test::ReadPythonJson(dir + "/case.json");
+        const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+        auto engine = Engine::Open(dir, options);
+        REQUIRE(engine.ok());
+        const size_t vocab = (*engine)->model().config().vocab_size;
+        SessionOptions chunks;
+        chunks.prefill_chunk = 7;
+        Session trimmed(**engine), full(**engine), trimmed_chunks(**engine, chunks);
+        SeesRows sees;
+        std::vector<float> a, b, c;
+        REQUIRE(trimmed.Eval(prompt, LogitsMode::kLastRow, &a).ok());
+        REQUIRE(full.Eval(prompt, LogitsMode::kLastRow, &b, &sees).ok());
+        REQUIRE(trimmed_chunks.Eval(prompt, LogitsMode::kLastRow, &c).ok());
         CHECK(a == b);
+        std::vector<float> full_chunks_logits;
+        Session full_chunks(**engine, chunks);
+        REQUIRE(full_chunks.Eval(prompt, LogitsMode::kLastRow, &full_chunks_logits, &sees).ok());
         CHECK(c == full_chunks_logits);
-        next = Argmax(a.data(), vocab);
-        next_c = Argmax(c.data(), vocab);
+        int32_t next = Argmax(a.data(), vocab), next_c = Argmax(c.data(), vocab);
+        for (int i = 0; i < 3; ++i) {  // the caches behind them are the same too
+          REQUIRE(trimmed.Eval({&next, 1}, LogitsMode::kLastRow, &a).ok());
+          REQUIRE(full.Eval({&next, 1}, LogitsMode::kLastRow, &b, &sees).ok());
+          REQUIRE(trimmed_chunks.Eval({&next_c, 1}, LogitsMode::kLastRow, &c).ok());
+          REQUIRE(full_chunks.Eval({&next_c, 1}, LogitsMode::kLastRow, &full_chunks_logits, &sees).ok());
+          CHECK(a == b);
+          CHECK(c == full_chunks_logits);
+          next = Argmax(a.data(), vocab);
+          next_c = Argmax(c.data(), vocab);
+        }
+        // Batched: two sequences, the last two rows of each.
+        const Model& model = (*engine)->model();
+        const auto others = CompanionPrompts(prompt);
+        std::vector<float> batch_trimmed(4 * vocab), batch_full(4 * vocab);
+        for (ForwardObserver* observer : {static_cast<ForwardObserver*>(nullptr), static_cast<ForwardObserver*>(&sees)}) {
+          KvCache one(CacheShapeOf(model.config())), two(CacheShapeOf(model.config()));
+          Model::Segment segments[] = {{prompt.data(), prompt.size(), &one, 2}, {others[0].data(), others[0].size(), &two, 2}};
+          REQUIRE((*engine)
+                      ->Forward((*engine)->threads(), segments, LogitsMode::kLastRow,
+                                (observer ? batch_full : batch_trimmed).data(), observer)
+                      .ok());
+        }
+        CHECK(batch_trimmed == batch_full);
       }
-      // Batched: two sequences, the last two rows of each.
-      const Model& model = (*engine)->model();
-      const auto others = CompanionPrompts(prompt);
-      std::vector<float> batch_trimmed(4 * vocab), batch_full(4 * vocab);
-      for (ForwardObserver* observer : {static_cast<ForwardObserver*>(nullptr), static_cast<ForwardObserver*>(&sees)}) {
-        KvCache one(model.config()), two(model.config());
-        Model::Segment segments[] = {{prompt.data(), prompt.size(), &one, 2}, {others[0].data(), others[0].size(), &two, 2}};
-        REQUIRE(model.ForwardBatch((*engine)->threads(), segments, LogitsMode::kLastRow,
-                                   (observer ? batch_full : batch_trimmed).data(), observer)
-                    .ok());
-      }
-      CHECK(batch_trimmed == batch_full);
     }
   }
 }
@@ -679,7 +685,8 @@ TEST_CASE("a forward pass over several prompts gives each prompt's own logits", 
       const size_t vocab = model.config().vocab_size;
       const auto others = CompanionPrompts(prompt);
       // The golden prompt between the two others, all rows' logits.
-      KvCache a(model.config()), golden(model.config()), b(model.config());
+      const KvCacheShape shape = CacheShapeOf(model.config());
+      KvCache a(shape), golden(shape), b(shape);
       const Model::Segment segments[] = {{others[0].data(), others[0].size(), &a},
                                          {prompt.data(), prompt.size(), &golden},
                                          {others[1].data(), others[1].size(), &b}};
@@ -699,7 +706,7 @@ TEST_CASE("a forward pass over several prompts gives each prompt's own logits", 
       std::vector<float> last(3 * vocab), alone(vocab);
       REQUIRE(model.ForwardBatch((*engine)->threads(), segments, LogitsMode::kLastRow, last.data()).ok());
       for (size_t i = 0; i < 3; ++i) {
-        KvCache own(model.config());
+        KvCache own(CacheShapeOf(model.config()));
         REQUIRE(model.Forward((*engine)->threads(), segments[i].ids, segments[i].n, &own, LogitsMode::kLastRow,
                               alone.data()).ok());
         CHECK(RelDiff(&last[i * vocab], alone.data(), vocab) < 1e-5);

@@ -364,4 +364,14 @@ StatusOr<ModelConfig> ParseModelConfig(const json& root) {
   return c;
 }
 
+KvCacheShape CacheShapeOf(const ModelConfig& c) {
+  KvCacheShape shape;
+  shape.kv_heads = static_cast<size_t>(c.num_kv_heads);
+  shape.head_dim = static_cast<size_t>(c.head_dim);
+  shape.index_dim = static_cast<size_t>(c.sparse.index_dim);
+  shape.page_rows = c.any_sparse() ? static_cast<size_t>(c.sparse.block_size) : 64;
+  shape.sparse_layer = c.sparse_layer;
+  return shape;
+}
+
 }  // namespace m3

@@ -9,6 +9,7 @@
 
 #include "base/status.h"
 #include "ops/attention.h"
+#include "ops/kv_cache.h"
 
 namespace m3 {
 
@@ -55,6 +56,10 @@ struct ModelConfig {
   int q_heads_per_kv() const { return num_heads / num_kv_heads; }
   int q_heads_per_index_head() const { return num_heads / sparse.num_index_heads; }
 };
+
+// The shape of this model's caches (KvCache): sparse models page by the key block, which the
+// indexer and the sparse attention then read as one page.
+KvCacheShape CacheShapeOf(const ModelConfig& c);
 
 // Parses and validates. Errors name the key (with its text_config. path when nested).
 StatusOr<ModelConfig> ParseModelConfig(const nlohmann::json& root);

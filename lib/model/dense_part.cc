@@ -59,7 +59,7 @@ GpuFootprint EstimateGpuFootprint(const ModelConfig& config, const DensePart& de
                                   size_t context) {
   GpuFootprint f;
   f.weight_bytes = dense.bytes();
-  f.cache_bytes = KvCache(config, cache).BytesFor(context);
+  f.cache_bytes = KvCache(CacheShapeOf(config), cache).BytesFor(context);
   f.context = context;
   f.cache = cache;
   return f;
@@ -80,7 +80,7 @@ Status CheckGpuFits(const GpuFootprint& f, const std::string& gpu, uint64_t free
 size_t LongestGpuContext(const ModelConfig& config, const DensePart& dense, const CacheOptions& cache,
                          uint64_t free_bytes) {
   if (dense.bytes() > free_bytes) return 0;
-  const KvCache caches(config, cache);
+  const KvCache caches(CacheShapeOf(config), cache);
   const uint64_t room = free_bytes - dense.bytes();
   // The caches grow by whole pages (BytesFor never shrinks with more tokens): the largest count that fits.
   size_t lo = 0, hi = static_cast<size_t>(std::max<int64_t>(0, config.max_position_embeddings));

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "model/kv_cache.h"
+#include "ops/kv_cache.h"
 #include "model/weights.h"
 
 namespace m3 {

@@ -11,8 +11,10 @@
 #include "format/pack_file.h"
 #include "format/safetensors.h"
 #include "model/config.h"
-#include "model/kv_cache.h"
+#include "ops/kv_cache.h"
 #include "model/weights.h"
+#include "offload/dense_offload.h"
+#include "ops/backend.h"
 #include "ops/attention.h"
 #include "ops/moe.h"
 #include "ops/norm_rope.h"
@@ -53,16 +55,6 @@ struct SelectionRecorder : ForwardObserver {
         row.emplace_back(sel.Blocks(t, h), sel.Blocks(t, h) + sel.Count(t, h));
     }
   }
-};
-
-// Runs the MoE blocks of forward passes in place of MoeForward: lib/dist's expert parallelism,
-// where other processes compute slices of the experts. `layer` indexes the decoder layers, then
-// the MTP layers after them (Model::MoeOfLayer).
-class MoeRunner {
- public:
-  virtual ~MoeRunner() = default;
-  virtual Status Run(const OpContext& tc, int layer, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
-                     float* out, int32_t* routed_ids) const = 0;
 };
 
 class Model {
@@ -106,16 +98,15 @@ class Model {
   Status ForwardBatch(const OpContext& tc, std::span<const Segment> segments, LogitsMode mode, float* logits,
                       ForwardObserver* observer = nullptr) const;
 
-  // The rows of a pass over `segments`, in segment order: each row's token and position (from
-  // its cache's length), and the rows that give logits in kLastRow (each segment's last
-  // logit_rows). Refuses an empty pass, a segment without tokens or with more logit rows than
-  // tokens, and two segments on one cache. Every forward pass (here or offloaded) starts with it.
-  struct PassRows {
-    std::vector<int32_t> ids;
-    std::vector<int64_t> positions;
-    std::vector<size_t> logit_rows;
-  };
-  static StatusOr<PassRows> LayOutPass(std::span<const Segment> segments);
+  // The same pass on `backend` (ops/backend.h): the CPU's operators, or an accelerator's
+  // (lib/offload). The overload above runs on the CPU.
+  Status ForwardBatch(const OpContext& tc, Backend& backend, std::span<const Segment> segments, LogitsMode mode,
+                      float* logits, ForwardObserver* observer = nullptr) const;
+  // The sizes of this model's passes, for a backend.
+  PassShape pass_shape() const;
+  // The backend of --gpu dense: every dense weight on `device` (refused, with what it needs,
+  // when it does not fit beside caches of `context` tokens). The model must outlive it.
+  StatusOr<std::unique_ptr<DenseOffload>> OffloadDensePart(std::unique_ptr<Device> device, uint64_t context) const;
 
   // Memory placement, before the model is shared (Engine::Open).
   // --numa split: copies each node's row slices of every MoE layer's experts into memory local to
@@ -135,20 +126,19 @@ class Model {
   // layer's experts (MoePart), as views of the mapping, so this process never reads the rest.
   // Before PlaceOnNodes, which then splits the slices over the nodes.
   void KeepExpertPart(const MoePart& part);
-  // The MoE blocks of later passes run through `runner` (null: MoeForward here). Not owned.
-  void set_moe_runner(const MoeRunner* runner) { moe_runner_ = runner; }
   // The MoE weights of layer `layer` (decoder layers, then MTP layers); null if it has none.
   const MoeWeights* MoeOfLayer(int layer) const;
 
  private:
   Model() = default;
   Status SplitExperts(const Topology& topology, int nodes);  // the expert part of PlaceOnNodes
-  // Rows of `segments` in order; positions[i] is row i's position in its sequence. Every row's
-  // keys and values go to the cache; `out` gets the attention output of the query rows: every
-  // row (queries empty), or each segment i's last queries[i] rows, in order.
-  Status AttentionBlock(const OpContext& tc, int layer, const float* x, std::span<const Segment> segments,
-                        const int64_t* positions, float* out, ForwardObserver* observer,
-                        std::span<const size_t> queries = {}) const;
+  // The attention block of `layer` on the pass's rows (of `segments`, in order; row i at
+  // positions[i]): every row's keys and values go to the caches, and h takes the attention output
+  // of the query rows: every row (queries empty), or each segment i's last queries[i] rows, in
+  // order (h's first rows), at query_positions (valid until the pass ends: checks may read them then).
+  Status AttentionBlock(BackendPass& pass, int layer, const float* x, std::span<const Segment> segments,
+                        const int64_t* positions, float* h, ForwardObserver* observer,
+                        std::span<const size_t> queries = {}, const int64_t* query_positions = nullptr) const;
 
   std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<PackFile> pack_;
@@ -157,7 +147,6 @@ class Model {
   WeightStats stats_;
   std::unique_ptr<Rope> rope_;
   std::shared_ptr<NodeBuffer> dense_memory_;  // --numa split: the node-local dense matrices
-  const MoeRunner* moe_runner_ = nullptr;
 };
 
 }  // namespace m3

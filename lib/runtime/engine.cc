@@ -33,10 +33,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, con
   e->threads_.threads = distributed ? dist::RankThreads(options.threads) : ResolveThreadCount(options.threads);
   if (e->dist_) M3_RETURN_IF_ERROR(e->dist_->Connect(*e->model_));  // slice 0 of the experts, before placing
   M3_ASSIGN_OR_RETURN(e->placement_, e->model_->Place(options.numa, e->threads_.threads, /*dense=*/true));
-  if (e->dist_) {
-    e->model_->set_moe_runner(e->dist_.get());
-    e->placement_ += "; " + e->dist_->Describe();
-  }
+  if (e->dist_) e->placement_ += "; " + e->dist_->Describe();
   if (options.mlock_dense) {
     M3_ASSIGN_OR_RETURN(const uint64_t locked, e->model_->LockDenseWeights());
     e->placement_ += ", " + std::to_string(locked >> 20) + " MiB of dense weights locked";
@@ -53,21 +50,24 @@ StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, con
     }
     const uint64_t max_pos = static_cast<uint64_t>(e->model_->config().max_position_embeddings);
     const uint64_t context = options.gpu_context ? options.gpu_context : std::min<uint64_t>(8192, max_pos);
-    M3_ASSIGN_OR_RETURN(e->offload_, DenseOffload::Open(*e->model_, std::move(device), context));
+    M3_ASSIGN_OR_RETURN(e->offload_, e->model_->OffloadDensePart(std::move(device), context));
     e->placement_ += ", dense part on " + e->offload_->device().Describe();
   }
+  e->cpu_ = std::make_unique<CpuBackend>(e->model_->pass_shape());
   return e;
 }
 
 Status Engine::Forward(const OpContext& tc, std::span<const Model::Segment> segments, LogitsMode mode,
                        float* logits, ForwardObserver* observer) const {
-  if (offload_) return offload_->Forward(tc, segments, mode, logits, observer);
-  return model_->ForwardBatch(tc, segments, mode, logits, observer);
+  OpContext ctx = tc;
+  ctx.moe_runner = dist_.get();
+  Backend& backend = offload_ ? static_cast<Backend&>(*offload_) : *cpu_;
+  return model_->ForwardBatch(ctx, backend, segments, mode, logits, observer);
 }
 
 Session::Session(const Engine& engine, const SessionOptions& options)
     : engine_(engine),
-      cache_(engine.model().config(), options.cache),
+      cache_(CacheShapeOf(engine.model().config()), options.cache),
       workspace_(std::make_unique<Workspace>()),
       max_context_(options.max_context ? options.max_context
                                        : static_cast<size_t>(engine.model().config().max_position_embeddings)),

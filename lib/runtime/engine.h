@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "offload/dense_offload.h"
 #include "ops/context.h"
+#include "ops/cpu_backend.h"
 #include "ops/moe_numa.h"
 #include "ops/workspace.h"
 #include "runtime/prefix_cache.h"
@@ -57,7 +58,8 @@ class Engine {
   // The expert-parallel ranks (--dist mpi), or null.
   const dist::ExpertParallel* expert_parallel() const { return dist_.get(); }
   dist::ExpertParallel* expert_parallel() { return dist_.get(); }
-  // One forward pass (Model::ForwardBatch), on the offload when there is one.
+  // One forward pass (Model::ForwardBatch) on the engine's backend: the offloaded dense part
+  // when there is one, else the CPU.
   Status Forward(const OpContext& tc, std::span<const Model::Segment> segments, LogitsMode mode, float* logits,
                  ForwardObserver* observer) const;
 
@@ -67,6 +69,7 @@ class Engine {
   ThreadConfig threads_;
   Kernels kernels_;
   std::string placement_;
+  std::unique_ptr<CpuBackend> cpu_;
   std::unique_ptr<DenseOffload> offload_;
   std::unique_ptr<dist::ExpertParallel> dist_;  // before model_ goes: the followers close their part
 };

@@ -27,7 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "model/kv_cache.h"
+#include "ops/kv_cache.h"
 
 namespace m3 {
 

@@ -1,18 +1,15 @@
-#include "model/kv_cache.h"
+#include "ops/kv_cache.h"
 
 #include <algorithm>
 
 namespace m3 {
 
-KvCache::KvCache(const ModelConfig& cfg, const CacheOptions& options) : options_(options) {
-  // Sparse models: a page is one key block, so the indexer and the sparse attention read pages.
-  const size_t page = cfg.any_sparse() ? static_cast<size_t>(cfg.sparse.block_size) : 64;
-  page_rows_ = page;
-  const auto kv_heads = static_cast<size_t>(cfg.num_kv_heads), dim = static_cast<size_t>(cfg.head_dim);
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    k_.emplace_back(kv_heads, dim, page, options.kv, KvLayout::kTransposed);
-    v_.emplace_back(kv_heads, dim, page, options.kv);
-    ik_.emplace_back(cfg.sparse_layer[l] ? static_cast<size_t>(cfg.sparse.index_dim) : 0, page, options.index_keys);
+KvCache::KvCache(const KvCacheShape& shape, const CacheOptions& options)
+    : page_rows_(shape.page_rows), options_(options) {
+  for (const bool sparse : shape.sparse_layer) {
+    k_.emplace_back(shape.kv_heads, shape.head_dim, page_rows_, options.kv, KvLayout::kTransposed);
+    v_.emplace_back(shape.kv_heads, shape.head_dim, page_rows_, options.kv);
+    ik_.emplace_back(sparse ? shape.index_dim : 0, page_rows_, options.index_keys);
   }
 }
 

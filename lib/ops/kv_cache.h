@@ -12,7 +12,6 @@
 #include <span>
 #include <vector>
 
-#include "model/config.h"
 #include "ops/attention.h"
 
 namespace m3 {
@@ -23,6 +22,13 @@ struct CacheOptions {
   CacheType index_keys = CacheType::kF32;
 };
 
+// The shape of a model's caches: per layer K and V of kv_heads x head_dim, and index keys of
+// index_dim on the sparse layers; pages of page_rows positions (a sparse layer's key block).
+struct KvCacheShape {
+  size_t kv_heads = 0, head_dim = 0, index_dim = 0, page_rows = 64;
+  std::vector<bool> sparse_layer;  // one per layer
+};
+
 class KvCache {
  public:
   // The cache's rows where a forward pass runs elsewhere (an offload device's memory, lib/offload):
@@ -31,7 +37,7 @@ class KvCache {
     virtual ~Attached() = default;
   };
 
-  explicit KvCache(const ModelConfig& cfg, const CacheOptions& options = {});
+  explicit KvCache(const KvCacheShape& shape, const CacheOptions& options = {});
 
   size_t length() const { return length_; }
   // Drops positions >= n (e.g. to reuse a shared prompt prefix). Pages past them stay for reuse
@@ -61,6 +67,7 @@ class KvCache {
   // Where the bytes of pages made from now on are counted (a scheduler's slots and store).
   void set_account(const std::shared_ptr<PageAccount>& account);
 
+  size_t layers() const { return k_.size(); }
   KvPages& k(int layer) { return k_[layer]; }
   KvPages& v(int layer) { return v_[layer]; }
   IndexKeyPages& index_k(int layer) { return ik_[layer]; }
