@@ -6,6 +6,7 @@
 #                                binaries, and bundles them with every shared library ldd lists
 #                                (the C library and its loader too, so the GPU machine's own
 #                                glibc does not matter) into .cuda-check/bundle.tar.xz (git-ignored)
+#                                (CUDA_BUILD_DIR=DIR: from that build tree, already configured with CUDA)
 #   scripts/check-cuda.sh run    there (carry .cuda-check): the device operations against their host
 #                                references, every golden case with --gpu dense on the GPU, then
 #                                m3 bench --gpu dense on a generated model of the real shapes;
@@ -19,10 +20,13 @@ BUNDLE=.cuda-check/bundle.tar.xz
 
 pack() {
   set -e
-  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DM3_CUDA=ON >/dev/null
-  cmake --build build-cuda --target m3 test_offload test_golden
+  # CUDA_BUILD_DIR: a build tree already configured with CUDA (M3_CUDA found nvcc) to take the
+  # binaries from instead of a Release build of its own in build-cuda.
+  local build=${CUDA_BUILD_DIR:-build-cuda}
+  [ -n "${CUDA_BUILD_DIR:-}" ] || cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DM3_CUDA=ON >/dev/null
+  cmake --build "$build" --target m3 test_offload test_golden
   rm -rf .cuda-check/stage && mkdir -p .cuda-check/stage/lib
-  for bin in build-cuda/bin/m3 build-cuda/tests/test_offload build-cuda/tests/test_golden; do
+  for bin in "$build/bin/m3" "$build/tests/test_offload" "$build/tests/test_golden"; do
     strip -o ".cuda-check/stage/$(basename "$bin")" "$bin"
     ldd "$bin" | awk '/=> \// {print $3} /^\t\/lib/ {print $1}' | while read -r so; do
       cp -L -n "$so" .cuda-check/stage/lib/

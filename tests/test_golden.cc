@@ -2,6 +2,7 @@
 // within its tolerance (prefill logits, decode logits, greedy ids, selected blocks), run
 // in-process through Session; 1 and 2 threads give bit-identical results; request validation.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -618,7 +619,9 @@ TEST_CASE("a prompt's last layer computes only the rows that give logits, with t
   // Without an observer that sees rows, the last layer runs the other rows' keys and values only;
   // with one (SelectionRecorder), every row in full. Logits, caches and the steps after them are
   // the same to the bit, in one pass, in chunks (the earlier ones give no logits) and batched, on
-  // the CPU and with the dense part offloaded (one layer loop for both).
+  // the CPU and with the dense part offloaded to the host reference (one layer loop for both). A
+  // GPU's matmuls round a row differently with another count of rows (H200, 2026-11-28): there
+  // they agree to float rounding.
   struct SeesRows : ForwardObserver {};
   std::vector<std::pair<std::string, EngineOptions>> backends = {{"cpu", EngineOptions{2}}};
   for (const std::string& device : OffloadDevices()) backends.emplace_back(device, OffloadOptions(device));
@@ -629,6 +632,14 @@ TEST_CASE("a prompt's last layer computes only the rows that give logits, with t
         const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
         auto engine = Engine::Open(dir, options);
         REQUIRE(engine.ok());
+        const bool exact = backend != "cuda";
+        auto same = [&](const std::vector<float>& x, const std::vector<float>& y) {
+          if (exact) return x == y;
+          if (x.size() != y.size()) return false;
+          for (size_t i = 0; i < x.size(); ++i)
+            if (!(std::fabs(x[i] - y[i]) <= 1e-3f * (1.0f + std::fabs(y[i])))) return false;
+          return true;
+        };
         const size_t vocab = (*engine)->model().config().vocab_size;
         SessionOptions chunks;
         chunks.prefill_chunk = 7;
@@ -638,19 +649,19 @@ TEST_CASE("a prompt's last layer computes only the rows that give logits, with t
         REQUIRE(trimmed.Eval(prompt, LogitsMode::kLastRow, &a).ok());
         REQUIRE(full.Eval(prompt, LogitsMode::kLastRow, &b, &sees).ok());
         REQUIRE(trimmed_chunks.Eval(prompt, LogitsMode::kLastRow, &c).ok());
-        CHECK(a == b);
+        CHECK(same(a, b));
         std::vector<float> full_chunks_logits;
         Session full_chunks(**engine, chunks);
         REQUIRE(full_chunks.Eval(prompt, LogitsMode::kLastRow, &full_chunks_logits, &sees).ok());
-        CHECK(c == full_chunks_logits);
+        CHECK(same(c, full_chunks_logits));
         int32_t next = Argmax(a.data(), vocab), next_c = Argmax(c.data(), vocab);
         for (int i = 0; i < 3; ++i) {  // the caches behind them are the same too
           REQUIRE(trimmed.Eval({&next, 1}, LogitsMode::kLastRow, &a).ok());
           REQUIRE(full.Eval({&next, 1}, LogitsMode::kLastRow, &b, &sees).ok());
           REQUIRE(trimmed_chunks.Eval({&next_c, 1}, LogitsMode::kLastRow, &c).ok());
           REQUIRE(full_chunks.Eval({&next_c, 1}, LogitsMode::kLastRow, &full_chunks_logits, &sees).ok());
-          CHECK(a == b);
-          CHECK(c == full_chunks_logits);
+          CHECK(same(a, b));
+          CHECK(same(c, full_chunks_logits));
           next = Argmax(a.data(), vocab);
           next_c = Argmax(c.data(), vocab);
         }
@@ -666,7 +677,7 @@ TEST_CASE("a prompt's last layer computes only the rows that give logits, with t
                                 (observer ? batch_full : batch_trimmed).data(), observer)
                       .ok());
         }
-        CHECK(batch_trimmed == batch_full);
+        CHECK(same(batch_trimmed, batch_full));
       }
     }
   }
