@@ -820,7 +820,7 @@ Measured Measure(const Plan& plan, FILE* log) {
   probes.Probe(LimitProbes::kReadBw, plan.read_reps);
   probes.Probe(LimitProbes::kInt8Peak, plan.peak_reps);
   probes.Probe(LimitProbes::kFmaPeak, plan.peak_reps);
-  const bool amx = simd::AmxInt8PeakLoop(1) > 0;
+  const bool amx = AmxInt8PeakLoop(1) > 0;
   if (amx) probes.Probe(LimitProbes::kAmxPeak, plan.peak_reps);
 
   // 2. GEMV and GEMM per shape and type; 3. oneDNN's on the shape, where it is built in.
