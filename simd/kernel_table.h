@@ -28,11 +28,10 @@ namespace m3::simd {
 struct KernelTable {
   using QuantizeActivationsFn = void (*)(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group,
                                          int8_t* q, float* scale, int32_t* sum, uint8_t* shift);
-  using QuantMatMulFn = void (*)(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin,
-                                 size_t tile_end, float* y, size_t ldy, KernelScratch& scratch);
-  using Bf16TiledMatMulFn = void (*)(const WeightRef& w, const float* x, size_t ldx, size_t n_tok,
-                                     size_t tile_begin, size_t tile_end, float* y, size_t ldy,
-                                     KernelScratch& scratch);
+  using QuantMatMulFn = void (*)(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end,
+                                 float* y, size_t ldy, KernelScratch& scratch);
+  using Bf16TiledMatMulFn = void (*)(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
+                                     size_t tile_end, float* y, size_t ldy, KernelScratch& scratch);
   using MatMulF32Fn = void (*)(const float* a, size_t lda, size_t n_rows, const float* x, size_t ldx,
                                size_t n_tok, size_t k, float* y, size_t ldy);
 

@@ -158,8 +158,8 @@ void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, 
                          float* scale, int32_t* sum, uint8_t* shift);
 void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
                  size_t ldy, KernelScratch& scratch);
-void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
-                     size_t tile_end, float* y, size_t ldy, KernelScratch& scratch);
+void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin, size_t tile_end,
+                     float* y, size_t ldy, KernelScratch& scratch);
 }  // namespace ref
 
 }  // namespace m3::simd

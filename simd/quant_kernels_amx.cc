@@ -480,7 +480,6 @@ bool HasAmxInt8() {
   return ok;
 }
 
-
 void QuantMatMulAmx(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
                     size_t ldy, KernelScratch& scratch) {
   tile_end = std::min(tile_end, w.row_tiles());

@@ -304,8 +304,8 @@ Status Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const f
                    [&](size_t i, size_t b, size_t e) {
                      const ExpertJob& J = s.jobs[i];
                      const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][J.expert];
-                     J.down_in.Multiply(sl.local.down, b, e, J.y + (out_tile0 + sl.down_tile0) * kMatMulRowTile,
-                                        hidden, per_thread);
+                     J.down_in.Multiply(sl.local.down, b, e, J.y + (out_tile0 + sl.down_tile0) * kMatMulRowTile, hidden,
+                                        per_thread);
                    });
     } else {
       ForEachDynamicShare(plan.down_tiles, plan.per_row, nt, down_cursor, [&](size_t i, size_t b, size_t e) {
