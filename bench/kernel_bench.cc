@@ -157,7 +157,10 @@ class MatMulRunner {
   // The quantized matmul alone, on the activations of the last Quantize.
   void Multiply(const ThreadConfig& tc, const WeightRef& w, size_t n_tok) {
     const simd::QuantizedActivations a = Activations(n_tok);
-    ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int) { simd::BestKernels().QuantMatMul(w, a, b, e, y_.data(), w.rows); });
+    ReserveThreads(tc);
+    ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int thread) {
+      simd::BestKernels().QuantMatMul(w, a, b, e, y_.data(), w.rows, Scratch(thread));
+    });
   }
   simd::QuantizedActivations Activations(size_t n_tok) const {
     simd::QuantizedActivations a;
@@ -176,8 +179,9 @@ class MatMulRunner {
       Quantize(tc, n_tok);
       Multiply(tc, w, n_tok);
     } else {
-      ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int) {
-        simd::BestKernels().bf16_tiled_matmul(w, x_.data(), w.cols, n_tok, b, e, y_.data(), w.rows);
+      ReserveThreads(tc);
+      ParallelFor(tc, w.row_tiles(), 1, [&](size_t b, size_t e, int thread) {
+        simd::BestKernels().bf16_tiled_matmul(w, x_.data(), w.cols, n_tok, b, e, y_.data(), w.rows, Scratch(thread));
       });
     }
   }
@@ -186,6 +190,7 @@ class MatMulRunner {
   // Returns the largest difference relative to the largest reference output.
   double CompareWithReference(const WeightRef& w, size_t n_tok, size_t t0, size_t t1) {
     std::vector<float> ref(n_tok * w.rows, 0.0f);
+    simd::KernelScratch unused;  // the references need none
     if (quantized()) {
       // Reference activations too, so a wrong fast quantizer shows up here.
       std::vector<int8_t> q(n_tok * w.padded_cols());
@@ -199,9 +204,9 @@ class MatMulRunner {
       a.scale = s.data();
       a.sum = sum.data();
       a.shift = q8() ? shift.data() : nullptr;
-      simd::ref::QuantMatMul(w, a, t0, t1, ref.data(), w.rows);
+      simd::ref::QuantMatMul(w, a, t0, t1, ref.data(), w.rows, unused);
     } else {
-      simd::ref::Bf16TiledMatMul(w, x_.data(), w.cols, n_tok, t0, t1, ref.data(), w.rows);
+      simd::ref::Bf16TiledMatMul(w, x_.data(), w.cols, n_tok, t0, t1, ref.data(), w.rows, unused);
     }
     double max_ref = 0, max_diff = 0;
     const size_t r0 = t0 * simd::kTileRows, r1 = std::min(w.rows, t1 * simd::kTileRows);
@@ -215,6 +220,12 @@ class MatMulRunner {
   }
 
  private:
+  // The kernels' working memory, one per thread (the engine keeps it in the session's Workspace).
+  simd::KernelScratch& Scratch(int thread) { return scratch_[static_cast<size_t>(thread)]; }
+  void ReserveThreads(const ThreadConfig& tc) {
+    if (scratch_.size() < static_cast<size_t>(tc.threads)) scratch_.resize(static_cast<size_t>(tc.threads));
+  }
+
   WeightRef shape_;
   size_t max_tokens_;
   AlignedBuffer<float> x_, y_;  // aligned as the engine's activations (the kernels' streaming stores need it)
@@ -222,6 +233,7 @@ class MatMulRunner {
   std::vector<float> scale_;
   std::vector<int32_t> sum_;
   std::vector<uint8_t> shift_;  // q8 only
+  std::vector<simd::KernelScratch> scratch_;
 };
 
 // Per-call seconds of fn() after `warmup` untimed calls: at least min_calls (unless cap_s passes
@@ -820,7 +832,7 @@ Measured Measure(const Plan& plan, FILE* log) {
   probes.Probe(LimitProbes::kReadBw, plan.read_reps);
   probes.Probe(LimitProbes::kInt8Peak, plan.peak_reps);
   probes.Probe(LimitProbes::kFmaPeak, plan.peak_reps);
-  const bool amx = simd::AmxInt8PeakLoop(1) > 0;
+  const bool amx = AmxInt8PeakLoop(1) > 0;
   if (amx) probes.Probe(LimitProbes::kAmxPeak, plan.peak_reps);
 
   // 2. GEMV and GEMM per shape and type; 3. oneDNN's on the shape, where it is built in.

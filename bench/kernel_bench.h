@@ -3,7 +3,7 @@
 //
 //   read_bw     memory read bandwidth (StreamRead over a buffer >= 8x L3, both read
 //               patterns, best sample of the run)
-//   int8_peak   int8 dot-product peak (simd::Int8DotPeakLoop on every thread, summed, best of reps)
+//   int8_peak   int8 dot-product peak (Int8PeakLoop on every thread, summed, best of reps)
 //   fma_peak    fp32 FMA peak (FmaPeakLoop, likewise), the limit of the bf16 GEMM
 //   gemv        q4/q8/bf16, 1/2/4/8 tokens: GB/s of weights read (codes + scales) vs read_bw; the
 //               weights cycle through enough distinct matrices (>= 8x L3) that every call is cold.

@@ -1,4 +1,4 @@
-// Machine-limit probes (limits.h).
+// Machine-limit probes (limits.h); the int8 peaks are in peak_probe.cc.
 #include "limits.h"
 
 #include "platform/memory.h"
@@ -14,7 +14,6 @@
 #include <new>
 
 #include "base/status.h"
-#include "simd/quant_kernels.h"
 
 namespace m3::bench {
 namespace {
@@ -143,9 +142,6 @@ std::map<ReadPattern, std::vector<double>> MeasureReadBandwidth(BigBuffer& buf, 
   }
   return gbs;
 }
-
-double Int8PeakLoop(size_t n) { return static_cast<double>(simd::Int8DotPeakLoop(n)); }
-double AmxInt8PeakLoop(size_t n) { return static_cast<double>(simd::AmxInt8PeakLoop(n)); }
 
 double FmaLoop(size_t n) {
   float sink;

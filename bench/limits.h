@@ -4,7 +4,7 @@
 //                    (one to four streams per thread, with and without software prefetch), split
 //                    over the same threads as the work, as a GEMV splits its row tiles; the limit
 //                    is the fastest pattern's
-//   int8 peak        simd::Int8DotPeakLoop on every thread at once, rates summed
+//   int8 peak        Int8PeakLoop on every thread at once, rates summed
 //   fp32 FMA peak    FmaPeakLoop likewise
 //
 // Other processes only ever lower a probe, so a probe's best sample is the machine at its
@@ -125,9 +125,15 @@ std::vector<double> MeasurePeak(int threads, double seconds, int reps, std::vect
   return totals;
 }
 
-double Int8PeakLoop(size_t n);  // simd::Int8DotPeakLoop as operations
-double AmxInt8PeakLoop(size_t n);  // simd::AmxInt8PeakLoop as operations
-double FmaLoop(size_t n);       // FmaPeakLoop as operations
+// The int8 dot-product peak (peak_probe.cc): runs the fastest int8 dot-product instruction of
+// this CPU's quant kernels (vpdpbusd on 16 independent accumulators when AVX-512 VNNI is present,
+// else the best Highway target's sequence) from registers only, n times; returns the int8
+// operations performed (2 per multiply-add).
+double Int8PeakLoop(size_t n);
+// The same for Intel AMX's tdpbsud (four independent accumulator tiles), which the prompt
+// matmuls use where present: the int8 operations performed, 0 without AMX.
+double AmxInt8PeakLoop(size_t n);
+double FmaLoop(size_t n);  // FmaPeakLoop as operations
 
 // The samples of one limit (GB/s or GOP/s) from one or more calls below; the limit is the best.
 struct ProbeResult {

@@ -8,9 +8,9 @@
 // (VNNI, AMX and AVX512-BF16 paths beside Highway's). The other fp32 kernels (kernels.h,
 // attention_kernels.h) dispatch through Highway's own table, chosen once per process from the CPU.
 //
-// Documented exceptions to "no hidden state": the integer kernels keep small per-thread scratch
-// (thread_local: group amax and bias tables of one row block, AMX's packed activation tiles),
-// bounded by one call's shape and never observable in results.
+// The kernels keep no state of their own: the matmuls work in the caller's KernelScratch
+// (quant_kernels.h; one per thread, from the session's Workspace in ops). The tables are built in
+// kernel_table.cc.
 #pragma once
 
 #include <cstddef>
@@ -28,10 +28,10 @@ namespace m3::simd {
 struct KernelTable {
   using QuantizeActivationsFn = void (*)(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group,
                                          int8_t* q, float* scale, int32_t* sum, uint8_t* shift);
-  using QuantMatMulFn = void (*)(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin,
-                                 size_t tile_end, float* y, size_t ldy);
-  using Bf16TiledMatMulFn = void (*)(const WeightRef& w, const float* x, size_t ldx, size_t n_tok,
-                                     size_t tile_begin, size_t tile_end, float* y, size_t ldy);
+  using QuantMatMulFn = void (*)(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end,
+                                 float* y, size_t ldy, KernelScratch& scratch);
+  using Bf16TiledMatMulFn = void (*)(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
+                                     size_t tile_end, float* y, size_t ldy, KernelScratch& scratch);
   using MatMulF32Fn = void (*)(const float* a, size_t lda, size_t n_rows, const float* x, size_t ldx,
                                size_t n_tok, size_t k, float* y, size_t ldy);
 
@@ -58,8 +58,8 @@ struct KernelTable {
     return false;
   }
   void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                   size_t ldy) const {
-    (UsesAmx(w, a.n_tok) ? quant_matmul_amx : quant_matmul)(w, a, tile_begin, tile_end, y, ldy);
+                   size_t ldy, KernelScratch& scratch) const {
+    (UsesAmx(w, a.n_tok) ? quant_matmul_amx : quant_matmul)(w, a, tile_begin, tile_end, y, ldy, scratch);
   }
   // The implementation QuantMatMul runs for w with n_tok tokens (for benchmark reports).
   const char* QuantName(const WeightRef& w, size_t n_tok) const;
@@ -79,6 +79,14 @@ std::vector<std::string> KernelNames();
 
 namespace detail {
 KernelTable::MatMulF32Fn MatMulF32ForTarget(int64_t target);  // kernels.cc's entry for a Highway target
+// quant_kernels.cc's entries for a Highway target.
+struct HighwayQuantKernels {
+  KernelTable::QuantizeActivationsFn quantize_activations;
+  KernelTable::QuantMatMulFn quant_matmul;
+  KernelTable::Bf16TiledMatMulFn bf16_tiled_matmul;
+  bool exact;  // KernelTable::quant_exact
+};
+HighwayQuantKernels HighwayQuantKernelsForTarget(int64_t target);
 }  // namespace detail
 
 }  // namespace m3::simd

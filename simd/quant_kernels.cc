@@ -1,13 +1,11 @@
-// Highway implementations of quant_kernels.h, compiled once per SIMD target, and the run-time
-// choice between them, the AVX-512 VNNI / BF16 kernels (quant_kernels_x86.cc) and the references.
+// Highway implementations of quant_kernels.h, compiled once per SIMD target (kernel_table.cc
+// chooses between them, the x86 kernels of quant_kernels_x86.cc and the references).
 // x86 targets use maddubs/madd intrinsics (AVX3 without VNNI, AVX2); every other target (SSE4,
 // EMU128, NEON, ...) a portable int32 multiply-add on 16-row tiles.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <string>
-#include <vector>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "simd/quant_kernels.cc"
@@ -35,13 +33,11 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
   const hn::Rebind<int8_t, decltype(df)> d8;
   const size_t N = hn::Lanes(df);
   const size_t padded = (cols + group - 1) / group * group, groups = padded / group;
-  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
-  thread_local std::vector<float> amax_buffer;
-  amax_buffer.resize(groups);
-  float* const group_amax = amax_buffer.data();  // the thread_local looked up once
   const bool prefetch_rows = n_tok * cols * sizeof(float) > detail::kCoreL2Bytes;
   for (size_t t = 0; t < n_tok; ++t) {
     const float* xt = x + t * ldx;
+    // Each group's amax (its bits) waits in the group's sum entry between the two passes.
+    int32_t* const amax_of_group = sum + t * groups;
     // amax as the integer max of |x|'s bits: the float max for finite x, and inf or NaN as soon
     // as one value is (a float max may drop a NaN, depending on the operand order).
     int32_t amax_t_bits = 0;
@@ -56,7 +52,7 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
       for (; c + N <= end; c += N) vmax = hn::Max(vmax, hn::BitCast(di, hn::Abs(hn::LoadU(df, xt + c))));
       int32_t amax_bits = hn::GetLane(hn::MaxOfLanes(di, hn::Max(vmax, vmax2)));
       for (; c < end; ++c) amax_bits = std::max(amax_bits, detail::AbsBits(xt[c]));
-      group_amax[g] = BitsToF32(static_cast<uint32_t>(amax_bits));
+      amax_of_group[g] = amax_bits;
       amax_t_bits = std::max(amax_t_bits, amax_bits);
     }
     const float amax_t = BitsToF32(static_cast<uint32_t>(amax_t_bits));
@@ -76,7 +72,7 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
         __builtin_prefetch(x_next + i * 16, 0, 2);  // into L2: L1 holds this row (into L1: 10-25% slower)
       const size_t begin = g * group, end = std::min(cols, begin + group);
       int8_t* qg = q + t * padded + begin;
-      const float amax = group_amax[g];
+      const float amax = BitsToF32(static_cast<uint32_t>(amax_of_group[g]));  // read before the sum replaces it
       const int e = shift ? Q8ActivationShift(amax, amax_t) : 0;
       if (shift) shift[t * groups + g] = static_cast<uint8_t>(e);
       if (amax == 0.0f || !std::isfinite(amax)) {  // q4 only reaches a non-finite group here
@@ -212,25 +208,6 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
   }
 }
 
-uint64_t PeakImpl(uint64_t iterations, int32_t seed) {
-  const __m512i x = _mm512_set1_epi32(seed), z = _mm512_set1_epi32(seed * 7 + 3), ones = _mm512_set1_epi16(1);
-  __m512i acc[12];
-#pragma GCC unroll 12
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
-  for (uint64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) {
-      __m512i xi = x;
-      asm volatile("" : "+v"(xi));  // opaque copy: the loop-invariant product must not be hoisted
-      acc[i] = _mm512_add_epi32(acc[i], _mm512_madd_epi16(_mm512_maddubs_epi16(xi, z), ones));
-    }
-  }
-  __m512i s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm512_add_epi32(s, acc[i]);
-  return static_cast<uint32_t>(_mm512_reduce_add_epi32(s));
-}
-uint64_t PeakOpsPerIter() { return 12 * 64 * 2; }
-
 #elif HWY_TARGET == HWY_AVX2
 
 // As AVX3, at 256 bits: a 64-byte chunk is rows 0-7 and rows 8-15; _mm256_sign_epi8 applies
@@ -313,29 +290,6 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
   }
 }
 
-uint64_t PeakImpl(uint64_t iterations, int32_t seed) {
-  const __m256i x = _mm256_set1_epi32(seed), z = _mm256_set1_epi32(seed * 7 + 3), ones = _mm256_set1_epi16(1);
-  __m256i acc[12];
-#pragma GCC unroll 12
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi32(i);
-  for (uint64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) {
-      __m256i xi = x;
-      asm volatile("" : "+v"(xi));  // opaque copy: the loop-invariant product must not be hoisted
-      acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(xi, z), ones));
-    }
-  }
-  __m256i s = acc[0];
-  for (int i = 1; i < 12; ++i) s = _mm256_add_epi32(s, acc[i]);
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
-  uint32_t r = 0;
-  for (int32_t l : lanes) r += static_cast<uint32_t>(l);
-  return r;
-}
-uint64_t PeakOpsPerIter() { return 12 * 32 * 2; }
-
 #else
 
 // Portable: each 16-byte (or wider) slice of a chunk holds 4 bytes of N rows as int32 lanes;
@@ -411,31 +365,7 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
   }
 }
 
-uint64_t PeakImpl(uint64_t iterations, int32_t seed) {
-  const hn::ScalableTag<int32_t> di;
-  const auto x = hn::Set(di, seed), z = hn::Set(di, seed * 7 + 3);
-  auto a0 = hn::Set(di, 0), a1 = hn::Set(di, 1), a2 = hn::Set(di, 2), a3 = hn::Set(di, 3);
-  auto a4 = hn::Set(di, 4), a5 = hn::Set(di, 5), a6 = hn::Set(di, 6), a7 = hn::Set(di, 7);
-  // a = a * x + z: loop-carried, so nothing can be hoisted; 8 chains hide the multiply latency.
-  for (uint64_t it = 0; it < iterations; ++it) {
-    a0 = hn::Add(hn::Mul(a0, x), z), a1 = hn::Add(hn::Mul(a1, x), z), a2 = hn::Add(hn::Mul(a2, x), z);
-    a3 = hn::Add(hn::Mul(a3, x), z), a4 = hn::Add(hn::Mul(a4, x), z), a5 = hn::Add(hn::Mul(a5, x), z);
-    a6 = hn::Add(hn::Mul(a6, x), z), a7 = hn::Add(hn::Mul(a7, x), z);
-  }
-  const auto s = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
-  return static_cast<uint32_t>(hn::GetLane(hn::SumOfLanes(di, s)));
-}
-uint64_t PeakOpsPerIter() { return 8 * 2 * hn::Lanes(hn::ScalableTag<int32_t>()); }
-
 #endif
-
-volatile int32_t g_peak_seed = 0x01020304;  // opaque inputs and sink keep the loop alive
-volatile uint64_t g_peak_sink;
-
-uint64_t Int8DotPeakImpl(uint64_t iterations) {
-  g_peak_sink = PeakImpl(iterations, g_peak_seed);
-  return iterations * PeakOpsPerIter();
-}
 
 template <int T>
 void TileBlockT(bool q4, const TileArgs& b, float (*yacc)[16]) {
@@ -445,18 +375,14 @@ void TileBlockT(bool q4, const TileArgs& b, float (*yacc)[16]) {
     TileBlock<T, false>(b, yacc);
 }
 
+// bias and da: room for the tables (detail::FillQuantTables) of a.n_tok tokens.
 void QuantMatMulTokens(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                       size_t ldy) {
+                       size_t ldy, int32_t* bias, float* da) {
   const bool q4 = w.format == WeightFormat::kQ4;
   const size_t n = a.n_tok, groups = w.groups();
   const int32_t zero = q4 ? kQ4Zero : (kSignedQ8 ? 0 : kQ8Zero);
-  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
-  thread_local std::vector<int32_t> bias;
-  thread_local std::vector<float> da;
-  bias.resize(n * groups);
-  da.resize(n * groups);
   const detail::TokenBlocks blocks(n, kTok);
-  detail::FillQuantTables(a, blocks, zero, bias.data(), da.data());
+  detail::FillQuantTables(a, blocks, zero, bias, da);
   const auto* data = static_cast<const uint8_t*>(w.data);
   for (size_t tile = tile_begin; tile < tile_end; ++tile) {
     const size_t rows = std::min(w.rows, (tile + 1) * kTileRows) - tile * kTileRows;
@@ -468,8 +394,8 @@ void QuantMatMulTokens(const WeightRef& w, const QuantizedActivations& a, size_t
                        q4 ? nullptr : w.q8_shifts(tile),
                        a.q + t0 * a.padded_cols,
                        a.padded_cols,
-                       bias.data() + t0 * groups,
-                       da.data() + t0 * groups,
+                       bias + t0 * groups,
+                       da + t0 * groups,
                        groups,
                        w.group};
       float yacc[kTok][16] = {};
@@ -489,18 +415,22 @@ void QuantMatMulTokens(const WeightRef& w, const QuantizedActivations& a, size_t
 }
 
 void QuantMatMulImpl(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                     size_t ldy) {
+                     size_t ldy, KernelScratch& scratch) {
   tile_end = std::min(tile_end, w.row_tiles());
   if (tile_begin >= tile_end || a.n_tok == 0) return;
-  // Batches of at most 768 tokens bound the per-thread tables for long prompts.
-  for (size_t t0 = 0; t0 < a.n_tok; t0 += 768) {
+  // Batches of at most 768 tokens bound the tables for long prompts; one batch's, taken once.
+  constexpr size_t kBatch = 768;
+  const size_t table = std::min(kBatch, a.n_tok) * w.groups();
+  int32_t* const bias = scratch.Array<int32_t>(0, table);
+  float* const da = scratch.Array<float>(1, table);
+  for (size_t t0 = 0; t0 < a.n_tok; t0 += kBatch) {
     QuantizedActivations part = a;
     part.q += t0 * a.padded_cols;
     part.scale += t0 * (a.shift ? 1 : a.groups());
     part.sum += t0 * a.groups();
     if (a.shift) part.shift += t0 * a.groups();
-    part.n_tok = std::min<size_t>(768, a.n_tok - t0);
-    QuantMatMulTokens(w, part, tile_begin, tile_end, y + t0 * ldy, ldy);
+    part.n_tok = std::min(kBatch, a.n_tok - t0);
+    QuantMatMulTokens(w, part, tile_begin, tile_end, y + t0 * ldy, ldy, bias, da);
   }
 }
 
@@ -549,7 +479,7 @@ void Bf16Block(const uint8_t* tile, const float* x, size_t ldx, size_t cols, flo
 }
 
 void Bf16TiledMatMulImpl(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
-                         size_t tile_end, float* y, size_t ldy) {
+                         size_t tile_end, float* y, size_t ldy, KernelScratch& /*scratch*/) {
   tile_end = std::min(tile_end, w.row_tiles());
   const auto* data = static_cast<const uint8_t*>(w.data);
   for (size_t tile = tile_begin; tile < tile_end; ++tile) {
@@ -582,143 +512,15 @@ HWY_EXPORT(QuantizeActivationsImpl);
 HWY_EXPORT(QuantMatMulImpl);
 HWY_EXPORT(Bf16TiledMatMulImpl);
 HWY_EXPORT(IsExactImpl);
-HWY_EXPORT(Int8DotPeakImpl);
 
-namespace {
-
-// AMX takes q8 matmuls (groups of 64k inputs) and q4 ones (groups of 32) of at least this many
-// tokens. Sapphire Rapids-class VM, AMX / VNNI: q8 3072 x 6144 in L3, 12 tokens 0.96x, 16 1.1x,
-// 32 1.5x, 64 1.6x; q4 6144 x 3072 with cold weights, 8 tokens 0.93x (VNNI's GEMV), 9 1.12x,
-// 12 1.08x, 16 1.14-1.34x, 32 1.2x, 512 1.08x.
-constexpr size_t kAmxMinTokensQ8 = 16;
-constexpr size_t kAmxMinTokensQ4 = 9;
-
-void QuantMatMulVnniOne(const WeightRef& w, const QuantizedActivations& a, size_t t0, size_t t1, float* y,
-                        size_t ldy) {
-  x86::QuantMatMulVnni(w, a, t0, t1, y, ldy, x86::GemvStreams::kOne);
+namespace detail {
+HighwayQuantKernels HighwayQuantKernelsForTarget(int64_t target) {
+  return {HwyEntryFor(HWY_DISPATCH_TABLE(QuantizeActivationsImpl), target),
+          HwyEntryFor(HWY_DISPATCH_TABLE(QuantMatMulImpl), target),
+          HwyEntryFor(HWY_DISPATCH_TABLE(Bf16TiledMatMulImpl), target),
+          HwyEntryFor(HWY_DISPATCH_TABLE(IsExactImpl), target)()};
 }
-void QuantMatMulVnniFour(const WeightRef& w, const QuantizedActivations& a, size_t t0, size_t t1, float* y,
-                         size_t ldy) {
-  x86::QuantMatMulVnni(w, a, t0, t1, y, ldy, x86::GemvStreams::kFour);
-}
-
-const char* HighwayKernelName(int64_t target) {
-  if (target == HWY_AVX3) return "avx512";
-  if (target == HWY_AVX2) return "avx2";
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> v(64);
-    for (int bit = 0; bit < 64; ++bit) v[bit] = std::string("highway-") + hwy::TargetName(int64_t{1} << bit);
-    return v;
-  }();
-  for (int bit = 0; bit < 64; ++bit)
-    if (target == (int64_t{1} << bit)) return names[bit].c_str();
-  return "highway-?";
-}
-
-// The Highway kernels of one target.
-KernelTable HighwayTable(int64_t target) {
-  KernelTable k;
-  k.target = hwy::TargetName(target);
-  k.quantize_activations = detail::HwyEntryFor(HWY_DISPATCH_TABLE(QuantizeActivationsImpl), target);
-  k.quant_matmul = detail::HwyEntryFor(HWY_DISPATCH_TABLE(QuantMatMulImpl), target);
-  k.quant_name = HighwayKernelName(target);
-  k.bf16_tiled_matmul = detail::HwyEntryFor(HWY_DISPATCH_TABLE(Bf16TiledMatMulImpl), target);
-  k.bf16_name = k.quant_name;
-  k.matmul_f32 = detail::MatMulF32ForTarget(target);
-  k.quant_exact = detail::HwyEntryFor(HWY_DISPATCH_TABLE(IsExactImpl), target)();
-  return k;
-}
-
-// This CPU's best: VNNI (its preferred GEMV streams), AMX for prompts and AVX512-BF16 where
-// present, Highway's best target for the rest.
-KernelTable Best() {
-  KernelTable k = HighwayTable(detail::BestHwyTarget());
-  k.name = "auto";
-  if (x86::HasVnni()) {
-    const bool four = x86::PreferredGemvStreams() == x86::GemvStreams::kFour;
-    k.quant_matmul = four ? QuantMatMulVnniFour : QuantMatMulVnniOne;
-    k.quant_name = four ? "avx512-vnni-4streams" : "avx512-vnni";
-    k.quant_exact = true;
-  }
-  if (x86::HasAmxInt8()) {
-    k.quant_matmul_amx = x86::QuantMatMulAmx;
-    k.amx_min_tokens_q8 = kAmxMinTokensQ8;
-    k.amx_min_tokens_q4 = kAmxMinTokensQ4;
-  }
-  if (x86::HasAvx512Bf16()) {
-    k.bf16_tiled_matmul = x86::Bf16TiledMatMulAvx512Bf16;
-    k.bf16_name = "avx512-bf16";
-  }
-  return k;
-}
-
-KernelTable Reference() {
-  KernelTable k;
-  k.name = k.quant_name = k.bf16_name = k.target = "ref";
-  k.quantize_activations = ref::QuantizeActivations;
-  k.quant_matmul = ref::QuantMatMul;
-  k.bf16_tiled_matmul = ref::Bf16TiledMatMul;
-  k.matmul_f32 = ref::MatMulF32;
-  return k;
-}
-
-}  // namespace
-
-const char* KernelTable::QuantName(const WeightRef& w, size_t n_tok) const {
-  if (UsesAmx(w, n_tok)) return "amx-int8";
-  if (quant_name == "avx512-vnni-4streams" && n_tok > x86::kFourStreamMaxTokens) return "avx512-vnni";
-  return quant_name.c_str();
-}
-
-const KernelTable& BestKernels() {
-  static const KernelTable best = Best();
-  return best;
-}
-
-std::optional<KernelTable> KernelsNamed(std::string_view name) {
-  if (name.empty() || name == "auto") return BestKernels();
-  if (name == "ref") return Reference();
-  KernelTable k = BestKernels();
-  k.name = std::string(name);
-  if ((name == "avx512-vnni" || name == "avx512-vnni-4streams") && x86::HasVnni()) {
-    k.quant_matmul = name == "avx512-vnni" ? QuantMatMulVnniOne : QuantMatMulVnniFour;
-    k.quant_name = k.name;
-    k.quant_matmul_amx = nullptr;
-    return k;
-  }
-  if (name == "avx512-bf16" && x86::HasAvx512Bf16()) return k;
-  if (name == "amx-int8" && x86::HasAmxInt8()) {
-    k.amx_min_tokens_q8 = k.amx_min_tokens_q4 = 1;
-    k.quant_name = "amx-int8";
-    return k;
-  }
-  for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
-    if (name != HighwayKernelName(t)) continue;
-    KernelTable h = HighwayTable(t);
-    h.name = std::string(name);
-    return h;
-  }
-  return std::nullopt;
-}
-
-std::vector<std::string> KernelNames() {
-  std::vector<std::string> names = {"ref"};
-  if (x86::HasVnni()) {
-    names.push_back("avx512-vnni");
-    names.push_back("avx512-vnni-4streams");
-  }
-  if (x86::HasAvx512Bf16()) names.push_back("avx512-bf16");
-  if (x86::HasAmxInt8()) names.push_back("amx-int8");
-  for (int64_t t : hwy::SupportedAndGeneratedTargets()) names.push_back(HighwayKernelName(t));
-  return names;
-}
-
-uint64_t Int8DotPeakLoop(uint64_t iterations) {
-  if (x86::HasVnni()) return x86::Int8DotPeakLoopVnni(iterations);
-  return HWY_DYNAMIC_DISPATCH(Int8DotPeakImpl)(iterations);
-}
-
-uint64_t AmxInt8PeakLoop(uint64_t iterations) { return x86::AmxInt8PeakLoop(iterations); }
+}  // namespace detail
 
 }  // namespace m3::simd
 #endif  // HWY_ONCE

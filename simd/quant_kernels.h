@@ -23,11 +23,14 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +50,40 @@ struct QuantizedActivations {
   size_t groups() const { return padded_cols / group; }
 };
 
+// The working memory of the matmul kernels (per call: the activations' group tables, AMX's
+// packed activation tiles, the bf16 split of x), owned by the caller and passed with every call:
+// one per thread, since a call writes it, and reused from call to call (ops keeps one per thread
+// in the session's Workspace). A call takes each of its arrays once, before its loops, sized by
+// its shape; they only grow. Nothing a call leaves in it is read by the next.
+class KernelScratch {
+ public:
+  static constexpr size_t kArrays = 3;  // the most one call holds at once (AMX q8)
+  KernelScratch() = default;
+  KernelScratch(KernelScratch&&) noexcept = default;
+  KernelScratch& operator=(KernelScratch&&) noexcept = default;
+
+  // Array `slot` (< kArrays) with room for n values of T, 64-byte aligned; its contents are
+  // undefined. Slots are independent: a call takes its arrays from different ones.
+  template <class T>
+  T* Array(size_t slot, size_t n) {
+    Buffer& b = arrays_[slot];
+    if (n * sizeof(T) > b.bytes) Grow(b, n * sizeof(T));
+    return static_cast<T*>(b.data.get());
+  }
+  size_t bytes() const;  // held in all slots
+
+ private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  struct Buffer {
+    std::unique_ptr<void, Free> data;
+    size_t bytes = 0;
+  };
+  static void Grow(Buffer& b, size_t bytes);  // to at least bytes, twice the old size at least
+  std::array<Buffer, kArrays> arrays_;
+};
+
 // Quantizes x [n_tok, cols] (row stride ldx) for a weight with the given group (padded_cols =
 // round_up(cols, group)). Output buffers: q [n_tok * padded_cols], sum [n_tok * groups], and
 // - shift == nullptr (q4 weights): scale [n_tok * groups], per group d = amax_g / 127 and
@@ -54,6 +91,7 @@ struct QuantizedActivations {
 // - shift != nullptr (q8 weights): scale [n_tok] s = amax_t / 127 over the token's row, shift
 //   [n_tok * groups] e = Q8ActivationShift(amax_g, amax_t) and
 //   q = round_half_even(x * ldexp(127 / amax_t, e)) clamped (the group's step is s 2^-e).
+// The kernels need no scratch: sum holds each group's amax until the group's sum replaces it.
 // Both give 0 codes (and scale 0) where the amax is 0. A NaN or inf makes the scale of its group
 // (q4) or token (q8) NaN, with codes, sums and shifts 0: QuantMatMul's outputs for that token are
 // then NaN, so a damaged value shows downstream instead of turning into finite codes.
@@ -113,22 +151,15 @@ inline float MulPow2(float x, int e) {
 //   all a.n_tok tokens; w is kQ8 or kQ4 with w.group == a.group and w.padded_cols() == a.padded_cols.
 // - bf16: y[t * ldy + r] = sum_c W[r, c] * x[t * ldx + c] for rows of row tiles
 //   [tile_begin, tile_end) of a kBF16Tiled weight, t < n_tok.
-
-// Runs the fastest int8 dot-product instruction of this CPU (vpdpbusd with 16 independent
-// accumulators when AVX-512 VNNI is present, else the active path's sequence) from registers
-// only, `iterations` times; returns the int8 operations performed (2 per multiply-add).
-uint64_t Int8DotPeakLoop(uint64_t iterations);
-// The same for Intel AMX's tdpbsud (four independent accumulator tiles), which the prompt
-// matmuls use where present: the int8 operations performed, 0 without AMX.
-uint64_t AmxInt8PeakLoop(uint64_t iterations);
+// Both work in `scratch` (the calling thread's; the references leave it alone).
 
 namespace ref {
 void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, size_t group, int8_t* q,
                          float* scale, int32_t* sum, uint8_t* shift);
 void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                 size_t ldy);
-void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
-                     size_t tile_end, float* y, size_t ldy);
+                 size_t ldy, KernelScratch& scratch);
+void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin, size_t tile_end,
+                     float* y, size_t ldy, KernelScratch& scratch);
 }  // namespace ref
 
 }  // namespace m3::simd

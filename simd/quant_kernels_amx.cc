@@ -29,7 +29,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #define M3_AMX_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")))
 
@@ -89,17 +88,22 @@ void LoadQ4TileConfig() {
   asm volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
+// The bytes of a's codes packed by PackTokenTiles.
+size_t PackedTokenTilesBytes(const QuantizedActivations& a) {
+  return (a.n_tok + kAmxTokens - 1) / kAmxTokens * kAmxTokens * a.padded_cols;
+}
+
 // Activation codes packed token tile by token tile (tile tt at tt * 16 * padded_cols): per chunk
 // of `chunk` inputs, 16 tokens x chunk bytes, so each tile load reads one contiguous run instead
-// of 16 lines a row apart, and the missing tokens of a last partial tile read zeros.
-void PackTokenTiles(const QuantizedActivations& a, size_t chunk, std::vector<int8_t>& packed) {
+// of 16 lines a row apart, and the missing tokens of a last partial tile read zeros. Writes all
+// PackedTokenTilesBytes(a) bytes of packed.
+void PackTokenTiles(const QuantizedActivations& a, size_t chunk, int8_t* packed) {
   const size_t n = a.n_tok, padded = a.padded_cols, chunks = padded / chunk;
   const size_t token_tiles = (n + kAmxTokens - 1) / kAmxTokens;
-  packed.resize(token_tiles * kAmxTokens * padded);
   for (size_t tt = 0; tt < token_tiles; ++tt)
     for (size_t r = 0; r < kAmxTokens; ++r) {
       const size_t t = tt * kAmxTokens + r;
-      int8_t* dst = packed.data() + tt * kAmxTokens * padded + r * chunk;
+      int8_t* dst = packed + tt * kAmxTokens * padded + r * chunk;
       for (size_t k = 0; k < chunks; ++k, dst += kAmxTokens * chunk) {
         if (t < n)
           std::memcpy(dst, a.q + t * padded + k * chunk, chunk);
@@ -246,23 +250,19 @@ M3_AMX_AVX512 __attribute__((noinline)) void AmxStep(const AmxBlock& b) {
 }
 
 void QuantMatMulAmxQ8(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                      size_t ldy) {
+                      size_t ldy, KernelScratch& scratch) {
   const size_t n = a.n_tok;
   const size_t groups = w.groups(), padded = w.padded_cols();
   // Per token and group: the zero point's share and the negated shift, for scalar broadcasts.
-  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
-  thread_local std::vector<int32_t> bias;
-  thread_local std::vector<float> ne;
-  bias.resize(n * groups);
-  ne.resize(n * groups);
+  int32_t* const bias = scratch.Array<int32_t>(0, n * groups);
+  float* const ne = scratch.Array<float>(1, n * groups);
   for (size_t i = 0; i < n * groups; ++i) {
     bias[i] = -kQ8Zero * a.sum[i];
     ne[i] = -static_cast<float>(a.shift[i]);
   }
-  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
-  thread_local std::vector<int8_t> packed;
+  int8_t* const packed = scratch.Array<int8_t>(2, PackedTokenTilesBytes(a));
   PackTokenTiles(a, kAmxK, packed);
-  const auto token_tile = [&](size_t t0) { return packed.data() + t0 * padded; };
+  const auto token_tile = [&](size_t t0) { return packed + t0 * padded; };
   LoadTileConfig();
   constexpr size_t kBlockTokens = 2 * kAmxTokens;
   const size_t blocks = (n + kBlockTokens - 1) / kBlockTokens;
@@ -283,8 +283,8 @@ void QuantMatMulAmxQ8(const WeightRef& w, const QuantizedActivations& a, size_t 
       b.tokens = std::min(kBlockTokens, n - t0);
       b.a[0] = token_tile(t0);
       b.a[1] = b.tokens > kAmxTokens ? token_tile(t0 + kAmxTokens) : nullptr;
-      b.bias = bias.data() + t0 * groups;
-      b.ne = ne.data() + t0 * groups;
+      b.bias = bias + t0 * groups;
+      b.ne = ne + t0 * groups;
       b.sa = a.scale + t0;
       b.groups = groups;
       b.G = w.group;
@@ -418,17 +418,16 @@ M3_AMX_AVX512 __attribute__((noinline)) void AmxQ4Step(const AmxQ4Block& b) {
 }
 
 void QuantMatMulAmxQ4(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                      size_t ldy) {
+                      size_t ldy, KernelScratch& scratch) {
   const size_t n = a.n_tok, groups = w.groups(), padded = w.padded_cols();
   const size_t token_tiles = (n + kAmxTokens - 1) / kAmxTokens;
-  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
-  thread_local std::vector<float> da;  // [token tile][group][16]
-  da.assign(token_tiles * groups * kAmxTokens, 0.0f);
+  // [token tile][group][16], 0 for the missing tokens of a last partial tile.
+  float* const da = scratch.Array<float>(0, token_tiles * groups * kAmxTokens);
+  std::fill(da, da + token_tiles * groups * kAmxTokens, 0.0f);
   for (size_t t = 0; t < n; ++t)
     for (size_t g = 0; g < groups; ++g)
       da[(t / kAmxTokens * groups + g) * kAmxTokens + t % kAmxTokens] = a.scale[t * groups + g];
-  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
-  thread_local std::vector<int8_t> packed;
+  int8_t* const packed = scratch.Array<int8_t>(1, PackedTokenTilesBytes(a));
   PackTokenTiles(a, kQ4Group, packed);
   LoadQ4TileConfig();
   // Blocks of two token tiles share each unpacked B tile (cold weights, 24-64 tokens: +3-14%
@@ -445,8 +444,8 @@ void QuantMatMulAmxQ4(const WeightRef& w, const QuantizedActivations& a, size_t 
       b.tokens = std::min(kBlockTokens, n - t0);
       for (size_t i = 0; i < 2; ++i) {  // a second token tile only when the block has one
         const size_t ti = std::min(t0 + i * kAmxTokens, (token_tiles - 1) * kAmxTokens);
-        b.a[i] = packed.data() + ti * padded;
-        b.da[i] = da.data() + ti * groups;
+        b.a[i] = packed + ti * padded;
+        b.da[i] = da + ti * groups;
       }
       b.groups = groups;
       b.y = y + t0 * ldy + tile * kTileRows;
@@ -481,42 +480,18 @@ bool HasAmxInt8() {
   return ok;
 }
 
-
 void QuantMatMulAmx(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                    size_t ldy) {
+                    size_t ldy, KernelScratch& scratch) {
   tile_end = std::min(tile_end, w.row_tiles());
   const size_t n = a.n_tok;
   if (tile_begin >= tile_end || n == 0) return;
   if (w.format == WeightFormat::kQ4) {
-    QuantMatMulAmxQ4(w, a, tile_begin, tile_end, y, ldy);
+    QuantMatMulAmxQ4(w, a, tile_begin, tile_end, y, ldy, scratch);
   } else {
-    QuantMatMulAmxQ8(w, a, tile_begin, tile_end, y, ldy);
+    QuantMatMulAmxQ8(w, a, tile_begin, tile_end, y, ldy, scratch);
   }
   // Give the tile state back: a thread holding it saves and restores 8 KiB at every switch.
   asm volatile("tilerelease" ::);
-}
-
-uint64_t AmxInt8PeakLoop(uint64_t iterations) {
-  if (!HasAmxInt8()) return 0;
-  alignas(64) static const int8_t zeros[kAmxTokens * kAmxK] = {};
-  LoadTileConfig();
-  M3_TILE_LOAD(4, zeros, 64);
-  M3_TILE_LOAD(5, zeros, 64);
-  M3_TILE_LOAD(6, zeros, 64);
-  M3_TILE_LOAD(7, zeros, 64);
-  // Four independent accumulator tiles keep the tile unit busy.
-  M3_TILE_ZERO(0);
-  M3_TILE_ZERO(1);
-  M3_TILE_ZERO(2);
-  M3_TILE_ZERO(3);
-  for (uint64_t it = 0; it < iterations; ++it) {
-    M3_TILE_DPBSUD(0, 4, 6);
-    M3_TILE_DPBSUD(1, 4, 7);
-    M3_TILE_DPBSUD(2, 5, 6);
-    M3_TILE_DPBSUD(3, 5, 7);
-  }
-  asm volatile("tilerelease" ::);
-  return iterations * 4 * kAmxTokens * kTileRows * kAmxK * 2;
 }
 
 }  // namespace m3::simd::x86
@@ -525,8 +500,7 @@ uint64_t AmxInt8PeakLoop(uint64_t iterations) {
 
 namespace m3::simd::x86 {
 bool HasAmxInt8() { return false; }
-void QuantMatMulAmx(const WeightRef&, const QuantizedActivations&, size_t, size_t, float*, size_t) {}
-uint64_t AmxInt8PeakLoop(uint64_t) { return 0; }
+void QuantMatMulAmx(const WeightRef&, const QuantizedActivations&, size_t, size_t, float*, size_t, KernelScratch&) {}
 }  // namespace m3::simd::x86
 
 #endif

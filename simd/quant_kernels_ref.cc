@@ -54,7 +54,7 @@ void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, 
 }
 
 void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                 size_t ldy) {
+                 size_t ldy, KernelScratch& /*scratch*/) {
   const size_t row_end = std::min(w.rows, tile_end * kTileRows), groups = w.groups(), G = w.group;
   const int zero = w.format == WeightFormat::kQ8 ? kQ8Zero : kQ4Zero;
   const auto* data = static_cast<const uint8_t*>(w.data);
@@ -98,8 +98,8 @@ void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_
   }
 }
 
-void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
-                     size_t tile_end, float* y, size_t ldy) {
+void Bf16TiledMatMul(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin, size_t tile_end,
+                     float* y, size_t ldy, KernelScratch& /*scratch*/) {
   const size_t row_end = std::min(w.rows, tile_end * kTileRows);
   for (size_t r = tile_begin * kTileRows; r < row_end; ++r)
     for (size_t t = 0; t < n_tok; ++t) {

@@ -41,7 +41,6 @@ void ApplyQ8RowScales(const uint8_t* row_scales, const float* token_scales, size
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #define M3_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 #define M3_AVX512BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")))
@@ -425,21 +424,6 @@ M3_VNNI void RunTiles(const Job& j) {
   }
 }
 
-// Independent vpdpbusd chains from registers: the machine's int8 peak.
-M3_VNNI uint64_t PeakVnni(uint64_t iterations, int32_t seed) {
-  const __m512i x = _mm512_set1_epi32(seed), z = _mm512_set1_epi32(seed * 7 + 3);
-  __m512i acc[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_epi32(i);
-  for (uint64_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) acc[i] = Dpbusd(acc[i], x, z);
-  }
-  __m512i s = acc[0];
-  for (int i = 1; i < 16; ++i) s = _mm512_add_epi32(s, acc[i]);
-  return static_cast<uint32_t>(_mm512_reduce_add_epi32(s));
-}
-
 // vdpbf16ps as asm for the same reason as Dpbusd.
 M3_AVX512BF16 inline __m512 Dpbf16(__m512 acc, __m512i w, __m512i x) {
   asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
@@ -520,18 +504,14 @@ bool HasAvx512Bf16() {
 
 namespace {
 
+// bias and da: room for the tables of a.n_tok tokens.
 void QuantMatMulVnniTokens(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end,
-                           float* y, size_t ldy, GemvStreams streams) {
-  const size_t n = a.n_tok, groups = w.groups();
+                           float* y, size_t ldy, GemvStreams streams, int32_t* bias, float* da) {
+  const size_t n = a.n_tok;
   const int32_t zero = w.format == WeightFormat::kQ4 ? kQ4Zero : kQ8Zero;
   // Per token block, [group][token] tables the kernel reads with scalar broadcasts.
-  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
-  thread_local std::vector<int32_t> bias;
-  thread_local std::vector<float> da;
-  bias.resize(n * groups);
-  da.resize(n * groups);
   const detail::TokenBlocks blocks(n, n <= kGemvMaxTok ? kGemvMaxTok : kGemmTok);
-  detail::FillQuantTables(a, blocks, zero, bias.data(), da.data());
+  detail::FillQuantTables(a, blocks, zero, bias, da);
   // Prompt outputs larger than a core's L2 cannot stay in cache for their consumer: full tiles
   // go out with non-temporal stores, which skip reading each line before writing it (q8
   // 512-token GEMM, Zen 4: +1.7-2.7% paired). Needs 64-byte aligned rows; the fence orders the
@@ -539,21 +519,24 @@ void QuantMatMulVnniTokens(const WeightRef& w, const QuantizedActivations& a, si
   const size_t output_bytes = n * (tile_end - tile_begin) * kTileRows * sizeof(float);
   const bool stream = n > kGemvMaxTok && output_bytes >= detail::kCoreL2Bytes &&
                       reinterpret_cast<uintptr_t>(y) % 64 == 0 && ldy % kTileRows == 0;
-  RunTiles(Job{&w, &a, tile_begin, tile_end, y, ldy, blocks, bias.data(), da.data(), a.shift ? a.scale : nullptr,
-               stream, streams == GemvStreams::kFour});
+  RunTiles(Job{&w, &a, tile_begin, tile_end, y, ldy, blocks, bias, da, a.shift ? a.scale : nullptr, stream,
+               streams == GemvStreams::kFour});
   if (stream) _mm_sfence();
 }
 
 }  // namespace
 
 void QuantMatMulVnni(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                     size_t ldy, GemvStreams streams) {
+                     size_t ldy, GemvStreams streams, KernelScratch& scratch) {
   tile_end = std::min(tile_end, w.row_tiles());
   if (tile_begin >= tile_end || a.n_tok == 0) return;
-  // Tokens in batches of at most ~768 (a multiple of the token block) bound the per-thread
-  // scratch (tables) for long prompts.
+  // Tokens in batches of at most ~768 (a multiple of the token block) bound the tables for long
+  // prompts; one batch's, taken once.
   const size_t batches = (a.n_tok + 767) / 768;
   const size_t per = (a.n_tok + batches - 1) / batches, step = (per + kGemmTok - 1) / kGemmTok * kGemmTok;
+  const size_t table = std::min(step, a.n_tok) * w.groups();
+  int32_t* const bias = scratch.Array<int32_t>(0, table);
+  float* const da = scratch.Array<float>(1, table);
   for (size_t t0 = 0; t0 < a.n_tok; t0 += step) {
     QuantizedActivations part = a;
     part.q += t0 * a.padded_cols;
@@ -561,12 +544,12 @@ void QuantMatMulVnni(const WeightRef& w, const QuantizedActivations& a, size_t t
     part.sum += t0 * a.groups();
     if (a.shift) part.shift += t0 * a.groups();
     part.n_tok = std::min(step, a.n_tok - t0);
-    QuantMatMulVnniTokens(w, part, tile_begin, tile_end, y + t0 * ldy, ldy, streams);
+    QuantMatMulVnniTokens(w, part, tile_begin, tile_end, y + t0 * ldy, ldy, streams, bias, da);
   }
 }
 
 void Bf16TiledMatMulAvx512Bf16(const WeightRef& w, const float* x, size_t ldx, size_t n_tok, size_t tile_begin,
-                               size_t tile_end, float* y, size_t ldy) {
+                               size_t tile_end, float* y, size_t ldy, KernelScratch& scratch) {
   tile_end = std::min(tile_end, w.row_tiles());
   if (tile_begin >= tile_end || n_tok == 0) return;
   // x split into bf16 pairs (inputs 2p, 2p + 1 in the low and high halves, as in the tiles).
@@ -575,11 +558,8 @@ void Bf16TiledMatMulAvx512Bf16(const WeightRef& w, const float* x, size_t ldx, s
   // and rows a multiple of 4 KiB apart (6144 inputs: 12 KiB) all fall into the same L1 set and
   // evict each other (3072 x 6144, 512 tokens: 0.19 of the peak before).
   const size_t lines = (pairs * 4 + 63) / 64, ldp = (lines | 1) * 16;
-  // Per-thread kernel scratch, bounded by the call's shape: the documented exception of simd/kernel_table.h.
-  thread_local std::vector<uint32_t> xs;
-  xs.resize(2 * n_tok * ldp);
-  uint32_t* xhi = xs.data();
-  uint32_t* xlo = xhi + n_tok * ldp;
+  uint32_t* const xhi = scratch.Array<uint32_t>(0, 2 * n_tok * ldp);
+  uint32_t* const xlo = xhi + n_tok * ldp;
   for (size_t t = 0; t < n_tok; ++t)
     for (size_t p = 0; p < pairs; ++p) {
       uint32_t h = 0, l = 0;
@@ -596,14 +576,6 @@ void Bf16TiledMatMulAvx512Bf16(const WeightRef& w, const float* x, size_t ldx, s
   RunBf16(w, xhi, xlo, n_tok, pairs, ldp, tile_begin, tile_end, y, ldy);
 }
 
-volatile int32_t g_peak_seed = 0x01020304;  // opaque inputs and sink keep the loop alive
-volatile uint64_t g_peak_sink;
-
-uint64_t Int8DotPeakLoopVnni(uint64_t iterations) {
-  g_peak_sink = PeakVnni(iterations, g_peak_seed);
-  return iterations * 16 * 64 * 2;
-}
-
 }  // namespace m3::simd::x86
 
 #else  // not x86-64: never selected
@@ -612,9 +584,10 @@ namespace m3::simd::x86 {
 bool HasVnni() { return false; }
 bool HasAvx512Bf16() { return false; }
 GemvStreams PreferredGemvStreams() { return GemvStreams::kOne; }
-void QuantMatMulVnni(const WeightRef&, const QuantizedActivations&, size_t, size_t, float*, size_t, GemvStreams) {}
-void Bf16TiledMatMulAvx512Bf16(const WeightRef&, const float*, size_t, size_t, size_t, size_t, float*, size_t) {}
-uint64_t Int8DotPeakLoopVnni(uint64_t) { return 0; }
+void QuantMatMulVnni(const WeightRef&, const QuantizedActivations&, size_t, size_t, float*, size_t, GemvStreams,
+                     KernelScratch&) {}
+void Bf16TiledMatMulAvx512Bf16(const WeightRef&, const float*, size_t, size_t, size_t, size_t, float*, size_t,
+                               KernelScratch&) {}
 }  // namespace m3::simd::x86
 
 #endif

@@ -1,4 +1,5 @@
-// PairedSamples (bench/limits.h): the limit and ratios the benchmarks judge memory-bound work by.
+// bench/limits.h: PairedSamples (the limit and ratios the benchmarks judge memory-bound work by)
+// and the int8 peak probes.
 #include <cmath>
 #include <string>
 
@@ -46,4 +47,21 @@ TEST_CASE("RatioToLimit gives a ratio up to 1 and says why above it", "[bench]")
   CHECK(above.note.find("not the limit") != std::string::npos);
   CHECK_FALSE(RatioToLimit(10, 0, "x").valid);  // no limit measured
   CHECK_FALSE(RatioToLimit(NAN, 50, "x").valid);
+}
+
+TEST_CASE("the int8 peak probes run and count a fixed number of operations per iteration", "[bench]") {
+  using m3::bench::AmxInt8PeakLoop;
+  using m3::bench::Int8PeakLoop;
+  const double ops = Int8PeakLoop(1000);
+  CHECK(ops > 0);
+  CHECK(Int8PeakLoop(3000) == 3 * ops);
+  // Per iteration: 16 vpdpbusd (VNNI), 12 maddubs + madd at 512 or 256 bits, or 8 int32
+  // multiply-adds per lane of a portable target.
+  const double per = ops / 1000;
+  CHECK((per == 16 * 64 * 2 || per == 12 * 64 * 2 || per == 12 * 32 * 2 || std::fmod(per, 8 * 2) == 0));
+  const double amx = AmxInt8PeakLoop(100);  // four tdpbsud per iteration, or nothing without AMX
+  CHECK((amx == 0 || amx == 100.0 * 4 * 16 * 16 * 64 * 2));
+  const m3::bench::ProbeResult peak = m3::bench::ProbeInt8Peak(1, 0.01, 2);
+  CHECK(peak.samples.size() == 2);
+  CHECK(peak.best > 0);
 }

@@ -12,6 +12,7 @@
 #include "ops/mlp.h"
 #include "ops/moe.h"
 #include "ops/norm_rope.h"
+#include "ops/workspace.h"
 #include "packed_weights.h"
 #include "test_util.h"
 
@@ -70,7 +71,8 @@ TEST_CASE("MatMulSameInput gives every weight MatMul's bits, sharing quantized i
                                                 packed(F::kQ8, 16, 3),       packed(F::kF32, 21, 4),
                                                 packed(F::kQ4, 64, 5),       packed(F::kBF16Tiled, 40, 6),
                                                 packed(F::kQ8, 33, 7, 64)};
-  for (size_t n : {1, 6, 29}) {
+  Workspace session;  // one workspace through calls of every shape, as a session's (the kernels' scratch in it)
+  for (size_t n : {29, 1, 6, 29}) {
     const auto x = RandomVec(n * (cols + 3), static_cast<uint32_t>(n));  // row stride cols + 3
     std::vector<std::vector<float>> want(weights.size());
     for (size_t i = 0; i < weights.size(); ++i) {
@@ -86,6 +88,9 @@ TEST_CASE("MatMulSameInput gives every weight MatMul's bits, sharing quantized i
         targets.push_back({&weights[i], got[i].data(), weights[i].rows + 1});
       }
       MatMulSameInput(ThreadConfig{threads}, targets, x.data(), cols + 3, n);
+      for (size_t i = 0; i < weights.size(); ++i) CHECK(got[i] == want[i]);
+      for (auto& g : got) std::fill(g.begin(), g.end(), -7.0f);
+      MatMulSameInput(OpContext(ThreadConfig{threads}, nullptr, &session), targets, x.data(), cols + 3, n);
       for (size_t i = 0; i < weights.size(); ++i) CHECK(got[i] == want[i]);
     }
   }

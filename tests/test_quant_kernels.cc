@@ -163,7 +163,6 @@ TEST_CASE("quant kernel registry", "[quant]") {
   CHECK(!KernelsNamed("no-such-kernel"));
   CHECK(KernelsNamed("auto")->name == "auto");
   CHECK(KernelsNamed("")->quant_name == BestKernels().quant_name);
-  CHECK(Int8DotPeakLoop(1000) > 0);
   if (__builtin_cpu_supports("avx512vnni")) CHECK(BestKernels().quant_name.rfind("avx512-vnni", 0) == 0);
   // Where AMX runs, it takes the prompts it covers: q8 (groups of 64k) from 16 tokens, q4 (groups of 32)
   // from 9; VNNI keeps the rest.
@@ -292,10 +291,11 @@ TEST_CASE("a NaN or inf activation gives a NaN scale and NaN outputs for its tok
           }
           ForEachImpl([&](const KernelTable& K) {
             CheckQuantizeEquals(K, acts, x, ldx, n_tok, cols, group);
+            KernelScratch scratch;
             const size_t ldy = rows + 2;
             std::vector<float> want(n_tok * ldy, -1.0f), got(n_tok * ldy, -1.0f);
-            K.QuantMatMul(p.w, clean.a, 0, p.w.row_tiles(), want.data(), ldy);
-            K.QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), got.data(), ldy);
+            K.QuantMatMul(p.w, clean.a, 0, p.w.row_tiles(), want.data(), ldy, scratch);
+            K.QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), got.data(), ldy, scratch);
             size_t wrong = 0;  // counted: one CHECK per element would dominate the run time
             for (size_t t = 0; t < n_tok; ++t)
               for (size_t r = 0; r < rows; ++r) {
@@ -308,20 +308,22 @@ TEST_CASE("a NaN or inf activation gives a NaN scale and NaN outputs for its tok
 }
 
 // Checks QuantMatMul for one weight and activation set against the reference on every
-// implementation: full range, split ranges and sentinels beyond the outputs.
+// implementation: full range, split ranges and sentinels beyond the outputs. Every call shares one
+// scratch, as a thread's calls do.
 void CheckQuantMatMul(const Packed& p, const Acts& acts, bool check_split_tokens) {
+  KernelScratch scratch;
   const WeightRef& w = p.w;
   const QuantizedActivations& a = acts.a;
   const size_t n = a.n_tok, ldy = w.rows + 3, tiles = w.row_tiles();
   const float sentinel = -12345.0f;
   std::vector<float> want(n * ldy, sentinel);
-  ref::QuantMatMul(w, a, 0, tiles, want.data(), ldy);
+  ref::QuantMatMul(w, a, 0, tiles, want.data(), ldy, scratch);
   // |terms| bound for targets without fma (mul + add per group instead of one rounding).
   std::vector<double> mag(n * ldy, 0.0);
   bool mag_done = false;
   ForEachImpl([&](const KernelTable& K) {
     std::vector<float> got(n * ldy, sentinel);
-    K.QuantMatMul(w, a, 0, tiles + 2, got.data(), ldy);  // tile_end clipped
+    K.QuantMatMul(w, a, 0, tiles + 2, got.data(), ldy, scratch);  // tile_end clipped
     if (K.quant_exact || w.format == WeightFormat::kQ8) {  // q8's epilogue has no fma
       CHECK(SameBits(got, want));
     } else {  // counted, not one CHECK per element: Catch2 assertions dominate the run time
@@ -343,12 +345,12 @@ void CheckQuantMatMul(const Packed& p, const Acts& acts, bool check_split_tokens
     if (tiles > 1) {
       std::vector<float> split(n * ldy, sentinel);
       const size_t mid = tiles / 2;
-      K.QuantMatMul(w, a, mid, tiles, split.data(), ldy);
-      K.QuantMatMul(w, a, 0, mid, split.data(), ldy);
-      K.QuantMatMul(w, a, mid, mid, split.data(), ldy);
+      K.QuantMatMul(w, a, mid, tiles, split.data(), ldy, scratch);
+      K.QuantMatMul(w, a, 0, mid, split.data(), ldy, scratch);
+      K.QuantMatMul(w, a, mid, mid, split.data(), ldy, scratch);
       CHECK(SameBits(split, got));
       std::vector<float> part(n * ldy, sentinel), expect(n * ldy, sentinel);
-      K.QuantMatMul(w, a, mid, mid + 1, part.data(), ldy);
+      K.QuantMatMul(w, a, mid, mid + 1, part.data(), ldy, scratch);
       for (size_t t = 0; t < n; ++t)
         for (size_t r = mid * kTileRows; r < std::min(w.rows, (mid + 1) * kTileRows); ++r)
           expect[t * ldy + r] = got[t * ldy + r];
@@ -357,7 +359,7 @@ void CheckQuantMatMul(const Packed& p, const Acts& acts, bool check_split_tokens
     // GEMV (one token at a time) and GEMM (the whole batch) give the same bits.
     if (check_split_tokens) {
       std::vector<float> one(n * ldy, sentinel);
-      for (size_t t = 0; t < n; ++t) K.QuantMatMul(w, Token(a, t), 0, tiles, one.data() + t * ldy, ldy);
+      for (size_t t = 0; t < n; ++t) K.QuantMatMul(w, Token(a, t), 0, tiles, one.data() + t * ldy, ldy, scratch);
       CHECK(SameBits(one, got));
     }
   });
@@ -408,7 +410,8 @@ TEST_CASE("QuantMatMul prompt outputs over 1 MiB (non-temporal stores) match the
     const auto x = RandomVec(n_tok * cols, 22);
     const Acts acts = Quantize(f, x, cols, n_tok, cols, p.w.group);
     std::vector<float> want(n_tok * ldy, sentinel);
-    ref::QuantMatMul(p.w, acts.a, 0, tiles, want.data(), ldy);
+    KernelScratch scratch;
+    ref::QuantMatMul(p.w, acts.a, 0, tiles, want.data(), ldy, scratch);
     auto* y = static_cast<float*>(std::aligned_alloc(64, n_tok * ldy * sizeof(float)));
     REQUIRE(y != nullptr);
     ForEachImpl([&](const KernelTable& K) {
@@ -416,10 +419,10 @@ TEST_CASE("QuantMatMul prompt outputs over 1 MiB (non-temporal stores) match the
       for (size_t split : {size_t{0}, size_t{120}}) {  // one call; or 120 tiles (0.5 MiB) + 181
         std::fill(y, y + n_tok * ldy, sentinel);
         if (split == 0) {
-          K.QuantMatMul(p.w, acts.a, 0, tiles, y, ldy);
+          K.QuantMatMul(p.w, acts.a, 0, tiles, y, ldy, scratch);
         } else {
-          K.QuantMatMul(p.w, acts.a, split, tiles, y, ldy);
-          K.QuantMatMul(p.w, acts.a, 0, split, y, ldy);
+          K.QuantMatMul(p.w, acts.a, split, tiles, y, ldy, scratch);
+          K.QuantMatMul(p.w, acts.a, 0, split, y, ldy, scratch);
         }
         CHECK(std::memcmp(y, want.data(), want.size() * sizeof(float)) == 0);
       }
@@ -473,6 +476,37 @@ TEST_CASE("QuantMatMul with extreme codes, zero scales and other groups", "[quan
   }
 }
 
+TEST_CASE("the matmul kernels read nothing an earlier call left in their scratch", "[quant]") {
+  // The same bits from a fresh scratch and from one that larger calls grew and that holds
+  // garbage, on every path (GEMV, GEMM, AMX where present, bf16).
+  const size_t rows = 70, cols = 300, ldy = rows + 1;
+  constexpr size_t kPoisonBytes = size_t{1} << 20;  // more than any call below takes
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kBF16Tiled}) {
+    const Packed p = PackFloats(f, rows, cols, RandomVec(rows * cols, 41, 0.2f));
+    ForEachImpl([&](const KernelTable& K) {
+      KernelScratch used;
+      for (size_t n_tok : {40, 1, 3, 8, 13, 40}) {
+        INFO(WeightFormatName(f) << " tokens " << n_tok);
+        const auto x = RandomVec(n_tok * cols, static_cast<uint32_t>(n_tok + 42));
+        const Acts acts = f == WeightFormat::kBF16Tiled ? Acts{} : Quantize(f, x, cols, n_tok, cols, p.w.group);
+        auto run = [&](KernelScratch& scratch) {
+          std::vector<float> y(n_tok * ldy, -3.0f);
+          if (f == WeightFormat::kBF16Tiled)
+            K.bf16_tiled_matmul(p.w, x.data(), cols, n_tok, 0, p.w.row_tiles(), y.data(), ldy, scratch);
+          else
+            K.QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), y.data(), ldy, scratch);
+          return y;
+        };
+        KernelScratch fresh;
+        const std::vector<float> want = run(fresh);
+        for (size_t slot = 0; slot < KernelScratch::kArrays; ++slot)
+          std::memset(used.Array<uint8_t>(slot, kPoisonBytes), 0xA5 + static_cast<int>(slot), kPoisonBytes);
+        CHECK(SameBits(run(used), want));
+      }
+    });
+  }
+}
+
 TEST_CASE("QuantMatMul is close to the fp32 product of the dequantized weights", "[quant]") {
   for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
     const size_t rows = 48, cols = 512, n_tok = 10;
@@ -480,7 +514,8 @@ TEST_CASE("QuantMatMul is close to the fp32 product of the dequantized weights",
     const auto x = RandomVec(n_tok * cols, 22);
     const Acts acts = Quantize(f, x, cols, n_tok, cols, p.w.group);
     std::vector<float> y(n_tok * rows);
-    BestKernels().QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), y.data(), rows);
+    KernelScratch scratch;
+    BestKernels().QuantMatMul(p.w, acts.a, 0, p.w.row_tiles(), y.data(), rows, scratch);
     double err = 0, norm = 0;
     for (size_t t = 0; t < n_tok; ++t)
       for (size_t r = 0; r < rows; ++r) {
@@ -504,7 +539,8 @@ TEST_CASE("Bf16TiledMatMul matches the reference", "[quant]") {
         const size_t ldx = cols + 2, ldy = rows + 1, tiles = p.w.row_tiles();
         const auto x = RandomVec(n_tok * ldx, static_cast<uint32_t>(n_tok + cols));
         std::vector<float> want(n_tok * ldy, -7.0f);
-        ref::Bf16TiledMatMul(p.w, x.data(), ldx, n_tok, 0, tiles, want.data(), ldy);
+        KernelScratch scratch;
+        ref::Bf16TiledMatMul(p.w, x.data(), ldx, n_tok, 0, tiles, want.data(), ldy, scratch);
         std::vector<double> mag(n_tok * ldy, 0.0);
         for (size_t t = 0; t < n_tok; ++t)
           for (size_t r = 0; r < rows; ++r)
@@ -512,14 +548,14 @@ TEST_CASE("Bf16TiledMatMul matches the reference", "[quant]") {
               mag[t * ldy + r] += std::fabs(static_cast<double>(TiledWeightAt(p.w, r, c)) * x[t * ldx + c]);
         ForEachImpl([&](const KernelTable& K) {
           std::vector<float> got(n_tok * ldy, -7.0f);
-          K.bf16_tiled_matmul(p.w, x.data(), ldx, n_tok, 0, tiles + 1, got.data(), ldy);
+          K.bf16_tiled_matmul(p.w, x.data(), ldx, n_tok, 0, tiles + 1, got.data(), ldy, scratch);
           size_t bad = 0;
           // 2^-15: twice the worst case of the AVX512-BF16 path's hi + lo split of x (2^-16).
           for (size_t i = 0; i < got.size(); ++i) bad += !(std::fabs(got[i] - want[i]) <= 0x1p-15 * mag[i]);
           CHECK(bad == 0);
           if (tiles > 1) {  // a range leaves the other rows alone
             std::vector<float> part(n_tok * ldy, -7.0f), expect(n_tok * ldy, -7.0f);
-            K.bf16_tiled_matmul(p.w, x.data(), ldx, n_tok, 1, tiles, part.data(), ldy);
+            K.bf16_tiled_matmul(p.w, x.data(), ldx, n_tok, 1, tiles, part.data(), ldy, scratch);
             for (size_t t = 0; t < n_tok; ++t)
               for (size_t r = kTileRows; r < rows; ++r) expect[t * ldy + r] = got[t * ldy + r];
             CHECK(SameBits(part, expect));

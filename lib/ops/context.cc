@@ -3,6 +3,7 @@
 #include "ops/scratch.h"
 #include "ops/workspace.h"
 #include "simd/kernel_table.h"
+#include "simd/quant_kernels.h"
 
 namespace m3 {
 
@@ -33,6 +34,11 @@ const std::string& Kernels::quant_name() const { return table_->quant_name; }
 const simd::KernelTable& OpContext::table() const {
   return kernels ? kernels->table() : simd::BestKernels();
 }
+
+Workspace::PerThread::PerThread() : kernels(std::make_unique<simd::KernelScratch>()) {}
+Workspace::PerThread::~PerThread() = default;
+Workspace::PerThread::PerThread(PerThread&&) noexcept = default;
+Workspace::PerThread& Workspace::PerThread::operator=(PerThread&&) noexcept = default;
 
 Workspace::Workspace() : matmul_(std::make_unique<MatMulScratch>()), moe_(std::make_unique<MoeScratch>()) {}
 Workspace::~Workspace() = default;

@@ -63,19 +63,20 @@ void MatMulInput::PrepareRowsFrom(const MatMulInput& source, const uint32_t* src
 }
 
 void MatMulInput::Multiply(const simd::WeightRef& w, size_t tile_begin, size_t tile_end, float* y, size_t ldy,
-                           AlignedBuffer<float>& decoded) const {
+                           Workspace::PerThread& scratch) const {
   tile_end = std::min(tile_end, MatMulRowTiles(w));
   if (tile_begin >= tile_end || n_tok_ == 0) return;
   if (quantized_) {
     const simd::QuantizedActivations a{q_.data(), scale_.data(), sum_.data(), n_tok_,
                                        padded_,    group_,        q8_ ? shift_.data() : nullptr};
-    kernels_->QuantMatMul(w, a, tile_begin, tile_end, y, ldy);
+    kernels_->QuantMatMul(w, a, tile_begin, tile_end, y, ldy, *scratch.kernels);
     return;
   }
   if (w.format == simd::WeightFormat::kBF16Tiled) {
-    kernels_->bf16_tiled_matmul(w, x_, ldx_, n_tok_, tile_begin, tile_end, y, ldy);
+    kernels_->bf16_tiled_matmul(w, x_, ldx_, n_tok_, tile_begin, tile_end, y, ldy, *scratch.kernels);
     return;
   }
+  AlignedBuffer<float>& decoded = scratch.decoded;
   const size_t k = w.cols;
   if (w.format != simd::WeightFormat::kF32) decoded.EnsureSize(kMatMulRowTile * k);
   for (size_t tile = tile_begin; tile < tile_end; ++tile) {
@@ -126,13 +127,13 @@ void MatMulSameInput(const OpContext& tc, std::span<const MatMulTarget> targets,
   sc.ones.assign(targets.size(), 1);  // unit costs (ForEachShare reads as many as it has units)
   std::atomic<uint64_t> cursor{0};
   ParallelRegion(tc, [&](int tid, int nt, auto barrier) {
+    Workspace::PerThread& thread = ws.thread(tid);
     ForEachShare(sc.prepare_rows, sc.ones, tid, nt,
                  [&](size_t j, size_t t0, size_t t1) { inputs[j].PrepareRows(t0, t1); });
     barrier();
     // Row tiles handed out while the threads run: a thread slowed by its memory takes fewer.
     ForEachDynamicShare(sc.tiles, sc.ones, nt, cursor, [&](size_t i, size_t tile_begin, size_t tile_end) {
-      inputs[sc.input_of[i]].Multiply(*targets[i].w, tile_begin, tile_end, targets[i].y, targets[i].ldy,
-                                      ws.thread(tid).decoded);
+      inputs[sc.input_of[i]].Multiply(*targets[i].w, tile_begin, tile_end, targets[i].y, targets[i].ldy, thread);
     });
   });
 }

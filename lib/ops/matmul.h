@@ -10,6 +10,7 @@
 
 #include "base/aligned_buffer.h"
 #include "ops/context.h"
+#include "ops/workspace.h"
 #include "platform/parallel.h"
 #include "simd/weight_format.h"
 
@@ -56,11 +57,11 @@ class MatMulInput {
   // that SharesQuantization(w) for this one's w (the MoE quantizes each token once, then gathers
   // its int8 row for every expert it was routed to). Same results as PrepareRows on the rows.
   void PrepareRowsFrom(const MatMulInput& source, const uint32_t* src_rows, size_t t0, size_t t1);
-  // y[t * ldy + r] for the rows of row tiles [tile_begin, tile_end) of w and every token.
-  // `decoded` is the calling thread's buffer for a row tile decoded to fp32 (weights stored as
-  // bf16, f16 or mxfp8 only; Workspace::PerThread::decoded).
+  // y[t * ldy + r] for the rows of row tiles [tile_begin, tile_end) of w and every token, in the
+  // calling thread's scratch (Workspace::thread: the kernels' own, and a row tile decoded to fp32
+  // for weights stored as bf16, f16 or mxfp8).
   void Multiply(const simd::WeightRef& w, size_t tile_begin, size_t tile_end, float* y, size_t ldy,
-                AlignedBuffer<float>& decoded) const;
+                Workspace::PerThread& scratch) const;
   size_t n_tok() const { return n_tok_; }
 
  private:

@@ -241,7 +241,7 @@ Status Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const f
   // routed expert's rows: int8 rows from the source, or fp32 rows quantized for its weights.
   // (B) Gate and up row tiles: units [0, T) are gate tiles, [T, 2T) up tiles.
   auto inputs_gate_up = [&](int tid, int nt, auto& barrier) {
-    AlignedBuffer<float>& decoded = ws.thread(tid).decoded;
+    Workspace::PerThread& per_thread = ws.thread(tid);
     for (size_t i = static_cast<size_t>(tid); i < plan.advised.size(); i += static_cast<size_t>(nt))
       for (const MemoryRange& r : w.expert_memory[plan.advised[i]]) AdviseWillNeed(r.data, r.bytes);
     ForEachShare(plan.source_rows, plan.source_cost, tid, nt,
@@ -263,8 +263,8 @@ Status Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const f
     const auto [node_first, node_end] = NodeThreads(node, nt, plan.nodes);
     auto gate_up = [&](const MlpWeights& mw, size_t tile0, const ExpertJob& J, size_t b, size_t e) {
       const size_t tiles = MatMulRowTiles(mw.gate), inter = J.w->down.cols, r0 = tile0 * kMatMulRowTile;
-      if (b < tiles) J.gate_up_in.Multiply(mw.gate, b, std::min(e, tiles), J.g + r0, inter, decoded);
-      if (e > tiles) J.gate_up_in.Multiply(mw.up, std::max(b, tiles) - tiles, e - tiles, J.u + r0, inter, decoded);
+      if (b < tiles) J.gate_up_in.Multiply(mw.gate, b, std::min(e, tiles), J.g + r0, inter, per_thread);
+      if (e > tiles) J.gate_up_in.Multiply(mw.up, std::max(b, tiles) - tiles, e - tiles, J.u + r0, inter, per_thread);
     };
     if (split) {
       ForEachShare(plan.node_gate_up[static_cast<size_t>(node)], plan.per_row, tid - node_first, node_end - node_first,
@@ -296,7 +296,7 @@ Status Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const f
   // (D) Down row tiles: the shared expert writes `out`, routed experts their rows of y.
   // (E) out[t] += w_s * y[row of (t, s)] in slot order (a part: its columns).
   auto down_combine = [&](int tid, int nt, auto& barrier) {
-    AlignedBuffer<float>& decoded = ws.thread(tid).decoded;
+    Workspace::PerThread& per_thread = ws.thread(tid);
     const int node = NodeOfThread(tid, nt, plan.nodes);
     const auto [node_first, node_end] = NodeThreads(node, nt, plan.nodes);
     if (split) {
@@ -304,13 +304,13 @@ Status Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const f
                    [&](size_t i, size_t b, size_t e) {
                      const ExpertJob& J = s.jobs[i];
                      const ExpertSlice& sl = split->slices[static_cast<size_t>(node)][J.expert];
-                     J.down_in.Multiply(sl.local.down, b, e, J.y + (out_tile0 + sl.down_tile0) * kMatMulRowTile,
-                                        hidden, decoded);
+                     J.down_in.Multiply(sl.local.down, b, e, J.y + (out_tile0 + sl.down_tile0) * kMatMulRowTile, hidden,
+                                        per_thread);
                    });
     } else {
       ForEachDynamicShare(plan.down_tiles, plan.per_row, nt, down_cursor, [&](size_t i, size_t b, size_t e) {
         const ExpertJob& J = s.jobs[i];
-        J.down_in.Multiply(J.w->down, b, e, J.y + out_tile0 * kMatMulRowTile, hidden, decoded);
+        J.down_in.Multiply(J.w->down, b, e, J.y + out_tile0 * kMatMulRowTile, hidden, per_thread);
       });
     }
     barrier();

@@ -11,6 +11,9 @@
 #include "base/aligned_buffer.h"
 
 namespace m3 {
+namespace simd {
+class KernelScratch;  // simd/quant_kernels.h (only ops sees the kernels)
+}  // namespace simd
 
 struct MatMulScratch;  // ops/matmul.cc
 struct MoeScratch;     // ops/moe.cc
@@ -24,8 +27,14 @@ class Workspace {
 
   // Per worker thread, indexed by the thread index of ParallelFor / ParallelRegion.
   struct PerThread {
+    PerThread();
+    ~PerThread();
+    PerThread(PerThread&&) noexcept;
+    PerThread& operator=(PerThread&&) noexcept;
     AlignedBuffer<float> decoded;  // MatMulInput::Multiply: one row tile decoded to fp32
     std::vector<int32_t> order;    // SelectBlocks: one query's block order
+    // MatMulInput::Multiply: the matmul kernels' working memory (activation tables, packed tiles).
+    std::unique_ptr<simd::KernelScratch> kernels;
   };
   // Makes thread slots [0, threads) exist; called before a parallel region, never inside one.
   void ReserveThreads(int threads);

@@ -434,8 +434,11 @@ std::string JinjaTitle(const std::string& s) {
   return EncodeUtf8(u);
 }
 
-const std::unordered_map<std::string, FilterFn>& Filters() {
-  static const auto* table = new std::unordered_map<std::string, FilterFn>{
+using FilterTable = std::unordered_map<std::string, FilterFn>;
+
+// Filters of one value: numbers, attributes, defaults.
+void AddValueFilters(FilterTable& t) {
+  t.insert({
       {"abs",
        [](const Value& v, const CallArgs& a) {
          NoArgs("abs", a);
@@ -448,7 +451,21 @@ const std::unordered_map<std::string, FilterFn>& Filters() {
          BoundArgs b = BindArgs("attr", a, {"name"}, 1);
          return GetAttribute(v, b[0].ToStr());
        }},
-      {"batch", FilterBatch},
+      {"default",
+       [](const Value& v, const CallArgs& a) {
+         BoundArgs b = BindArgs("default", a, {"default_value", "boolean"});
+         bool use_default = v.is_undefined() || (b[1].Truthy() && !v.Truthy());
+         return use_default ? (b.Has(0) ? b[0] : Value::Str("")) : v;
+       }},
+      {"float", FilterFloat},
+      {"int", FilterInt},
+      {"round", FilterRound},
+  });
+}
+
+// Filters that take or give text.
+void AddStringFilters(FilterTable& t) {
+  t.insert({
       {"capitalize",
        [](const Value& v, const CallArgs& a) {
          NoArgs("capitalize", a);
@@ -460,30 +477,11 @@ const std::unordered_map<std::string, FilterFn>& Filters() {
          CallArgs args{{b.Has(0) ? b[0] : Value::Int(80)}, {}};
          return GetAttr(Value::Str(v.ToStr()), "center").function().call(args);
        }},
-      {"count",
-       [](const Value& v, const CallArgs& a) {
-         NoArgs("count", a);
-         return Value::Int(PyLen(v));
-       }},
-      {"default",
-       [](const Value& v, const CallArgs& a) {
-         BoundArgs b = BindArgs("default", a, {"default_value", "boolean"});
-         bool use_default = v.is_undefined() || (b[1].Truthy() && !v.Truthy());
-         return use_default ? (b.Has(0) ? b[0] : Value::Str("")) : v;
-       }},
-      {"dictsort", FilterDictsort},
       {"escape",
        [](const Value& v, const CallArgs& a) {
          NoArgs("escape", a);
          return Value::Str(HtmlEscape(v.ToStr()));
        }},
-      {"first",
-       [](const Value& v, const CallArgs& a) {
-         NoArgs("first", a);
-         std::vector<Value> items = Iterate(v);
-         return items.empty() ? Value::Undefined("No first item, sequence was empty.") : items.front();
-       }},
-      {"float", FilterFloat},
       {"format",
        [](const Value& v, const CallArgs& a) {
          if (!a.positional.empty() && !a.keyword.empty())
@@ -499,7 +497,79 @@ const std::unordered_map<std::string, FilterFn>& Filters() {
          return Value::Str(PercentFormat(v.ToStr(), args));
        }},
       {"indent", FilterIndent},
-      {"int", FilterInt},
+      {"lower",
+       [](const Value& v, const CallArgs& a) {
+         NoArgs("lower", a);
+         return Value::Str(PyLower(v.ToStr()));
+       }},
+      {"pprint",
+       [](const Value& v, const CallArgs& a) {
+         NoArgs("pprint", a);
+         return Value::Str(v.Repr());
+       }},
+      {"replace",
+       [](const Value& v, const CallArgs& a) {
+         BoundArgs b = BindArgs("replace", a, {"old", "new", "count"}, 2);
+         CallArgs args{{Value::Str(b[0].ToStr()), Value::Str(b[1].ToStr())}, {}};
+         if (b.Has(2) && !b[2].is_none()) args.positional.push_back(b[2]);
+         return GetAttr(Value::Str(v.ToStr()), "replace").function().call(args);
+       }},
+      {"safe",
+       [](const Value& v, const CallArgs& a) {
+         NoArgs("safe", a);
+         return Value::Str(v.ToStr());
+       }},
+      {"string",
+       [](const Value& v, const CallArgs& a) {
+         NoArgs("string", a);
+         return Value::Str(v.ToStr());
+       }},
+      {"striptags",
+       [](const Value& v, const CallArgs& a) {
+         NoArgs("striptags", a);
+         return FilterStriptags(v);
+       }},
+      {"title",
+       [](const Value& v, const CallArgs& a) {
+         NoArgs("title", a);
+         return Value::Str(JinjaTitle(v.ToStr()));
+       }},
+      {"tojson", FilterTojson},
+      {"trim",
+       [](const Value& v, const CallArgs& a) {
+         BoundArgs b = BindArgs("trim", a, {"chars"});
+         return Value::Str(PyStrip(v.ToStr(), b[0], true, true));
+       }},
+      {"truncate", FilterTruncate},
+      {"upper",
+       [](const Value& v, const CallArgs& a) {
+         NoArgs("upper", a);
+         return Value::Str(PyUpper(v.ToStr()));
+       }},
+      {"wordcount",
+       [](const Value& v, const CallArgs& a) {
+         NoArgs("wordcount", a);
+         return FilterWordcount(v);
+       }},
+  });
+}
+
+// Filters over the items of a sequence or mapping.
+void AddSequenceFilters(FilterTable& t) {
+  t.insert({
+      {"batch", FilterBatch},
+      {"count",
+       [](const Value& v, const CallArgs& a) {
+         NoArgs("count", a);
+         return Value::Int(PyLen(v));
+       }},
+      {"dictsort", FilterDictsort},
+      {"first",
+       [](const Value& v, const CallArgs& a) {
+         NoArgs("first", a);
+         std::vector<Value> items = Iterate(v);
+         return items.empty() ? Value::Undefined("No first item, sequence was empty.") : items.front();
+       }},
       {"items",
        [](const Value& v, const CallArgs& a) {
          NoArgs("items", a);
@@ -524,28 +594,11 @@ const std::unordered_map<std::string, FilterFn>& Filters() {
          NoArgs("list", a);
          return List(Iterate(v));
        }},
-      {"lower",
-       [](const Value& v, const CallArgs& a) {
-         NoArgs("lower", a);
-         return Value::Str(PyLower(v.ToStr()));
-       }},
       {"map", FilterMap},
       {"max", [](const Value& v, const CallArgs& a) { return MinMax(v, a, true); }},
       {"min", [](const Value& v, const CallArgs& a) { return MinMax(v, a, false); }},
-      {"pprint",
-       [](const Value& v, const CallArgs& a) {
-         NoArgs("pprint", a);
-         return Value::Str(v.Repr());
-       }},
       {"reject", [](const Value& v, const CallArgs& a) { return SelectOrReject(v, a, false, false); }},
       {"rejectattr", [](const Value& v, const CallArgs& a) { return SelectOrReject(v, a, false, true); }},
-      {"replace",
-       [](const Value& v, const CallArgs& a) {
-         BoundArgs b = BindArgs("replace", a, {"old", "new", "count"}, 2);
-         CallArgs args{{Value::Str(b[0].ToStr()), Value::Str(b[1].ToStr())}, {}};
-         if (b.Has(2) && !b[2].is_none()) args.positional.push_back(b[2]);
-         return GetAttr(Value::Str(v.ToStr()), "replace").function().call(args);
-       }},
       {"reverse",
        [](const Value& v, const CallArgs& a) {
          NoArgs("reverse", a);
@@ -558,12 +611,6 @@ const std::unordered_map<std::string, FilterFn>& Filters() {
          std::reverse(items.begin(), items.end());
          return List(std::move(items));
        }},
-      {"round", FilterRound},
-      {"safe",
-       [](const Value& v, const CallArgs& a) {
-         NoArgs("safe", a);
-         return Value::Str(v.ToStr());
-       }},
       {"select", [](const Value& v, const CallArgs& a) { return SelectOrReject(v, a, true, false); }},
       {"selectattr", [](const Value& v, const CallArgs& a) { return SelectOrReject(v, a, true, true); }},
       {"slice", FilterSlice},
@@ -571,16 +618,6 @@ const std::unordered_map<std::string, FilterFn>& Filters() {
        [](const Value& v, const CallArgs& a) {
          BoundArgs b = BindArgs("sort", a, {"reverse", "case_sensitive", "attribute"});
          return List(SortBy(Iterate(v), SortKeyGetter(b[2], b[1].Truthy(), /*multi=*/true), b[0].Truthy()));
-       }},
-      {"string",
-       [](const Value& v, const CallArgs& a) {
-         NoArgs("string", a);
-         return Value::Str(v.ToStr());
-       }},
-      {"striptags",
-       [](const Value& v, const CallArgs& a) {
-         NoArgs("striptags", a);
-         return FilterStriptags(v);
        }},
       {"sum",
        [](const Value& v, const CallArgs& a) {
@@ -591,30 +628,17 @@ const std::unordered_map<std::string, FilterFn>& Filters() {
          for (const Value& item : Iterate(v)) total = BinaryOp("+", total, get(item));
          return total;
        }},
-      {"title",
-       [](const Value& v, const CallArgs& a) {
-         NoArgs("title", a);
-         return Value::Str(JinjaTitle(v.ToStr()));
-       }},
-      {"tojson", FilterTojson},
-      {"trim",
-       [](const Value& v, const CallArgs& a) {
-         BoundArgs b = BindArgs("trim", a, {"chars"});
-         return Value::Str(PyStrip(v.ToStr(), b[0], true, true));
-       }},
-      {"truncate", FilterTruncate},
       {"unique", FilterUnique},
-      {"upper",
-       [](const Value& v, const CallArgs& a) {
-         NoArgs("upper", a);
-         return Value::Str(PyUpper(v.ToStr()));
-       }},
-      {"wordcount",
-       [](const Value& v, const CallArgs& a) {
-         NoArgs("wordcount", a);
-         return FilterWordcount(v);
-       }},
-  };
+  });
+}
+const FilterTable& Filters() {
+  static const FilterTable* table = [] {
+    auto* t = new FilterTable;
+    AddValueFilters(*t);
+    AddStringFilters(*t);
+    AddSequenceFilters(*t);
+    return t;
+  }();
   return *table;
 }
 

@@ -1,0 +1,194 @@
+// The int8 compute-peak probes of limits.h (Int8PeakLoop, AmxInt8PeakLoop): the instruction
+// sequence of this CPU's quant kernels (simd/quant_kernels*.cc) run from registers only, on
+// independent accumulators, with opaque inputs so that nothing can be hoisted out of the loop.
+// Highway code per target like the kernels (x86 targets: the kernels' maddubs + madd at their
+// width; other targets: a portable int32 multiply-add), and the VNNI and AMX instructions under
+// function target attributes, taken where the kernels take them.
+#include <cstddef>
+#include <cstdint>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "bench/peak_probe.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "bench/limits.h"
+#include "simd/quant_kernels_x86.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace m3::bench {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// The targets whose quant kernels use maddubs + madd (simd/quant_kernels.cc): the same test.
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
+
+// u8 x s8 products summed in pairs to int16 (maddubs), then in pairs to int32 (madd with ones).
+template <class V>
+V MaddubsMadd(V u8, V s8, V ones) {
+#if HWY_TARGET == HWY_AVX2
+  return V{_mm256_madd_epi16(_mm256_maddubs_epi16(u8.raw, s8.raw), ones.raw)};
+#else
+  return V{_mm512_madd_epi16(_mm512_maddubs_epi16(u8.raw, s8.raw), ones.raw)};
+#endif
+}
+
+// 12 independent chains of maddubs + madd + add at the target's full width.
+constexpr int kChains = 12;
+uint64_t PeakImpl(uint64_t iterations, int32_t seed) {
+  const hn::ScalableTag<int32_t> di;
+  const auto x = hn::Set(di, seed), z = hn::Set(di, seed * 7 + 3), ones = hn::Set(di, 0x00010001);
+  hn::Vec<decltype(di)> acc[kChains];
+#pragma GCC unroll 12
+  for (int i = 0; i < kChains; ++i) acc[i] = hn::Set(di, i);
+  for (uint64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains; ++i) {
+      auto xi = x;
+      asm volatile("" : "+v"(xi.raw));  // opaque copy: the loop-invariant product must not be hoisted
+      acc[i] = hn::Add(acc[i], MaddubsMadd(xi, z, ones));
+    }
+  }
+  auto s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = hn::Add(s, acc[i]);
+  return static_cast<uint32_t>(hn::GetLane(hn::SumOfLanes(di, s)));
+}
+uint64_t PeakOpsPerIter() { return kChains * hn::Lanes(hn::ScalableTag<int8_t>()) * 2; }
+
+#else
+
+uint64_t PeakImpl(uint64_t iterations, int32_t seed) {
+  const hn::ScalableTag<int32_t> di;
+  const auto x = hn::Set(di, seed), z = hn::Set(di, seed * 7 + 3);
+  auto a0 = hn::Set(di, 0), a1 = hn::Set(di, 1), a2 = hn::Set(di, 2), a3 = hn::Set(di, 3);
+  auto a4 = hn::Set(di, 4), a5 = hn::Set(di, 5), a6 = hn::Set(di, 6), a7 = hn::Set(di, 7);
+  // a = a * x + z: loop-carried, so nothing can be hoisted; 8 chains hide the multiply latency.
+  for (uint64_t it = 0; it < iterations; ++it) {
+    a0 = hn::Add(hn::Mul(a0, x), z), a1 = hn::Add(hn::Mul(a1, x), z), a2 = hn::Add(hn::Mul(a2, x), z);
+    a3 = hn::Add(hn::Mul(a3, x), z), a4 = hn::Add(hn::Mul(a4, x), z), a5 = hn::Add(hn::Mul(a5, x), z);
+    a6 = hn::Add(hn::Mul(a6, x), z), a7 = hn::Add(hn::Mul(a7, x), z);
+  }
+  const auto s = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+  return static_cast<uint32_t>(hn::GetLane(hn::SumOfLanes(di, s)));
+}
+uint64_t PeakOpsPerIter() { return 8 * 2 * hn::Lanes(hn::ScalableTag<int32_t>()); }
+
+#endif
+
+volatile int32_t g_peak_seed = 0x01020304;  // opaque inputs and sink keep the loop alive
+volatile uint64_t g_peak_sink;
+
+uint64_t Int8DotPeakImpl(uint64_t iterations) {
+  g_peak_sink = PeakImpl(iterations, g_peak_seed);
+  return iterations * PeakOpsPerIter();
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace m3::bench
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#define M3_PROBE_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+namespace m3::bench {
+namespace {
+
+volatile int32_t g_x86_seed = 0x01020304;
+volatile uint64_t g_x86_sink;
+
+// vpdpbusd through a one-instruction asm, as the VNNI kernels issue it.
+M3_PROBE_VNNI inline __m512i Dpbusd(__m512i acc, __m512i u8, __m512i s8) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+  return acc;
+}
+
+// 16 independent vpdpbusd chains.
+M3_PROBE_VNNI uint64_t PeakVnni(uint64_t iterations, int32_t seed) {
+  const __m512i x = _mm512_set1_epi32(seed), z = _mm512_set1_epi32(seed * 7 + 3);
+  __m512i acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_epi32(i);
+  for (uint64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = Dpbusd(acc[i], x, z);
+  }
+  __m512i s = acc[0];
+  for (int i = 1; i < 16; ++i) s = _mm512_add_epi32(s, acc[i]);
+  return static_cast<uint32_t>(_mm512_reduce_add_epi32(s));
+}
+
+uint64_t Int8DotPeakVnni(uint64_t iterations) {
+  g_x86_sink = PeakVnni(iterations, g_x86_seed);
+  return iterations * 16 * 64 * 2;
+}
+
+// AMX tile registers 0-7, each 16 rows of 64 bytes (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+constexpr uint64_t kAmxTokens = 16, kAmxRows = 16, kAmxK = 64;  // a tdpbsud: 16 x 16 sums of 64 products
+
+// Four independent accumulator tiles keep the tile unit busy (tdpbsud, as the q8 prompt kernel).
+// The instructions by register number, through the assembler only (simd/quant_kernels_amx.cc).
+uint64_t AmxPeak(uint64_t iterations) {
+  alignas(64) static const int8_t zeros[kAmxTokens * kAmxK] = {};
+  TileConfig cfg;
+  for (int i = 0; i < 8; ++i) {
+    cfg.colsb[i] = 64;
+    cfg.rows[i] = 16;
+  }
+  asm volatile("ldtilecfg %0" ::"m"(cfg));
+  const long stride = 64;
+  asm volatile("tileloadd (%0,%1,1), %%tmm4" ::"r"(zeros), "r"(stride) : "memory");
+  asm volatile("tileloadd (%0,%1,1), %%tmm5" ::"r"(zeros), "r"(stride) : "memory");
+  asm volatile("tileloadd (%0,%1,1), %%tmm6" ::"r"(zeros), "r"(stride) : "memory");
+  asm volatile("tileloadd (%0,%1,1), %%tmm7" ::"r"(zeros), "r"(stride) : "memory");
+  asm volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);
+  for (uint64_t it = 0; it < iterations; ++it) {
+    asm volatile("tdpbsud %%tmm6, %%tmm4, %%tmm0" ::);
+    asm volatile("tdpbsud %%tmm7, %%tmm4, %%tmm1" ::);
+    asm volatile("tdpbsud %%tmm6, %%tmm5, %%tmm2" ::);
+    asm volatile("tdpbsud %%tmm7, %%tmm5, %%tmm3" ::);
+  }
+  asm volatile("tilerelease" ::);
+  return iterations * 4 * kAmxTokens * kAmxRows * kAmxK * 2;
+}
+
+}  // namespace
+}  // namespace m3::bench
+
+#else  // not x86-64 GCC/Clang: never taken (HasVnni and HasAmxInt8 are false)
+
+namespace m3::bench {
+namespace {
+uint64_t Int8DotPeakVnni(uint64_t) { return 0; }
+uint64_t AmxPeak(uint64_t) { return 0; }
+}  // namespace
+}  // namespace m3::bench
+
+#endif
+
+namespace m3::bench {
+
+HWY_EXPORT(Int8DotPeakImpl);
+
+double Int8PeakLoop(size_t n) {
+  if (simd::x86::HasVnni()) return static_cast<double>(Int8DotPeakVnni(n));
+  return static_cast<double>(HWY_DYNAMIC_DISPATCH(Int8DotPeakImpl)(n));
+}
+
+double AmxInt8PeakLoop(size_t n) {
+  return simd::x86::HasAmxInt8() ? static_cast<double>(AmxPeak(n)) : 0.0;  // HasAmxInt8 asks for the tile state
+}
+
+}  // namespace m3::bench
+#endif  // HWY_ONCE
