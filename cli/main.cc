@@ -4,7 +4,7 @@
 #include <new>
 
 #include "cli/commands.h"
-#include "dist/expert_parallel.h"
+#include "cluster/expert_parallel.h"
 
 namespace {
 
@@ -40,16 +40,16 @@ int RunCommand(int argc, char** argv) {
 int main(int argc, char** argv) {
   // Started by mpirun with several ranks (docs/DIST.md): rank 0 runs the command, the others
   // follow its engines, computing their slices of the experts, until it is done.
-  auto group = m3::dist::Group::JoinIfLaunched(&argc, &argv);
+  auto group = m3::cluster::Group::JoinIfLaunched(&argc, &argv);
   if (!group.ok()) {
     std::fprintf(stderr, "m3: %s\n", group.status().ToString().c_str());
     return 1;
   }
   if (*group) {
     (*group)->OnFailure([](const m3::Status& s) { std::fprintf(stderr, "m3: %s\n", s.message().c_str()); });
-    if ((*group)->rank() != 0) return m3::dist::RunFollower(**group);
+    if ((*group)->rank() != 0) return m3::cluster::RunFollower(**group);
   }
   const int rc = RunCommand(argc, argv);
-  if (*group) m3::dist::EndJob(**group);
+  if (*group) m3::cluster::EndJob(**group);
   return rc;
 }

@@ -55,7 +55,7 @@ struct SelectionRecorder : ForwardObserver {
   }
 };
 
-// Runs the MoE blocks of forward passes in place of MoeForward: lib/dist's expert parallelism,
+// Runs the MoE blocks of forward passes in place of MoeForward: lib/cluster's expert parallelism,
 // where other processes compute slices of the experts. `layer` indexes the decoder layers, then
 // the MTP layers after them (Model::MoeOfLayer).
 class MoeRunner {
@@ -131,7 +131,7 @@ class Model {
   // Returns the placement in words ("numa split over 2 of ...").
   StatusOr<std::string> Place(NumaMode mode, int threads, bool dense);
   StatusOr<uint64_t> LockDenseWeights();
-  // Expert parallelism (lib/dist): keeps only slice `part.index` of `part.count` of every MoE
+  // Expert parallelism (lib/cluster): keeps only slice `part.index` of `part.count` of every MoE
   // layer's experts (MoePart), as views of the mapping, so this process never reads the rest.
   // Before PlaceOnNodes, which then splits the slices over the nodes.
   void KeepExpertPart(const MoePart& part);

@@ -15,7 +15,7 @@ StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, con
   if (options.threads < 0) return InvalidArgument("threads must be >= 0 (0 = all cores), got ", options.threads);
   std::unique_ptr<Engine> e(new Engine());
   M3_ASSIGN_OR_RETURN(e->kernels_, Kernels::Select(options.kernels));
-  dist::Group* group = dist::Group::Current();
+  cluster::Group* group = cluster::Group::Current();
   const bool distributed = options.dist != "none" && group && group->size() > 1;
   if (options.dist != "auto" && !options.dist.empty() && options.dist != "none" && options.dist != "mpi")
     return InvalidArgument("--dist takes auto, mpi or none, got '", options.dist, "'");
@@ -26,11 +26,11 @@ StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, con
     return Unsupported("--gpu dense and expert parallelism over MPI do not combine: choose one");
   if (distributed) {
     // The followers open their parts while this rank opens its own.
-    M3_ASSIGN_OR_RETURN(e->dist_, dist::ExpertParallel::Start(
+    M3_ASSIGN_OR_RETURN(e->dist_, cluster::ExpertParallel::Start(
                                       *group, {model_dir, options.threads, NumaModeName(options.numa), options.kernels}));
   }
   M3_ASSIGN_OR_RETURN(e->model_, Model::Load(model_dir));
-  e->threads_.threads = distributed ? dist::RankThreads(options.threads) : ResolveThreadCount(options.threads);
+  e->threads_.threads = distributed ? cluster::RankThreads(options.threads) : ResolveThreadCount(options.threads);
   if (e->dist_) M3_RETURN_IF_ERROR(e->dist_->Connect(*e->model_));  // slice 0 of the experts, before placing
   M3_ASSIGN_OR_RETURN(e->placement_, e->model_->Place(options.numa, e->threads_.threads, /*dense=*/true));
   if (e->dist_) {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "dist/expert_parallel.h"
+#include "cluster/expert_parallel.h"
 #include "model/model.h"
 #include "offload/dense_offload.h"
 #include "ops/context.h"
@@ -36,8 +36,8 @@ struct EngineOptions {
   // Tokens of cache the dense part must leave room for on the device when it loads (0: 8192 or
   // the model's maximum if smaller); the caches grow as sessions need and fail clearly when full.
   size_t gpu_context = 0;
-  // Expert parallelism (lib/dist, docs/DIST.md): "auto" or "" joins the MPI job when this process
-  // is rank 0 of several that mpirun started (dist::Group::Current()); "mpi" requires that;
+  // Expert parallelism (lib/cluster, docs/DIST.md): "auto" or "" joins the MPI job when this process
+  // is rank 0 of several that mpirun started (cluster::Group::Current()); "mpi" requires that;
   // "none" runs alone even then.
   std::string dist = "auto";
 };
@@ -55,8 +55,8 @@ class Engine {
   // The offloaded dense part (--gpu dense), or null.
   DenseOffload* offload() const { return offload_.get(); }
   // The expert-parallel ranks (--dist mpi), or null.
-  const dist::ExpertParallel* expert_parallel() const { return dist_.get(); }
-  dist::ExpertParallel* expert_parallel() { return dist_.get(); }
+  const cluster::ExpertParallel* expert_parallel() const { return dist_.get(); }
+  cluster::ExpertParallel* expert_parallel() { return dist_.get(); }
   // One forward pass (Model::ForwardBatch), on the offload when there is one.
   Status Forward(const OpContext& tc, std::span<const Model::Segment> segments, LogitsMode mode, float* logits,
                  ForwardObserver* observer) const;
@@ -68,7 +68,7 @@ class Engine {
   Kernels kernels_;
   std::string placement_;
   std::unique_ptr<DenseOffload> offload_;
-  std::unique_ptr<dist::ExpertParallel> dist_;  // before model_ goes: the followers close their part
+  std::unique_ptr<cluster::ExpertParallel> dist_;  // before model_ goes: the followers close their part
 };
 
 struct SessionOptions {

@@ -12,10 +12,10 @@
 #include <string>
 
 #include "base/status.h"
-#include "dist/group.h"
+#include "cluster/group.h"
 #include "model/model.h"
 
-namespace m3::dist {
+namespace m3::cluster {
 
 // What the followers need to open their part of the model, from rank 0's engine options.
 struct PartOptions {
@@ -87,4 +87,4 @@ int RunFollower(Group& group);
 // Rank 0: the command is over; the followers return from RunFollower.
 void EndJob(Group& group);
 
-}  // namespace m3::dist
+}  // namespace m3::cluster

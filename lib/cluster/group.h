@@ -4,7 +4,7 @@
 //
 // Rank 0 runs the command (and the HTTP server, the scheduler, the dense part of every pass); the
 // others are followers: they open the same model, hold a slice of every expert and compute it
-// when rank 0 asks (dist/expert_parallel.h). MPI (Open MPI from Debian) carries everything.
+// when rank 0 asks (cluster/expert_parallel.h). MPI (Open MPI from Debian) carries everything.
 #pragma once
 
 #include <functional>
@@ -14,7 +14,7 @@
 
 #include "base/status.h"
 
-namespace m3::dist {
+namespace m3::cluster {
 
 class Group {
  public:
@@ -44,7 +44,7 @@ class Group {
   // Ends the job at once from anywhere: every rank stops (MPI_Abort), after `message` on stderr.
   [[noreturn]] void Abort(const std::string& message) const;
 
-  // The MPI side (dist/mpi_group.h; mpi.h stays inside lib/dist).
+  // The MPI side (cluster/mpi_group.h; mpi.h stays inside lib/cluster).
   struct Mpi;
   Mpi& mpi() const { return *mpi_; }
 
@@ -59,4 +59,4 @@ class Group {
   std::unique_ptr<Mpi> mpi_;
 };
 
-}  // namespace m3::dist
+}  // namespace m3::cluster

@@ -1,4 +1,4 @@
-#include "dist/expert_parallel.h"
+#include "cluster/expert_parallel.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,11 +14,11 @@
 #include <nlohmann/json.hpp>
 
 #include "base/hash.h"
-#include "dist/mpi_group.h"
+#include "cluster/mpi_group.h"
 #include "ops/workspace.h"
 #include "platform/parallel.h"
 
-namespace m3::dist {
+namespace m3::cluster {
 namespace {
 
 // What rank 0 tells the followers, broadcast before each step's data.
@@ -466,4 +466,4 @@ void EndJob(Group& group) {
   Broadcast(group.mpi().work, &h);
 }
 
-}  // namespace m3::dist
+}  // namespace m3::cluster

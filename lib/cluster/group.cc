@@ -1,4 +1,4 @@
-#include "dist/group.h"
+#include "cluster/group.h"
 
 #include <pthread.h>
 
@@ -10,9 +10,9 @@
 #include <cstring>
 #include <thread>
 
-#include "dist/mpi_group.h"
+#include "cluster/mpi_group.h"
 
-namespace m3::dist {
+namespace m3::cluster {
 namespace {
 
 Group* current = nullptr;
@@ -190,4 +190,4 @@ void Group::Watch() {
   }
 }
 
-}  // namespace m3::dist
+}  // namespace m3::cluster

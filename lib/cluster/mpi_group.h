@@ -1,4 +1,4 @@
-// Inside lib/dist: the MPI handles of a Group (dist/group.h).
+// Inside lib/cluster: the MPI handles of a Group (cluster/group.h).
 #pragma once
 
 #include <mpi.h>
@@ -8,9 +8,9 @@
 #include <mutex>
 #include <thread>
 
-#include "dist/group.h"
+#include "cluster/group.h"
 
-namespace m3::dist {
+namespace m3::cluster {
 
 struct Group::Mpi {
   MPI_Comm work = MPI_COMM_NULL;  // rank 0's commands, the payloads and the exchanges
@@ -24,4 +24,4 @@ struct Group::Mpi {
 // A count of elements for MPI (an int), or an error naming what was too large.
 StatusOr<int> MpiCount(size_t n, const char* what);
 
-}  // namespace m3::dist
+}  // namespace m3::cluster
