@@ -350,8 +350,7 @@ StatusOr<Plan> PlanRun(const ModelBenchOptions& o) {
                            " layers), got ", *o.layers);
   Plan p;
   // Under mpirun each rank takes its node's share of the CPUs unless -t says (cluster/expert_parallel.h).
-  p.threads = cluster::Group::Current() && o.engine.dist != "none" ? cluster::RankThreads(o.engine.threads)
-                                                                 : ResolveThreadCount(o.engine.threads);
+  p.threads = EngineThreads(o.engine);
   // The model: given, or the synthetic one (generated once).
   if (!o.model_dir.empty()) {
     if (o.layers || o.tiny || !o.cache_dir.empty() || o.type_given)

@@ -847,9 +847,9 @@ int Serve(const ServeArgs& a) {
 
   server->scheduler->Start();
   // A lost rank (docs/DIST.md): the drain of SIGTERM turns requests away with 503 until the
-  // watchdog stops every rank.
-  if (cluster::Group* group = cluster::Group::Current())
-    group->OnFailure([](const Status& s) {
+  // job ends (StopJobOnLostRank).
+  if (cluster::Group* group = JobGroup())
+    StopJobOnLostRank(*group, [](const Status& s) {
       std::fprintf(stderr, "m3 serve: %s\n", s.message().c_str());
       kill(getpid(), SIGTERM);
     });

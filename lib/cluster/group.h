@@ -1,10 +1,12 @@
 // The processes of one m3 job started by mpirun (expert parallelism, docs/DIST.md): their ranks
-// and hosts, and a watchdog that ends every one of them, with an error naming the lost rank and its
-// host, when one stops answering (killed, hung, cut off): never a hang.
+// and hosts, and a watchdog that notices a rank that stops answering (killed, hung, cut off) and
+// reports it, naming the rank and its host, so that the program can end the job: never a hang.
 //
 // Rank 0 runs the command (and the HTTP server, the scheduler, the dense part of every pass); the
 // others are followers: they open the same model, hold a slice of every expert and compute it
 // when rank 0 asks (cluster/expert_parallel.h). MPI (Open MPI from Debian) carries everything.
+// Nothing here is global, reads the environment, prints or ends the process: the program joins
+// the job, gives the group to its engines (EngineOptions::group) and decides what a lost rank means.
 #pragma once
 
 #include <functional>
@@ -16,16 +18,22 @@
 
 namespace m3::cluster {
 
+// What the launcher told this process, from its environment (the program reads it).
+struct LaunchInfo {
+  // Ranks the MPI launcher started (OMPI_COMM_WORLD_SIZE, or PMI_SIZE, PMIX_SIZE, MPI_LOCALNRANKS
+  // of other launchers); 0: not started by one.
+  int ranks = 0;
+  int ranks_on_node = 1;   // of them on this node (OMPI_COMM_WORLD_LOCAL_SIZE)
+  std::string transports;  // Open MPI's byte transports, `mpirun --mca btl ...` (OMPI_MCA_btl); "": its default
+  double timeout_s = 5.0;  // silence after which a rank counts as lost (M3_DIST_TIMEOUT)
+};
+
 class Group {
  public:
-  // Joins the MPI job when the environment says this process is one of several ranks that mpirun
-  // (or another MPI launcher) started; null when it is alone. Call once, from main, before any
-  // other thread starts. An error when it was launched so but this build has no MPI, or MPI fails.
-  static StatusOr<std::unique_ptr<Group>> JoinIfLaunched(int* argc, char*** argv);
-  // Whether this process was started by an MPI launcher (with any number of ranks).
-  static bool Launched();
-  // The joined group of this process, or null.
-  static Group* Current();
+  // Joins the MPI job when `launch` says this process is one of several ranks that mpirun (or
+  // another MPI launcher) started; null when it is alone. Call once, from main, before any other
+  // thread starts. An error when MPI fails or cannot serve several threads.
+  static StatusOr<std::unique_ptr<Group>> JoinIfLaunched(const LaunchInfo& launch, int* argc, char*** argv);
 
   ~Group();  // ends the watchdog and MPI
   Group(const Group&) = delete;
@@ -33,29 +41,35 @@ class Group {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  int ranks_on_node() const { return launch_.ranks_on_node; }
+  const std::string& transports() const { return launch_.transports; }
   const std::string& host(int rank) const { return hosts_[static_cast<size_t>(rank)]; }
   std::string Describe(int rank) const;  // "rank 1 (host node7)"
-  // What the watchdog reports on a lost rank, before it stops the job after `grace_s` (rank 0's
-  // server turns new requests away meanwhile). Set before the first call that can block.
+  // Called once, from the watchdog thread, when a rank is lost: an Unavailable status naming it and
+  // its host. The group then stays unusable (Health()); a call blocked on the lost rank returns
+  // only when the job ends, so the program ends it (AbortJob). Set before the first call that can block.
   void OnFailure(std::function<void(const Status&)> fn);
-  // Silence after which a rank counts as lost (default 5 s; heartbeats go every 0.25 s).
-  void set_timeout(double seconds) { timeout_s_ = seconds; }
-  double timeout() const { return timeout_s_; }
-  // Ends the job at once from anywhere: every rank stops (MPI_Abort), after `message` on stderr.
-  [[noreturn]] void Abort(const std::string& message) const;
+  // Ok, or the status of the lost rank once the watchdog has reported one: what every later
+  // exchange returns.
+  Status Health() const;
+  // Silence after which a rank counts as lost (heartbeats go every 0.25 s).
+  double timeout() const { return launch_.timeout_s; }
+  // Ends every rank of the job at once (MPI_Abort with `code`); prints nothing. Returns only if MPI
+  // could not end it.
+  void AbortJob(int code) const;
 
   // The MPI side (cluster/mpi_group.h; mpi.h stays inside lib/cluster).
   struct Mpi;
   Mpi& mpi() const { return *mpi_; }
 
  private:
-  Group();
+  explicit Group(const LaunchInfo& launch);
   void Watch();  // the watchdog thread's loop
-  [[noreturn]] void Lost(int rank, double silent_s);
+  void Lost(int rank, double silent_s);
 
   int rank_ = 0, size_ = 1;
   std::vector<std::string> hosts_;
-  double timeout_s_ = 5.0;
+  LaunchInfo launch_;
   std::unique_ptr<Mpi> mpi_;
 };
 

@@ -17,8 +17,9 @@ struct Group::Mpi {
   MPI_Comm beat = MPI_COMM_NULL;  // heartbeats, apart so that they never match work messages
   std::thread watchdog;
   std::atomic<bool> stop{false};
-  std::mutex mu;
+  std::mutex mu;  // guards the two below
   std::function<void(const Status&)> on_failure;
+  Status lost;  // the first lost rank, once the watchdog saw one
 };
 
 // A count of elements for MPI (an int), or an error naming what was too large.

@@ -283,8 +283,8 @@ Status Model::ForwardBatch(const OpContext& ctx, std::span<const Segment> segmen
     NormRows(tc, h, rows, H, L.post_norm, c.rms_norm_eps, x);
     if (L.is_moe) {
       routed.resize(rows * c.experts_per_token);
-      if (moe_runner_) {
-        M3_RETURN_IF_ERROR(moe_runner_->Run(tc, l, L.moe, moe_params, x, rows, delta, routed.data()));
+      if (tc.moe_runner) {
+        M3_RETURN_IF_ERROR(tc.moe_runner->Run(tc, l, L.moe, moe_params, x, rows, delta, routed.data()));
       } else {
         MoeForward(tc, L.moe, moe_params, x, rows, delta, routed.data());
       }

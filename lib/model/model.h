@@ -55,21 +55,19 @@ struct SelectionRecorder : ForwardObserver {
   }
 };
 
-// Runs the MoE blocks of forward passes in place of MoeForward: lib/cluster's expert parallelism,
-// where other processes compute slices of the experts. `layer` indexes the decoder layers, then
-// the MTP layers after them (Model::MoeOfLayer).
-class MoeRunner {
- public:
-  virtual ~MoeRunner() = default;
-  virtual Status Run(const OpContext& tc, int layer, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
-                     float* out, int32_t* routed_ids) const = 0;
+// How Model::Load binds the weights.
+struct ModelLoadOptions {
+  // Expert parallelism (lib/cluster): keep only slice `expert_part.index` of `expert_part.count` of
+  // every MoE layer's routed and shared experts (MoePart), as views of the mapping, so that this
+  // process never reads the rest. {0, 1}: every expert whole.
+  MoePart expert_part;
 };
 
 class Model {
  public:
   // Opens a model folder: a packed one (model.m3w from `m3 pack`, used when present) or a
   // HuggingFace checkpoint; validates config and every tensor before returning.
-  static StatusOr<std::unique_ptr<Model>> Load(const std::string& dir);
+  static StatusOr<std::unique_ptr<Model>> Load(const std::string& dir, const ModelLoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
@@ -127,16 +125,11 @@ class Model {
   // them; returns the bytes locked.
   Status PlaceOnNodes(const Topology& topology, int nodes, int threads);
   // The NUMA placement of `mode` for `threads` threads (--numa): PlaceOnNodes (or only the expert
-  // slices, without `dense`, for a process that runs no dense part) and the threads pinned.
-  // Returns the placement in words ("numa split over 2 of ...").
-  StatusOr<std::string> Place(NumaMode mode, int threads, bool dense);
+  // slices, without `dense`, for a process that runs no dense part) and the threads pinned, on
+  // the machine's topology or, with `simulated_nodes` >= 1, on that many logical nodes made of
+  // this process's CPUs (DetectTopology). Returns the placement in words ("numa split over 2 of ...").
+  StatusOr<std::string> Place(NumaMode mode, int threads, bool dense, int simulated_nodes = 0);
   StatusOr<uint64_t> LockDenseWeights();
-  // Expert parallelism (lib/cluster): keeps only slice `part.index` of `part.count` of every MoE
-  // layer's experts (MoePart), as views of the mapping, so this process never reads the rest.
-  // Before PlaceOnNodes, which then splits the slices over the nodes.
-  void KeepExpertPart(const MoePart& part);
-  // The MoE blocks of later passes run through `runner` (null: MoeForward here). Not owned.
-  void set_moe_runner(const MoeRunner* runner) { moe_runner_ = runner; }
   // The MoE weights of layer `layer` (decoder layers, then MTP layers); null if it has none.
   const MoeWeights* MoeOfLayer(int layer) const;
 
@@ -157,7 +150,6 @@ class Model {
   WeightStats stats_;
   std::unique_ptr<Rope> rope_;
   std::shared_ptr<NodeBuffer> dense_memory_;  // --numa split: the node-local dense matrices
-  const MoeRunner* moe_runner_ = nullptr;
 };
 
 }  // namespace m3

@@ -16,6 +16,7 @@ struct KernelTable;  // simd/kernel_table.h (only ops sees the kernels)
 }  // namespace simd
 
 class Workspace;  // ops/workspace.h
+class MoeRunner;  // ops/moe.h
 
 // The kernels an engine runs with (simd::KernelTable), chosen once.
 class Kernels {
@@ -43,6 +44,8 @@ struct OpContext : ThreadConfig {
       : ThreadConfig(tc), kernels(k), workspace(ws) {}
   const Kernels* kernels;  // null: this CPU's best
   Workspace* workspace;    // null: the operator allocates what it needs for the call
+  // The MoE blocks of a pass run through it when set (expert parallelism); null: MoeForward here.
+  const MoeRunner* moe_runner = nullptr;
   const simd::KernelTable& table() const;
 };
 

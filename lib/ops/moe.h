@@ -118,6 +118,16 @@ class MoeExchange {
   virtual Status Gather(const float* own, std::span<const size_t> counts, float* all) = 0;
 };
 
+// Runs the MoE blocks of forward passes in place of MoeForward: lib/cluster's expert parallelism,
+// where other processes compute slices of the experts. `layer` indexes the decoder layers, then
+// the MTP layers after them (Model::MoeOfLayer).
+class MoeRunner {
+ public:
+  virtual ~MoeRunner() = default;
+  virtual Status Run(const OpContext& tc, int layer, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+                     float* out, int32_t* routed_ids) const = 0;
+};
+
 // The block with only slice `part` of each expert (views of w's memory, nothing copied), and
 // expert_memory narrowed to the slices' bytes. w must be whole.
 MoeWeights MoePartOf(const MoeWeights& w, const MoePart& part);
