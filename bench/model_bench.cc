@@ -349,9 +349,8 @@ StatusOr<Plan> PlanRun(const ModelBenchOptions& o) {
     return InvalidArgument("--layers must be 1..", shapes::kLayers, " (the real model has ", shapes::kLayers,
                            " layers), got ", *o.layers);
   Plan p;
-  // Under mpirun each rank takes its node's share of the CPUs unless -t says (dist/expert_parallel.h).
-  p.threads = dist::Group::Current() && o.engine.dist != "none" ? dist::RankThreads(o.engine.threads)
-                                                                 : ResolveThreadCount(o.engine.threads);
+  // Under mpirun each rank takes its node's share of the CPUs unless -t says (cluster/expert_parallel.h).
+  p.threads = EngineThreads(o.engine);
   // The model: given, or the synthetic one (generated once).
   if (!o.model_dir.empty()) {
     if (o.layers || o.tiny || !o.cache_dir.empty() || o.type_given)
@@ -486,7 +485,7 @@ void ReadWeightsIn(Bench* b, Result* r, FILE* log) {
     const auto t0 = Clock::now();
     ReadIn(ThreadConfig{r->threads}, fp.ranges);
     // Under mpirun the other ranks read their slices of the experts in too.
-    if (const dist::ExpertParallel* ep = b->engine->expert_parallel()) ep->ReadExpertsIn();
+    if (const cluster::ExpertParallel* ep = b->engine->expert_parallel()) ep->ReadExpertsIn();
     r->read_in_s = Seconds(t0, Clock::now());
     r->read_in = true;
   } else if (log) {
@@ -578,7 +577,7 @@ Status MeasureDecode(const Plan& p, Bench* b, Result* r, std::vector<double>* re
   uint64_t routed_total = 0;
   double read_s = 0;
   const int64_t io_before = StorageReadBytes();
-  if (dist::ExpertParallel* ep = b->engine->expert_parallel()) ep->ResetStats();  // the decode's exchanges alone
+  if (cluster::ExpertParallel* ep = b->engine->expert_parallel()) ep->ResetStats();  // the decode's exchanges alone
   int32_t token = Argmax(logits);
   for (int i = 0; i < p.decode_tokens; ++i) {
     clock.Start();
@@ -646,13 +645,13 @@ void Project(const Plan& p, const Footprint& fp, const std::vector<double>& rest
 // the ranks, split evenly over N), the exchanges at this run's rank count. Ranks that share one
 // host share its memory bandwidth: on separate servers each rank's share runs faster.
 Status MeasureDist(const Footprint& fp, const std::vector<double>& layer_mean_s, Bench* b, Result* r, FILE* log) {
-  const dist::ExpertParallel* ep = b->engine->expert_parallel();
+  const cluster::ExpertParallel* ep = b->engine->expert_parallel();
   if (!ep) return Status::Ok();
   DistResult& d = r->dist;
   d.ran = true;
   d.ranks = ep->ranks();
   d.ranks_described = ep->Describe();
-  const dist::ExchangeStats st = ep->stats();
+  const cluster::ExchangeStats st = ep->stats();
   const double tokens = std::max(1, r->decode_tokens), blocks = static_cast<double>(std::max<uint64_t>(1, st.blocks));
   const double wait_s = st.send_s + st.activations_s + st.outputs_s;
   double decode_s = 0;
@@ -674,7 +673,7 @@ Status MeasureDist(const Footprint& fp, const std::vector<double>& layer_mean_s,
   // Whole experts per rank, to compare: its exchanges, and how much longer its slowest rank works.
   probes.clear();
   for (int i = 0; i < 5; ++i) {
-    M3_ASSIGN_OR_RETURN(const auto probe, ep->ProbeExchange(1, 20, dist::MoeSplitKind::kWholeExperts));
+    M3_ASSIGN_OR_RETURN(const auto probe, ep->ProbeExchange(1, 20, cluster::MoeSplitKind::kWholeExperts));
     probes.push_back(probe.first);
     d.whole_bytes_per_layer = static_cast<double>(probe.second);
   }

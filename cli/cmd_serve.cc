@@ -38,7 +38,7 @@
 
 #include "cli/commands.h"
 #include "cli/serve_connections.h"
-#include "dist/group.h"
+#include "cluster/group.h"
 #include "base/json_guard.h"
 #include "runtime/anthropic.h"
 #include "runtime/chat.h"
@@ -847,9 +847,9 @@ int Serve(const ServeArgs& a) {
 
   server->scheduler->Start();
   // A lost rank (docs/DIST.md): the drain of SIGTERM turns requests away with 503 until the
-  // watchdog stops every rank.
-  if (dist::Group* group = dist::Group::Current())
-    group->OnFailure([](const Status& s) {
+  // job ends (StopJobOnLostRank).
+  if (cluster::Group* group = JobGroup())
+    StopJobOnLostRank(*group, [](const Status& s) {
       std::fprintf(stderr, "m3 serve: %s\n", s.message().c_str());
       kill(getpid(), SIGTERM);
     });

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <string>
 
 #include "base/status.h"
@@ -44,6 +45,18 @@ std::string LookupSummary(const GenerateStats& st);
 // Says on stderr when -t asks for more threads than the CPUs this process may run on (the
 // library caps them: ResolveThreadCount).
 void NoteThreadCap(int requested);
+// The simulated NUMA nodes of M3_FAKE_NUMA=N (tests: --numa on N logical nodes of this machine's
+// CPUs), 0 when unset; an error naming the variable when malformed.
+StatusOr<int> SimulatedNumaNodes();
+
+// The MPI job this program joined (main.cc, before any command runs), or null: every engine a
+// command opens is given it (EngineArgs::Options puts it in EngineOptions::group).
+cluster::Group* JobGroup();
+void SetJobGroup(cluster::Group* group);
+// What this program does when the watchdog reports a lost rank (docs/DIST.md): `tell` says so
+// (with ": stopping every rank" added to the status's message), then after a grace of 2 s (m3
+// serve answers 503 meanwhile) every rank stops: MPI_Abort, exit code 1.
+void StopJobOnLostRank(cluster::Group& group, std::function<void(const Status&)> tell);
 
 // Token ids given as "1,2,3" (also space- or newline-separated, brackets ignored) or @FILE
 // holding such a list; `option` names the flag in errors.

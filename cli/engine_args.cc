@@ -1,13 +1,45 @@
 #include "cli/commands.h"
 
+#include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
+#include "cluster/group.h"
+#include "platform/numa.h"
 #include "platform/parallel.h"
 
 namespace m3::cli {
+namespace {
+
+cluster::Group* job_group = nullptr;  // main's, while a command runs
+
+}  // namespace
+
+cluster::Group* JobGroup() { return job_group; }
+void SetJobGroup(cluster::Group* group) { job_group = group; }
+
+void StopJobOnLostRank(cluster::Group& group, std::function<void(const Status&)> tell) {
+  group.OnFailure([&group, tell = std::move(tell)](const Status& lost) {
+    tell(Status(lost.code(), lost.message() + ": stopping every rank"));
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    std::fprintf(stderr, "m3: %s: %s: stopping every rank\n", group.Describe(group.rank()).c_str(),
+                 lost.message().c_str());
+    std::fflush(stderr);
+    group.AbortJob(1);
+    std::_Exit(1);  // MPI could not end the job: this rank at least ends
+  });
+}
+
+StatusOr<int> SimulatedNumaNodes() {
+  const char* value = std::getenv("M3_FAKE_NUMA");
+  StatusOr<int> nodes = ParseSimulatedNodes(value ? value : "");
+  if (!nodes.ok()) return InvalidArgument("M3_FAKE_NUMA=", nodes.status().message());
+  return nodes;
+}
 
 StatusOr<EngineOptions> EngineArgs::Options() const {
   if (threads < 0) return InvalidArgument("-t must be >= 0 (0 = all cores), got ", threads);
@@ -21,6 +53,10 @@ StatusOr<EngineOptions> EngineArgs::Options() const {
   o.gpu_device = gpu_device;
   o.gpu_ordinal = gpu_id;
   o.dist = dist;
+  o.group = JobGroup();
+  if (o.numa != NumaMode::kOff) {  // a malformed M3_FAKE_NUMA matters only then
+    M3_ASSIGN_OR_RETURN(o.simulated_numa_nodes, SimulatedNumaNodes());
+  }
   return o;
 }
 

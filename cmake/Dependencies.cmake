@@ -9,7 +9,7 @@ set_target_properties(m3::xsimd PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${M3_X
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(Threads REQUIRED)
-# Open MPI (libopenmpi-dev): expert parallelism over several servers (lib/dist).
+# Open MPI (libopenmpi-dev): expert parallelism over several servers (lib/cluster).
 find_package(MPI REQUIRED COMPONENTS C)
 # Tokenizer: PCRE2 runs the pre-tokenizer regex, ICU does the NFC normalization.
 find_package(PkgConfig REQUIRED)

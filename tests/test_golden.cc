@@ -184,10 +184,6 @@ TEST_CASE("1 and 2 threads give bit-identical logits", "[golden][threads]") {
 TEST_CASE("simulated NUMA nodes (split, distribute) give logits identical to --numa off", "[golden][numa]") {
   // Two logical nodes on this machine's CPUs run the real split path: node-local expert slices,
   // threads pinned per node.
-  struct FakeNuma {
-    FakeNuma() { setenv("M3_FAKE_NUMA", "2", 1); }
-    ~FakeNuma() { unsetenv("M3_FAKE_NUMA"); }
-  } fake;
   const auto cases = GoldenCases();
   REQUIRE(cases.size() >= 6);
   for (const auto& [name, dir] : cases) {
@@ -199,7 +195,9 @@ TEST_CASE("simulated NUMA nodes (split, distribute) give logits identical to --n
     for (NumaMode mode : {NumaMode::kSplit, NumaMode::kDistribute}) {
       if (mode == NumaMode::kDistribute && name != "s1_fp32_basic") continue;  // only pins threads
       INFO(NumaModeName(mode));
-      const RunResult numa = RunCase(dir, prompt, steps, EngineOptions{2, mode});
+      EngineOptions numa_options{2, mode};
+      numa_options.simulated_numa_nodes = 2;
+      const RunResult numa = RunCase(dir, prompt, steps, numa_options);
       CHECK(numa.prefill == off.prefill);
       CHECK(numa.decode == off.decode);
       CHECK(numa.greedy == off.greedy);

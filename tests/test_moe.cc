@@ -8,8 +8,10 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "model/model.h"
 #include "ops/matmul.h"
 #include "ops/mlp.h"
 #include "ops/moe.h"
@@ -368,6 +370,85 @@ TEST_CASE("a MoE block shared out over processes (MoePart) gives process 0 the s
       }
     }
   }
+}
+
+// Expert parallelism within this process: part 0's passes give their MoE blocks to this runner
+// (OpContext::moe_runner), which computes every other part's slices on a thread of its own, as the
+// follower ranks do over MPI (lib/cluster).
+class ThreadPartsRunner : public MoeRunner {
+ public:
+  explicit ThreadPartsRunner(std::vector<const Model*> parts) : parts_(std::move(parts)) {}
+  Status Run(const OpContext& tc, int layer, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+             float* out, int32_t* routed_ids) const override {
+    const size_t k = static_cast<size_t>(p.top_k), hidden = w.router.cols;
+    std::vector<int32_t> ids(n * k);
+    std::vector<float> weights(n * k);
+    MoeRoute(tc, w, p, x, n, ids.data(), weights.data());
+    if (routed_ids) std::copy(ids.begin(), ids.end(), routed_ids);
+    ThreadExchanges ex(static_cast<int>(parts_.size()));
+    std::vector<Status> status(parts_.size());
+    std::vector<std::vector<float>> others(parts_.size(), std::vector<float>(n * hidden));
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < parts_.size(); ++i)
+      threads.emplace_back([&, i] {
+        status[i] = MoePartForward(ThreadConfig{1}, *parts_[i]->MoeOfLayer(layer), p, x, n, ids.data(), weights.data(),
+                                   *ex.parts[i], others[i].data());
+      });
+    status[0] = MoePartForward(tc, w, p, x, n, ids.data(), weights.data(), *ex.parts[0], out);
+    for (std::thread& t : threads) t.join();
+    for (const Status& st : status) M3_RETURN_IF_ERROR(st);
+    return Status::Ok();
+  }
+
+ private:
+  std::vector<const Model*> parts_;
+};
+
+TEST_CASE("models loaded in expert parts, their MoE blocks run by the pass's MoeRunner, give one model's logits",
+          "[moe][dist]") {
+  for (const char* name : test::kGoldenCases) {
+    const std::string dir = test::GoldenDir(name);
+    auto cj = test::ReadPythonJson(dir + "/case.json");
+    const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
+    auto whole = Model::Load(dir);
+    REQUIRE(whole.ok());
+    const size_t vocab = static_cast<size_t>((*whole)->config().vocab_size);
+    std::vector<float> want(prompt.size() * vocab);
+    KvCache want_cache((*whole)->config());
+    REQUIRE((*whole)
+                ->Forward(ThreadConfig{2}, prompt.data(), prompt.size(), &want_cache, LogitsMode::kAllRows, want.data())
+                .ok());
+    for (int count : {2, 3}) {
+      INFO(name << ", " << count << " parts");
+      std::vector<std::unique_ptr<Model>> parts;
+      std::vector<const Model*> views;
+      std::vector<size_t> rows((*whole)->config().num_layers, 0);  // of every part's first expert
+      for (int i = 0; i < count; ++i) {
+        auto part = Model::Load(dir, ModelLoadOptions{.expert_part = MoePart{i, count}});
+        REQUIRE(part.ok());
+        for (int l = 0; l < (*part)->config().num_layers; ++l)
+          if (const MoeWeights* w = (*part)->MoeOfLayer(l)) {
+            CHECK(w->part.index == i);
+            CHECK(w->part.count == count);
+            rows[static_cast<size_t>(l)] += w->experts[0].gate.rows + w->experts[0].down.rows;
+          }
+        views.push_back(part->get());
+        parts.push_back(std::move(part).value());
+      }
+      // Each part holds its rows alone: together the whole experts.
+      for (int l = 0; l < (*whole)->config().num_layers; ++l)
+        if (const MoeWeights* w = (*whole)->MoeOfLayer(l))
+          CHECK(rows[static_cast<size_t>(l)] == w->experts[0].gate.rows + w->experts[0].down.rows);
+      const ThreadPartsRunner runner(views);
+      OpContext tc(ThreadConfig{2});
+      tc.moe_runner = &runner;
+      std::vector<float> got(prompt.size() * vocab);
+      KvCache cache(parts[0]->config());
+      REQUIRE(parts[0]->Forward(tc, prompt.data(), prompt.size(), &cache, LogitsMode::kAllRows, got.data()).ok());
+      CHECK(got == want);
+    }
+  }
+  CHECK_FALSE(Model::Load(test::GoldenDir(test::kGoldenCases[0]), ModelLoadOptions{.expert_part = MoePart{2, 2}}).ok());
 }
 
 TEST_CASE("NUMA modes parse, and threads map to nodes in contiguous blocks", "[moe][numa]") {

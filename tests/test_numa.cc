@@ -5,10 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,30 +29,6 @@ std::vector<int> AllCpus(const Topology& t) {
   std::sort(all.begin(), all.end());
   return all;
 }
-
-// Sets (or unsets, with nullopt) an environment variable for one scope, then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      setenv(name, value->c_str(), 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 TEST_CASE("ParseCpuList accepts the kernel's cpulist forms", "[numa]") {
   struct Case {
@@ -224,15 +198,14 @@ TEST_CASE("TopologyFromSysfs reads node<N>/cpulist and keeps allowed CPUs", "[nu
   CHECK(TopologyFromSysfs(dir.string(), {0}).status().code() == StatusCode::kNotFound);
 }
 
-TEST_CASE("DetectTopology: real without M3_FAKE_NUMA, simulated with it", "[numa]") {
+TEST_CASE("DetectTopology: real without simulated nodes, simulated with them", "[numa]") {
   auto allowed = AllowedCpus();
   REQUIRE(allowed.ok());
   REQUIRE_FALSE(allowed->empty());
   CHECK(std::is_sorted(allowed->begin(), allowed->end()));
 
-  {
-    ScopedEnv env("M3_FAKE_NUMA", std::nullopt);
-    auto t = DetectTopology();
+  for (int none : {0, -1}) {
+    auto t = DetectTopology(none);
     REQUIRE(t.ok());
     INFO(t->Describe());
     CHECK_FALSE(t->simulated);
@@ -243,14 +216,7 @@ TEST_CASE("DetectTopology: real without M3_FAKE_NUMA, simulated with it", "[numa
     CHECK(hw.Describe() == t->Describe());
   }
   {
-    ScopedEnv env("M3_FAKE_NUMA", "");  // empty means unset
-    auto t = DetectTopology();
-    REQUIRE(t.ok());
-    CHECK_FALSE(t->simulated);
-  }
-  {
-    ScopedEnv env("M3_FAKE_NUMA", "2");
-    auto t = DetectTopology();
+    auto t = DetectTopology(2);
     REQUIRE(t.ok());
     INFO(t->Describe());
     CHECK(t->simulated);
@@ -259,23 +225,25 @@ TEST_CASE("DetectTopology: real without M3_FAKE_NUMA, simulated with it", "[numa
     CHECK(t->Describe().find("(simulated)") != std::string::npos);
   }
   {
-    ScopedEnv env("M3_FAKE_NUMA", "1000");  // clamped to the CPU count
-    auto t = DetectTopology();
+    auto t = DetectTopology(1000);  // clamped to the CPU count
     REQUIRE(t.ok());
     CHECK(t->nodes.size() == allowed->size());
     CHECK(AllCpus(*t) == *allowed);
   }
 }
 
-TEST_CASE("a malformed M3_FAKE_NUMA is an error naming the variable", "[numa]") {
+TEST_CASE("ParseSimulatedNodes: empty is none, a whole number >= 1 is that many, the rest an error quoting it",
+          "[numa]") {
+  CHECK(ParseSimulatedNodes("").value() == 0);
+  CHECK(ParseSimulatedNodes("1").value() == 1);
+  CHECK(ParseSimulatedNodes("2").value() == 2);
+  CHECK(ParseSimulatedNodes("1000").value() == 1000);
   for (const char* value : {"abc", "0", "-1", "2x", " 2", "1.5", "99999999999999999999"}) {
-    INFO("M3_FAKE_NUMA='" << value << "'");
-    ScopedEnv env("M3_FAKE_NUMA", value);
-    auto t = DetectTopology();
-    REQUIRE_FALSE(t.ok());
-    CHECK(t.status().code() == StatusCode::kInvalidArgument);
-    CHECK(t.status().message().find("M3_FAKE_NUMA") != std::string::npos);
-    CHECK(t.status().message().find(value) != std::string::npos);
+    INFO("'" << value << "'");
+    auto n = ParseSimulatedNodes(value);
+    REQUIRE_FALSE(n.ok());
+    CHECK(n.status().code() == StatusCode::kInvalidArgument);
+    CHECK(n.status().message().find(std::string("'") + value + "'") != std::string::npos);
   }
 }
 

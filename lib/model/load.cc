@@ -45,7 +45,10 @@ StatusOr<ModelConfig> ReadConfig(const std::string& dir, const nlohmann::json& c
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
+StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir, const ModelLoadOptions& options) {
+  const MoePart& part = options.expert_part;
+  if (part.count < 1 || part.index < 0 || part.index >= part.count)
+    return InvalidArgument("expert part ", part.index, " of ", part.count, ": expected 0 <= index < count");
   std::unique_ptr<Model> m(new Model());
   M3_ASSIGN_OR_RETURN(const nlohmann::json config_json, OpenWeights(dir, &m->pack_, &m->checkpoint_));
   M3_ASSIGN_OR_RETURN(m->config_, ReadConfig(dir, config_json));
@@ -54,6 +57,12 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
     M3_ASSIGN_OR_RETURN(m->stats_, BindPackedWeights(m->config_, *m->pack_, &m->weights_));
   } else {
     M3_ASSIGN_OR_RETURN(m->stats_, BindWeights(m->config_, *m->checkpoint_, &m->weights_));
+  }
+  if (part.count > 1) {  // views of the mapping: the other slices' pages are never touched
+    for (LayerWeights& L : m->weights_.layers)
+      if (L.is_moe) L.moe = MoePartOf(L.moe, part);
+    for (MtpWeights& mtp : m->weights_.mtp)
+      if (mtp.layer.is_moe) mtp.layer.moe = MoePartOf(mtp.layer.moe, part);
   }
   m->rope_ = std::make_unique<Rope>(m->config_.rotary_dim, m->config_.rope_theta);
   return m;

@@ -57,11 +57,19 @@ struct SelectionRecorder : ForwardObserver {
   }
 };
 
+// How Model::Load binds the weights.
+struct ModelLoadOptions {
+  // Expert parallelism (lib/cluster): keep only slice `expert_part.index` of `expert_part.count` of
+  // every MoE layer's routed and shared experts (MoePart), as views of the mapping, so that this
+  // process never reads the rest. {0, 1}: every expert whole.
+  MoePart expert_part;
+};
+
 class Model {
  public:
   // Opens a model folder: a packed one (model.m3w from `m3 pack`, used when present) or a
   // HuggingFace checkpoint; validates config and every tensor before returning.
-  static StatusOr<std::unique_ptr<Model>> Load(const std::string& dir);
+  static StatusOr<std::unique_ptr<Model>> Load(const std::string& dir, const ModelLoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
@@ -118,14 +126,11 @@ class Model {
   // them; returns the bytes locked.
   Status PlaceOnNodes(const Topology& topology, int nodes, int threads);
   // The NUMA placement of `mode` for `threads` threads (--numa): PlaceOnNodes (or only the expert
-  // slices, without `dense`, for a process that runs no dense part) and the threads pinned.
-  // Returns the placement in words ("numa split over 2 of ...").
-  StatusOr<std::string> Place(NumaMode mode, int threads, bool dense);
+  // slices, without `dense`, for a process that runs no dense part) and the threads pinned, on
+  // the machine's topology or, with `simulated_nodes` >= 1, on that many logical nodes made of
+  // this process's CPUs (DetectTopology). Returns the placement in words ("numa split over 2 of ...").
+  StatusOr<std::string> Place(NumaMode mode, int threads, bool dense, int simulated_nodes = 0);
   StatusOr<uint64_t> LockDenseWeights();
-  // Expert parallelism (lib/dist): keeps only slice `part.index` of `part.count` of every MoE
-  // layer's experts (MoePart), as views of the mapping, so this process never reads the rest.
-  // Before PlaceOnNodes, which then splits the slices over the nodes.
-  void KeepExpertPart(const MoePart& part);
   // The MoE weights of layer `layer` (decoder layers, then MTP layers); null if it has none.
   const MoeWeights* MoeOfLayer(int layer) const;
 

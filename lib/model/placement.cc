@@ -78,10 +78,10 @@ Status Model::PlaceOnNodes(const Topology& topology, int nodes, int threads) {
   return Status::Ok();
 }
 
-StatusOr<std::string> Model::Place(NumaMode mode, int threads, bool dense) {
+StatusOr<std::string> Model::Place(NumaMode mode, int threads, bool dense, int simulated_nodes) {
   std::string placement = std::string("numa ") + NumaModeName(mode);
   if (mode == NumaMode::kOff) return placement;
-  M3_ASSIGN_OR_RETURN(const Topology topology, DetectTopology());
+  M3_ASSIGN_OR_RETURN(const Topology topology, DetectTopology(simulated_nodes));
   // A node without a thread would leave its slices uncomputed: at most one node per thread.
   const int nodes = std::min(static_cast<int>(topology.nodes.size()), threads);
   if (mode == NumaMode::kSplit && nodes > 1)
@@ -106,13 +106,6 @@ Status Model::SplitExperts(const Topology& topology, int nodes) {
   for (LayerWeights& L : weights_.layers) M3_RETURN_IF_ERROR(split_layer(L));
   for (MtpWeights& m : weights_.mtp) M3_RETURN_IF_ERROR(split_layer(m.layer));
   return Status::Ok();
-}
-
-void Model::KeepExpertPart(const MoePart& part) {
-  for (LayerWeights& L : weights_.layers)
-    if (L.is_moe) L.moe = MoePartOf(L.moe, part);
-  for (MtpWeights& m : weights_.mtp)
-    if (m.layer.is_moe) m.layer.moe = MoePartOf(m.layer.moe, part);
 }
 
 const MoeWeights* Model::MoeOfLayer(int layer) const {

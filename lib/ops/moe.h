@@ -40,7 +40,7 @@ struct MemoryRange {
   size_t bytes = 0;
 };
 
-// A MoE block whose experts are shared out over several processes (lib/dist): process `index` of
+// A MoE block whose experts are shared out over several processes (lib/cluster): process `index` of
 // `count` holds row slice `index` (PartTiles) of every expert's gate, up and down, computes those
 // rows alone, and the processes exchange what the others need: each its SwiGLU activation columns
 // (so that every process can run its down rows over whole activation rows) and then its columns
@@ -107,7 +107,7 @@ void MoeRoutedForward(const OpContext& tc, const MoeWeights& w, const MoeParams&
 void MoeRoute(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n, int32_t* ids,
               float* weights);
 
-// How the processes of a part (MoePart) move values between them; lib/dist implements it over MPI.
+// How the processes of a part (MoePart) move values between them; lib/cluster implements it over MPI.
 class MoeExchange {
  public:
   virtual ~MoeExchange() = default;
@@ -116,6 +116,16 @@ class MoeExchange {
   virtual Status AllGather(const float* own, std::span<const size_t> counts, float* all) = 0;
   // The same, but only process 0 receives (`all` is not written elsewhere).
   virtual Status Gather(const float* own, std::span<const size_t> counts, float* all) = 0;
+};
+
+// Runs the MoE blocks of forward passes in place of MoeForward: lib/cluster's expert parallelism,
+// where other processes compute slices of the experts. `layer` indexes the decoder layers, then
+// the MTP layers after them (Model::MoeOfLayer).
+class MoeRunner {
+ public:
+  virtual ~MoeRunner() = default;
+  virtual Status Run(const OpContext& tc, int layer, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
+                     float* out, int32_t* routed_ids) const = 0;
 };
 
 // The block with only slice `part` of each expert (views of w's memory, nothing copied), and

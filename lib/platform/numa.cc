@@ -282,17 +282,19 @@ Topology DetectHardwareTopology() {
   return one;
 }
 
-StatusOr<Topology> DetectTopology() {
-  const char* value = std::getenv("M3_FAKE_NUMA");
-  if (!value || !*value) return DetectHardwareTopology();
-  const std::string_view v(value);
-  int nodes = 0;
-  const auto [ptr, err] = std::from_chars(v.data(), v.data() + v.size(), nodes);
-  if (err != std::errc() || ptr != v.data() + v.size() || nodes < 1) {
-    return InvalidArgument("M3_FAKE_NUMA='", v, "': expected a whole number of nodes >= 1");
-  }
+StatusOr<Topology> DetectTopology(int simulated_nodes) {
+  if (simulated_nodes < 1) return DetectHardwareTopology();
   M3_ASSIGN_OR_RETURN(std::vector<int> cpus, AllowedCpus());
-  return SimulatedTopology(cpus, nodes);
+  return SimulatedTopology(cpus, simulated_nodes);
+}
+
+StatusOr<int> ParseSimulatedNodes(std::string_view text) {
+  if (text.empty()) return 0;
+  int nodes = 0;
+  const auto [ptr, err] = std::from_chars(text.data(), text.data() + text.size(), nodes);
+  if (err != std::errc() || ptr != text.data() + text.size() || nodes < 1)
+    return InvalidArgument("'", text, "': expected a whole number of nodes >= 1");
+  return nodes;
 }
 
 Status PinCurrentThread(const std::vector<int>& cpus) {

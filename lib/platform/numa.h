@@ -2,9 +2,9 @@
 // a node's CPUs, and buffers whose pages live on one node. The "split" MoE mode gives each node a
 // slice of every expert in a NodeBuffer bound to it; mapped weights are never copied per node.
 //
-// A simulated topology (M3_FAKE_NUMA=N) splits this process's CPUs into N logical nodes so the
-// split dispatch path runs, and is tested, on a one-node machine; its memory is not bound.
-// Nothing here is global: the Engine owns its Topology.
+// A simulated topology (the m3 program's M3_FAKE_NUMA=N) splits this process's CPUs into N logical
+// nodes so the split dispatch path runs, and is tested, on a one-node machine; its memory is not
+// bound. Nothing here is global or read from the environment: the Engine owns its Topology.
 #pragma once
 
 #include <cstddef>
@@ -34,7 +34,7 @@ struct NumaNode {
 
 struct Topology {
   std::vector<NumaNode> nodes;  // ascending id; never empty once detected
-  bool simulated = false;       // from M3_FAKE_NUMA: logical nodes, memory not bound
+  bool simulated = false;       // SimulatedTopology: logical nodes, memory not bound
   bool libnuma = false;         // nodes came from libnuma (else from /sys or the one-node default)
 
   int num_cpus() const;
@@ -63,10 +63,13 @@ StatusOr<Topology> TopologyFromSysfs(const std::string& node_dir, const std::vec
 // it and numa_available(), else /sys, else one node holding every allowed CPU. Never fails.
 Topology DetectHardwareTopology();
 
-// What the engine uses: SimulatedTopology(allowed CPUs, N) when M3_FAKE_NUMA=N (an integer >= 1;
-// empty means unset), else DetectHardwareTopology(). A malformed M3_FAKE_NUMA is InvalidArgument
-// naming the variable and its value.
-StatusOr<Topology> DetectTopology();
+// What the engine uses: SimulatedTopology(allowed CPUs, simulated_nodes) when simulated_nodes >= 1
+// (EngineOptions::simulated_numa_nodes), else DetectHardwareTopology().
+StatusOr<Topology> DetectTopology(int simulated_nodes = 0);
+
+// The number of simulated nodes a text asks for (the m3 program's M3_FAKE_NUMA): "" is 0 (the
+// machine's topology), else a whole number >= 1; anything else is InvalidArgument quoting it.
+StatusOr<int> ParseSimulatedNodes(std::string_view text);
 
 // Pins the calling thread to `cpus`. The kernel ignores CPUs this process may not use; the call
 // fails (InvalidArgument) when none is usable, when `cpus` is empty or an id is out of range.

@@ -11,28 +11,57 @@
 
 namespace m3 {
 
+namespace {
+
+// Whether the engine splits the routed experts over the ranks of options.group (this process being
+// rank 0), once the expert-parallel options are checked.
+StatusOr<bool> SplitsExperts(const EngineOptions& options) {
+  const MoePart& part = options.expert_part;
+  const bool gpu = !options.gpu.empty() && options.gpu != "none";
+  if (options.dist != "auto" && !options.dist.empty() && options.dist != "none" && options.dist != "mpi")
+    return InvalidArgument("--dist takes auto, mpi or none, got '", options.dist, "'");
+  if (part.count > 1) {
+    if (gpu || options.mlock_dense)
+      return InvalidArgument("an expert part runs no dense part: no --gpu, no --mlock-dense");
+    return false;
+  }
+  const bool split = options.dist != "none" && options.group && options.group->size() > 1;
+  if (options.dist == "mpi" && !split)
+    return InvalidArgument("--dist mpi: this process was not started by mpirun with two or more ranks "
+                           "(mpirun -np N m3 ...; docs/DIST.md)");
+  if (split && options.group->rank() != 0)
+    return Internal("rank ", options.group->rank(), " opens only its expert part: rank 0 runs the command");
+  if (split && gpu) return Unsupported("--gpu dense and expert parallelism over MPI do not combine: choose one");
+  return split;
+}
+
+}  // namespace
+
+int EngineThreads(const EngineOptions& options) {
+  const bool ranks =
+      options.group && options.group->size() > 1 && (options.dist != "none" || options.expert_part.count > 1);
+  return ranks ? cluster::RankThreads(*options.group, options.threads) : ResolveThreadCount(options.threads);
+}
+
 StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, const EngineOptions& options) {
   if (options.threads < 0) return InvalidArgument("threads must be >= 0 (0 = all cores), got ", options.threads);
   std::unique_ptr<Engine> e(new Engine());
   M3_ASSIGN_OR_RETURN(e->kernels_, Kernels::Select(options.kernels));
-  dist::Group* group = dist::Group::Current();
-  const bool distributed = options.dist != "none" && group && group->size() > 1;
-  if (options.dist != "auto" && !options.dist.empty() && options.dist != "none" && options.dist != "mpi")
-    return InvalidArgument("--dist takes auto, mpi or none, got '", options.dist, "'");
-  if (options.dist == "mpi" && !distributed)
-    return InvalidArgument("--dist mpi: this process was not started by mpirun with two or more ranks "
-                           "(mpirun -np N m3 ...; docs/DIST.md)");
-  if (distributed && !options.gpu.empty() && options.gpu != "none")
-    return Unsupported("--gpu dense and expert parallelism over MPI do not combine: choose one");
+  M3_ASSIGN_OR_RETURN(const bool distributed, SplitsExperts(options));
+  e->expert_part_ = options.expert_part;
+  ModelLoadOptions load{.expert_part = options.expert_part};
   if (distributed) {
-    // The followers open their parts while this rank opens its own.
-    M3_ASSIGN_OR_RETURN(e->dist_, dist::ExpertParallel::Start(
-                                      *group, {model_dir, options.threads, NumaModeName(options.numa), options.kernels}));
+    // The followers open their parts while this rank opens its own: slice 0 of the experts.
+    M3_ASSIGN_OR_RETURN(e->dist_,
+                        cluster::ExpertParallel::Start(
+                            *options.group, {model_dir, options.threads, NumaModeName(options.numa), options.kernels}));
+    load.expert_part = MoePart{0, options.group->size()};
   }
-  M3_ASSIGN_OR_RETURN(e->model_, Model::Load(model_dir));
-  e->threads_.threads = distributed ? dist::RankThreads(options.threads) : ResolveThreadCount(options.threads);
-  if (e->dist_) M3_RETURN_IF_ERROR(e->dist_->Connect(*e->model_));  // slice 0 of the experts, before placing
-  M3_ASSIGN_OR_RETURN(e->placement_, e->model_->Place(options.numa, e->threads_.threads, /*dense=*/true));
+  M3_ASSIGN_OR_RETURN(e->model_, Model::Load(model_dir, load));
+  e->threads_.threads = EngineThreads(options);
+  if (e->dist_) M3_RETURN_IF_ERROR(e->dist_->Connect(*e->model_));  // every follower opened the same model
+  M3_ASSIGN_OR_RETURN(e->placement_, e->model_->Place(options.numa, e->threads_.threads,
+                                                      /*dense=*/!e->is_expert_part(), options.simulated_numa_nodes));
   if (e->dist_) e->placement_ += "; " + e->dist_->Describe();
   if (options.mlock_dense) {
     M3_ASSIGN_OR_RETURN(const uint64_t locked, e->model_->LockDenseWeights());
@@ -74,7 +103,11 @@ Session::Session(const Engine& engine, const SessionOptions& options)
       prefill_chunk_(options.prefill_chunk ? options.prefill_chunk : kDefaultPrefillChunk),
       memory_budget_(options.memory_budget_bytes) {}
 
-OpContext Session::Context() const { return OpContext(engine_.threads(), &engine_.kernels(), workspace_.get()); }
+OpContext Session::Context() const {
+  OpContext tc(engine_.threads(), &engine_.kernels(), workspace_.get());
+  tc.moe_runner = engine_.moe_runner();
+  return tc;
+}
 
 namespace {
 
@@ -112,6 +145,8 @@ Status Session::CheckContextFits(size_t tokens) const {
 }
 
 Status Session::CheckAppend(std::span<const int32_t> ids) const {
+  if (engine_.is_expert_part())
+    return Internal("an engine of an expert part computes rank 0's MoE blocks and runs no pass of its own");
   const ModelConfig& c = engine_.model().config();
   if (ids.empty()) return InvalidArgument("no tokens to evaluate");
   for (size_t i = 0; i < ids.size(); ++i)

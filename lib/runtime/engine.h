@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "dist/expert_parallel.h"
+#include "cluster/expert_parallel.h"
 #include "model/model.h"
 #include "offload/dense_offload.h"
 #include "ops/context.h"
@@ -37,11 +37,24 @@ struct EngineOptions {
   // Tokens of cache the dense part must leave room for on the device when it loads (0: 8192 or
   // the model's maximum if smaller); the caches grow as sessions need and fail clearly when full.
   size_t gpu_context = 0;
-  // Expert parallelism (lib/dist, docs/DIST.md): "auto" or "" joins the MPI job when this process
-  // is rank 0 of several that mpirun started (dist::Group::Current()); "mpi" requires that;
-  // "none" runs alone even then.
+  // Expert parallelism (lib/cluster, docs/DIST.md): the MPI job this process belongs to, joined by
+  // the program (cluster::Group::JoinIfLaunched); not owned, outlives the engine. Null: alone.
+  cluster::Group* group = nullptr;
+  // When this process is rank 0 of a group of two or more: "auto" or "" splits the routed experts
+  // over the ranks; "mpi" requires that (an error without such a group); "none" runs alone even then.
   std::string dist = "auto";
+  // A follower rank's engine (cluster::RunFollower): keeps only slice `index` of `count` of every MoE
+  // layer's experts, as views of the mapping (ModelLoadOptions::expert_part), places only those
+  // slices (--numa) and runs no pass of its own: rank 0 sends it the MoE blocks to compute. Not
+  // with `gpu` or `mlock_dense`. {0, 1}: the whole model.
+  MoePart expert_part;
+  // --numa on a simulated topology of this many nodes made of this process's CPUs (the m3 program's
+  // M3_FAKE_NUMA; tests); 0: the machine's (platform/numa.h DetectTopology).
+  int simulated_numa_nodes = 0;
 };
+
+// Threads an engine opened with `options` runs (-t, or under mpirun this node's CPUs shared by its ranks).
+int EngineThreads(const EngineOptions& options);
 
 class Engine {
  public:
@@ -56,8 +69,13 @@ class Engine {
   // The offloaded dense part (--gpu dense), or null.
   DenseOffload* offload() const { return offload_.get(); }
   // The expert-parallel ranks (--dist mpi), or null.
-  const dist::ExpertParallel* expert_parallel() const { return dist_.get(); }
-  dist::ExpertParallel* expert_parallel() { return dist_.get(); }
+  const cluster::ExpertParallel* expert_parallel() const { return dist_.get(); }
+  cluster::ExpertParallel* expert_parallel() { return dist_.get(); }
+  // What runs the MoE blocks of this engine's passes (OpContext::moe_runner): the expert-parallel
+  // ranks, or null (MoeForward in this process).
+  const MoeRunner* moe_runner() const { return dist_.get(); }
+  // Slice r of N of the experts (EngineOptions::expert_part): a follower's engine, which runs no pass.
+  bool is_expert_part() const { return expert_part_.count > 1; }
   // One forward pass (Model::ForwardBatch) on the engine's backend: the offloaded dense part
   // when there is one, else the CPU.
   Status Forward(const OpContext& tc, std::span<const Model::Segment> segments, LogitsMode mode, float* logits,
@@ -71,7 +89,8 @@ class Engine {
   std::string placement_;
   std::unique_ptr<CpuBackend> cpu_;
   std::unique_ptr<DenseOffload> offload_;
-  std::unique_ptr<dist::ExpertParallel> dist_;  // before model_ goes: the followers close their part
+  std::unique_ptr<cluster::ExpertParallel> dist_;  // before model_ goes: the followers close their part
+  MoePart expert_part_;
 };
 
 struct SessionOptions {
@@ -150,7 +169,8 @@ class Session {
   // Whether `ids` may follow the session's tokens: ids in the vocabulary, the context limit, memory.
   Status CheckAppend(std::span<const int32_t> ids) const;
 
-  // The context of this session's forward passes: its engine's threads and kernels, its workspace.
+  // The context of this session's forward passes: its engine's threads, kernels and MoE runner,
+  // its workspace.
   OpContext Context() const;
 
   const Engine& engine_;

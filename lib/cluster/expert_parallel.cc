@@ -1,11 +1,9 @@
-#include "dist/expert_parallel.h"
+#include "cluster/expert_parallel.h"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <optional>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -14,11 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "base/hash.h"
-#include "dist/mpi_group.h"
+#include "cluster/mpi_group.h"
 #include "ops/workspace.h"
 #include "platform/parallel.h"
 
-namespace m3::dist {
+namespace m3::cluster {
 namespace {
 
 // What rank 0 tells the followers, broadcast before each step's data.
@@ -108,19 +106,21 @@ Status BroadcastBytes(MPI_Comm comm, uint8_t* data, size_t bytes) {
 }
 
 // What identifies a model across ranks: its shapes and formats (every rank must open the same).
+// Each rank holds its own rows of the experts, so their matrices count by what a slice keeps: format,
+// columns and group (the whole rows are the other matrix's columns: gate and up [I, H], down [H, I]).
 std::string Fingerprint(const Model& m) {
   const ModelConfig& c = m.config();
   std::string s = Str(c.num_layers, "/", c.hidden_size, "/", c.vocab_size, "/", c.num_experts, "/",
                       c.experts_per_token);
-  auto add = [&](const simd::WeightRef& w) {
-    s += Str("|", static_cast<int>(w.format), ":", w.rows, "x", w.cols, "g", w.group);
+  auto add = [&](const simd::WeightRef& w, bool whole) {
+    s += Str("|", static_cast<int>(w.format), ":", whole ? w.rows : 0, "x", w.cols, "g", w.group);
   };
   for (int l = 0; m.MoeOfLayer(l) || l < c.num_layers; ++l) {
     const MoeWeights* moe = m.MoeOfLayer(l);
     if (!moe) continue;
-    add(moe->router);
-    for (const MlpWeights& e : moe->experts) add(e.gate), add(e.up), add(e.down);
-    if (moe->has_shared) add(moe->shared.gate), add(moe->shared.down);
+    add(moe->router, true);
+    for (const MlpWeights& e : moe->experts) add(e.gate, false), add(e.up, false), add(e.down, false);
+    if (moe->has_shared) add(moe->shared.gate, false), add(moe->shared.down, false);
   }
   return Str(c.num_layers, "L ", c.hidden_size, "H ", Hash64(s.data(), s.size()));
 }
@@ -132,10 +132,9 @@ MoeParams ParamsOf(const ModelConfig& c) {
 
 }  // namespace
 
-int RankThreads(int requested) {
+int RankThreads(const Group& group, int requested) {
   if (requested > 0) return ResolveThreadCount(requested);
-  int local = 1;
-  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local = std::max(1, std::atoi(v));
+  const int local = std::max(1, group.ranks_on_node());
   const int cpus = ResolveThreadCount(0);
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, std::min(cpus, hw / local));
@@ -202,27 +201,14 @@ void RunProbe(MPI_Comm comm, int rank, int size, const BlockShape& shape, size_t
   }
 }
 
-// A follower's part of one model.
+// A follower's part of one model, and what computing its slices needs.
 struct Part {
-  std::unique_ptr<Model> model;
-  Kernels kernels;
-  ThreadConfig threads;
+  std::unique_ptr<FollowerPart> opened;
   std::unique_ptr<Workspace> workspace = std::make_unique<Workspace>();
   std::vector<float> out;
-  std::string fingerprint;
+  const Model& model() const { return opened->model(); }
+  OpContext Context() const { return OpContext(opened->threads(), &opened->kernels(), workspace.get()); }
 };
-
-StatusOr<std::unique_ptr<Part>> OpenPart(const PartOptions& o, int rank, int size) {
-  auto part = std::make_unique<Part>();
-  M3_ASSIGN_OR_RETURN(part->kernels, Kernels::Select(o.kernels));
-  M3_ASSIGN_OR_RETURN(part->model, Model::Load(o.model_dir));
-  part->fingerprint = Fingerprint(*part->model);  // of the whole model, as rank 0's
-  part->model->KeepExpertPart(MoePart{rank, size});
-  part->threads.threads = RankThreads(o.threads);
-  M3_ASSIGN_OR_RETURN(const NumaMode numa, ParseNumaMode(o.numa));
-  M3_RETURN_IF_ERROR(part->model->Place(numa, part->threads.threads, /*dense=*/false).status());
-  return part;
-}
 
 // Touches every page of this rank's expert slices (one byte a page, split over the threads).
 void ReadIn(const Model& m, const ThreadConfig& tc) {
@@ -289,7 +275,11 @@ StatusOr<std::unique_ptr<ExpertParallel>> ExpertParallel::Start(Group& group, co
   return ep;
 }
 
-Status ExpertParallel::Connect(Model& model) {
+Status ExpertParallel::Connect(const Model& model) {
+  for (int l = 0; l < model.config().num_layers; ++l)
+    if (const MoeWeights* w = model.MoeOfLayer(l); w && (w->part.index != 0 || w->part.count != group_.size()))
+      return Internal("expert parallelism: rank 0's model holds expert part ", w->part.index, " of ", w->part.count,
+                      ", not 0 of ", group_.size());
   const std::string mine = "\n" + Fingerprint(model);
   const std::vector<std::string> answers = GatherText(group_.mpi().work, 0, group_.size(), mine);
   answered_ = true;
@@ -306,7 +296,6 @@ Status ExpertParallel::Connect(Model& model) {
     }
   }
   if (!errors.empty()) return Status(StatusCode::kUnavailable, "expert parallelism: " + errors);
-  model.KeepExpertPart(MoePart{0, group_.size()});
   model_ = &model;
   return Status::Ok();
 }
@@ -321,6 +310,7 @@ ExpertParallel::~ExpertParallel() {
 Status ExpertParallel::Run(const OpContext& tc, int layer, const MoeWeights& w, const MoeParams& p, const float* x,
                            size_t n, float* out, int32_t* routed_ids) const {
   if (n == 0) return Status::Ok();
+  M3_RETURN_IF_ERROR(group_.Health());
   std::lock_guard<std::mutex> lock(mu_);
   const double t0 = Now();
   const size_t hidden = w.router.cols, k = static_cast<size_t>(p.top_k);
@@ -383,15 +373,51 @@ std::string ExpertParallel::Describe() const {
     one_host = one_host && group_.host(q) == group_.host(0);
   }
   // Open MPI's transports: shared memory between ranks of one host, TCP (or a fabric) between hosts,
-  // unless `--mca btl ...` (which mpirun passes on as OMPI_MCA_btl) leaves shared memory out.
-  const char* btl = std::getenv("OMPI_MCA_btl");
-  const bool names_shm = btl && (std::strstr(btl, "vader") || std::strstr(btl, "sm"));
-  const bool shm_allowed = !btl || !*btl || (btl[0] == '^' ? !names_shm : names_shm);
+  // unless `--mca btl ...` (LaunchInfo::transports) leaves shared memory out.
+  const std::string& btl = group_.transports();
+  const bool names_shm = btl.find("vader") != std::string::npos || btl.find("sm") != std::string::npos;
+  const bool shm_allowed = btl.empty() || (btl[0] == '^' ? !names_shm : names_shm);
   if (one_host) return s + (shm_allowed ? "; one host: shared memory" : Str("; one host: loopback (btl ", btl, ")"));
   return s + "; several hosts: TCP or the fabric Open MPI finds";
 }
 
-int RunFollower(Group& group) {
+namespace {
+
+// A follower's answer to kOpen: its part, or why it has none ("\nfingerprint" or the error).
+std::string OpenFollowerPart(MPI_Comm comm, uint64_t bytes, const MoePart& slice, const OpenPartFn& open,
+                             std::unique_ptr<Part>* part) {
+  std::string text(bytes, '\0');
+  MPI_Bcast(text.data(), static_cast<int>(bytes), MPI_CHAR, 0, comm);
+  part->reset();
+  try {
+    auto opened = open(FromJson(text), slice);
+    if (!opened.ok()) return opened.status().ToString();
+    *part = std::make_unique<Part>();
+    (*part)->opened = std::move(opened).value();
+    return "\n" + Fingerprint((*part)->model());
+  } catch (const std::exception& e) {
+    return Str("cannot open its part: ", e.what());
+  }
+}
+
+// Computes this rank's slice of a MoE block rank 0 broadcasts.
+Status FollowBlock(MPI_Comm comm, int rank, int size, const Header& h, Part* part) {
+  if (!part) return Internal("rank 0 sent a MoE block but this rank has no model open");
+  const ModelConfig& c = part->model().config();
+  const MoeWeights* w = part->model().MoeOfLayer(h.layer);
+  if (!w) return Internal("rank 0 sent a MoE block for layer ", h.layer, ", which has no MoE");
+  const MoeParams p = ParamsOf(c);
+  Payload payload(h.n, static_cast<size_t>(c.hidden_size), static_cast<size_t>(p.top_k));
+  M3_RETURN_IF_ERROR(BroadcastBytes(comm, payload.bytes.data(), payload.bytes.size()));
+  part->out.resize(h.n * static_cast<size_t>(c.hidden_size));
+  MpiExchange ex(comm, rank, size, nullptr);
+  return MoePartForward(part->Context(), *w, p, payload.x(), h.n, payload.ids(), payload.weights(), ex,
+                        part->out.data());
+}
+
+}  // namespace
+
+Status RunFollower(Group& group, const OpenPartFn& open) {
   MPI_Comm comm = group.mpi().work;
   const int rank = group.rank(), size = group.size();
   std::unique_ptr<Part> part;
@@ -401,51 +427,23 @@ int RunFollower(Group& group) {
     Broadcast(comm, &h);
     switch (h.op) {
       case kOpen: {
-        std::string text(h.n, '\0');
-        MPI_Bcast(text.data(), static_cast<int>(h.n), MPI_CHAR, 0, comm);
-        part.reset();
-        std::string answer;
-        try {
-          const PartOptions o = FromJson(text);
-          auto opened = OpenPart(o, rank, size);
-          if (opened.ok()) {
-            part = std::move(opened).value();
-            answer = "\n" + part->fingerprint;
-          } else {
-            answer = opened.status().ToString();
-          }
-        } catch (const std::exception& e) {
-          answer = Str("cannot open its part: ", e.what());
-        }
-        GatherText(comm, rank, size, answer);
+        GatherText(comm, rank, size, OpenFollowerPart(comm, h.n, MoePart{rank, size}, open, &part));
+        shape.reset();
         if (part) {
-          auto s = ShapeOf(*part->model);
+          auto s = ShapeOf(part->model());
           if (s.ok()) shape = *s;
         }
         break;
       }
-      case kMoe: {
-        if (!part) group.Abort("rank 0 sent a MoE block but this rank has no model open");
-        const ModelConfig& c = part->model->config();
-        const MoeWeights* w = part->model->MoeOfLayer(h.layer);
-        if (!w) group.Abort(Str("rank 0 sent a MoE block for layer ", h.layer, ", which has no MoE"));
-        const MoeParams p = ParamsOf(c);
-        Payload payload(h.n, static_cast<size_t>(c.hidden_size), static_cast<size_t>(p.top_k));
-        if (Status s = BroadcastBytes(comm, payload.bytes.data(), payload.bytes.size()); !s.ok()) group.Abort(s.message());
-        part->out.resize(h.n * static_cast<size_t>(c.hidden_size));
-        MpiExchange ex(comm, rank, size, nullptr);
-        const OpContext tc(part->threads, &part->kernels, part->workspace.get());
-        if (Status s = MoePartForward(tc, *w, p, payload.x(), h.n, payload.ids(), payload.weights(), ex, part->out.data());
-            !s.ok())
-          group.Abort(s.message());
+      case kMoe:
+        M3_RETURN_IF_ERROR(FollowBlock(comm, rank, size, h, part.get()));
         break;
-      }
       case kProbe:
-        if (!shape) group.Abort("rank 0 sent an exchange probe but this rank has no model open");
+        if (!shape) return Internal("rank 0 sent an exchange probe but this rank has no model open");
         RunProbe(comm, rank, size, *shape, h.n, h.layer, static_cast<MoeSplitKind>(h.split), nullptr);
         break;
       case kReadIn:
-        if (part) ReadIn(*part->model, part->threads);
+        if (part) ReadIn(part->model(), part->opened->threads());
         MPI_Barrier(comm);
         break;
       case kClose:
@@ -453,9 +451,9 @@ int RunFollower(Group& group) {
         shape.reset();
         break;
       case kExit:
-        return 0;
+        return Status::Ok();
       default:
-        group.Abort(Str("unknown command ", h.op, " from rank 0"));
+        return Internal("unknown command ", h.op, " from rank 0");
     }
   }
 }
@@ -466,4 +464,4 @@ void EndJob(Group& group) {
   Broadcast(group.mpi().work, &h);
 }
 
-}  // namespace m3::dist
+}  // namespace m3::cluster

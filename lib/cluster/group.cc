@@ -1,35 +1,20 @@
-#include "dist/group.h"
+#include "cluster/group.h"
 
 #include <pthread.h>
 
 #include <chrono>
 #include <csignal>
 #include <climits>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
-#include "dist/mpi_group.h"
+#include "cluster/mpi_group.h"
 
-namespace m3::dist {
+namespace m3::cluster {
 namespace {
-
-Group* current = nullptr;
-
-// The rank count an MPI launcher gave this process (Open MPI, then PMI / PMIx launchers), 0 if none.
-int LaunchedSize() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"}) {
-    const char* v = std::getenv(name);
-    if (v && *v) return std::atoi(v);
-  }
-  return 0;
-}
 
 constexpr int kBeatTag = 7;
 constexpr double kBeatInterval_s = 0.25;
-// After a lost rank is reported, how long rank 0's server answers 503 before every rank stops.
-constexpr double kGrace_s = 2.0;
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -44,14 +29,12 @@ StatusOr<int> MpiCount(size_t n, const char* what) {
   return static_cast<int>(n);
 }
 
-Group::Group() : mpi_(std::make_unique<Mpi>()) {}
+Group::Group(const LaunchInfo& launch) : launch_(launch), mpi_(std::make_unique<Mpi>()) {}
 
-bool Group::Launched() { return LaunchedSize() > 0; }
-
-Group* Group::Current() { return current; }
-
-StatusOr<std::unique_ptr<Group>> Group::JoinIfLaunched(int* argc, char*** argv) {
-  if (LaunchedSize() <= 1) return std::unique_ptr<Group>();
+StatusOr<std::unique_ptr<Group>> Group::JoinIfLaunched(const LaunchInfo& launch, int* argc, char*** argv) {
+  if (launch.ranks <= 1) return std::unique_ptr<Group>();
+  if (!(launch.timeout_s > 0))
+    return InvalidArgument("the timeout of a lost rank must be > 0 s, got ", launch.timeout_s);
   // MPI's own threads and the watchdog never take SIGTERM or SIGINT: those stay with the
   // program's threads (m3 serve's drain waits for them), so they are blocked while those start.
   sigset_t stop, before;
@@ -71,7 +54,7 @@ StatusOr<std::unique_ptr<Group>> Group::JoinIfLaunched(int* argc, char*** argv) 
     MPI_Finalize();
     return Unsupported("this MPI library does not allow MPI calls from several threads (MPI_THREAD_MULTIPLE)");
   }
-  std::unique_ptr<Group> g(new Group());
+  std::unique_ptr<Group> g(new Group(launch));
   MPI_Comm_rank(MPI_COMM_WORLD, &g->rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &g->size_);
   MPI_Comm_dup(MPI_COMM_WORLD, &g->mpi_->work);
@@ -86,18 +69,12 @@ StatusOr<std::unique_ptr<Group>> Group::JoinIfLaunched(int* argc, char*** argv) 
     const char* h = all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
     g->hosts_.emplace_back(h, strnlen(h, MPI_MAX_PROCESSOR_NAME));
   }
-  if (const char* t = std::getenv("M3_DIST_TIMEOUT")) {
-    const double s = std::atof(t);
-    if (s >= 0.5 && s <= 3600) g->timeout_s_ = s;
-  }
   Group* raw = g.get();
   g->mpi_->watchdog = std::thread([raw] { raw->Watch(); });
-  current = raw;
   return g;
 }
 
 Group::~Group() {
-  if (current == this) current = nullptr;
   // All ranks meet with their watchdogs still beating (one may take long to get here), then stop
   // them; every rank has stopped beating once all meet again: take what is left, then finish.
   MPI_Barrier(mpi_->work);
@@ -125,27 +102,25 @@ void Group::OnFailure(std::function<void(const Status&)> fn) {
   mpi_->on_failure = std::move(fn);
 }
 
-void Group::Abort(const std::string& message) const {
-  std::fprintf(stderr, "m3: %s: %s\n", Describe(rank_).c_str(), message.c_str());
-  std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);  // MPI_Abort does not return; in case it does
+Status Group::Health() const {
+  std::lock_guard<std::mutex> lock(mpi_->mu);
+  return mpi_->lost;
 }
+
+void Group::AbortJob(int code) const { MPI_Abort(MPI_COMM_WORLD, code); }
 
 void Group::Lost(int rank, double silent_s) {
   const Status lost(StatusCode::kUnavailable,
                     Str(Describe(rank), " has not answered for ", static_cast<int>(silent_s * 10) / 10.0,
-                        " s (killed, hung or cut off from the network): stopping every rank"));
+                        " s (killed, hung or cut off from the network)"));
   std::function<void(const Status&)> fn;
   {
     std::lock_guard<std::mutex> lock(mpi_->mu);
+    if (!mpi_->lost.ok()) return;  // reported once
+    mpi_->lost = lost;
     fn = mpi_->on_failure;
   }
-  if (fn) {
-    fn(lost);
-    std::this_thread::sleep_for(std::chrono::duration<double>(kGrace_s));
-  }
-  Abort(lost.message());
+  if (fn) fn(lost);
 }
 
 // Heartbeats: rank 0 and each follower send each other one every 0.25 s (rank 0 watches every
@@ -180,7 +155,7 @@ void Group::Watch() {
         last[i] = Now();
         MPI_Irecv(&in[i], 1, MPI_INT, peers[i], kBeatTag, mpi_->beat, &recv[i]);
       }
-      if (Now() - last[i] > timeout_s_) Lost(peers[i], Now() - last[i]);
+      if (Now() - last[i] > launch_.timeout_s) Lost(peers[i], Now() - last[i]);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -190,4 +165,4 @@ void Group::Watch() {
   }
 }
 
-}  // namespace m3::dist
+}  // namespace m3::cluster

@@ -7,15 +7,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "base/status.h"
-#include "dist/group.h"
+#include "cluster/group.h"
 #include "model/model.h"
 
-namespace m3::dist {
+namespace m3::cluster {
 
 // What the followers need to open their part of the model, from rank 0's engine options.
 struct PartOptions {
@@ -45,11 +46,13 @@ class ExpertParallel : public MoeRunner {
   // Asks the followers to open their part of `o.model_dir` (they load while rank 0 does).
   static StatusOr<std::unique_ptr<ExpertParallel>> Start(Group& group, const PartOptions& o);
   ~ExpertParallel() override;  // the followers drop their part
-  // With rank 0's model loaded (whole): waits until every follower has opened its part, checks
-  // that all opened the same model, keeps slice 0 of the experts in `model` and runs its MoE
-  // blocks from now on. Errors name the rank and host that failed.
-  Status Connect(Model& model);
+  // With rank 0's model loaded with slice 0 of the experts (ModelLoadOptions::expert_part {0, N}):
+  // waits until every follower has opened its part and checks that all opened the same model;
+  // then Run computes `model`'s MoE blocks (given to its passes as OpContext::moe_runner). Errors
+  // name the rank and host that failed.
+  Status Connect(const Model& model);
 
+  // One MoE block over every rank; once the group has lost a rank, its status (Group::Health).
   Status Run(const OpContext& tc, int layer, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
              float* out, int32_t* routed_ids) const override;
 
@@ -65,7 +68,7 @@ class ExpertParallel : public MoeRunner {
   // otherwise fault its pages in from storage); returns when all have. Benchmarks call it, as
   // they read rank 0's weights in.
   void ReadExpertsIn() const;
-  // E.g. "experts split over 2 ranks: rank 0 (host a), rank 1 (host a); shared memory".
+  // E.g. "experts split over 2 ranks: rank 0 (host a), rank 1 (host a); one host: shared memory".
   std::string Describe() const;
 
  private:
@@ -79,12 +82,28 @@ class ExpertParallel : public MoeRunner {
 
 // Threads of a rank: -t when given (capped at its CPUs), else this node's CPUs shared by the
 // ranks mpirun started on it.
-int RankThreads(int requested);
+int RankThreads(const Group& group, int requested);
 
-// A follower's life: opens the parts rank 0 asks for, computes its slices of their MoE blocks,
-// until rank 0 ends the job (EndJob). Returns the process's exit code.
-int RunFollower(Group& group);
+// What a follower computes its slices with: the model opened with only its part of the experts
+// (ModelLoadOptions::expert_part) and placed, its threads and kernels. The program opens it (an
+// Engine with EngineOptions::expert_part, lib/runtime, which stands above this layer).
+class FollowerPart {
+ public:
+  virtual ~FollowerPart() = default;
+  virtual const Model& model() const = 0;
+  virtual const ThreadConfig& threads() const = 0;
+  virtual const Kernels& kernels() const = 0;
+};
+// Opens slice `part` of the model `o` names; its error goes back to rank 0, which reports it naming
+// this rank and its host.
+using OpenPartFn = std::function<StatusOr<std::unique_ptr<FollowerPart>>(const PartOptions& o, const MoePart& part)>;
+
+// A follower's life: opens the parts rank 0 asks for (with `open`), computes its slices of their
+// MoE blocks, until rank 0 ends the job (EndJob): then Ok. An error when rank 0 asks for what this
+// rank cannot do (a block of a model it has not opened, a broken exchange); rank 0 then waits on
+// this rank, so the program ends the job (Group::AbortJob).
+Status RunFollower(Group& group, const OpenPartFn& open);
 // Rank 0: the command is over; the followers return from RunFollower.
 void EndJob(Group& group);
 
-}  // namespace m3::dist
+}  // namespace m3::cluster
