@@ -138,14 +138,4 @@ MoeWeights MoePartOf(const MoeWeights& w, const MoePart& part);
 Status MoePartForward(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
                       const int32_t* ids, const float* weights, MoeExchange& exchange, float* out);
 
-// Runs the MoE blocks of forward passes in place of MoeForward: expert parallelism (lib/dist),
-// where other processes compute slices of the experts. `layer` indexes the decoder layers, then
-// the MTP layers after them (Model::MoeOfLayer).
-class MoeRunner {
- public:
-  virtual ~MoeRunner() = default;
-  virtual Status Run(const OpContext& tc, int layer, const MoeWeights& w, const MoeParams& p, const float* x, size_t n,
-                     float* out, int32_t* routed_ids) const = 0;
-};
-
 }  // namespace m3
