@@ -30,7 +30,7 @@ struct BatchArgs {
   int slots = 4;
   size_t context = 0;
   EngineArgs engine_args;
-  openai::Defaults defaults;
+  RequestDefaults defaults;
 };
 
 // Writes results in input order as they arrive.
@@ -54,13 +54,13 @@ class OrderedWriter {
 };
 
 ojson ErrorLine(size_t index, const Status& s) {
-  return {{"index", index}, {"error", openai::ErrorBody(s.message(), openai::HttpStatus(s))["error"]}};
+  return {{"index", index}, {"error", openai::ErrorBody(s.message(), HttpStatus(s))["error"]}};
 }
 
 // A request line while its choices run (on the scheduler's thread).
 struct RequestRun {
-  openai::Request request;
-  std::vector<openai::ChoiceResult> choices;
+  Request request;
+  std::vector<ChoiceResult> choices;
   size_t ended = 0;
 };
 
@@ -112,7 +112,7 @@ int Batch(const BatchArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < lines.size(); ++i) {
     const StatusOr<ojson> line = ParseJson<ojson>(lines[i], Str("line ", i + 1));
-    StatusOr<openai::Request> parsed = line.status();
+    StatusOr<Request> parsed = line.status();
     if (line.ok()) {
       const ojson& body = *line;
       parsed = body.is_object() && body.contains("messages") ? openai::ParseChatRequest(body, a.defaults)
@@ -127,13 +127,13 @@ int Batch(const BatchArgs& a) {
     // Each choice (n of each prompt) runs on its own; the line is written when all have ended.
     auto request = std::make_shared<RequestRun>();
     request->request = std::move(parsed).value();
-    const openai::Request& r = request->request;
-    const size_t n_choices = openai::ChoiceCount(r);
+    const Request& r = request->request;
+    const size_t n_choices = ChoiceCount(r);
     request->choices.resize(n_choices);
     std::vector<TurnOptions> turns(n_choices);
     Status bad;
     for (size_t c = 0; c < n_choices && bad.ok(); ++c) {
-      auto prompt = openai::TurnInputs(**text, r, id, scheduler.max_context(), &turns[c], c);
+      auto prompt = TurnInputs(**text, r, id, scheduler.max_context(), &turns[c], c);
       if (prompt.ok())
         request->choices[c].prompt = std::move(prompt).value();
       else
@@ -148,7 +148,7 @@ int Batch(const BatchArgs& a) {
       ScheduledRequest sr;
       sr.prompt = request->choices[c].prompt;
       sr.turn = std::move(turns[c]);
-      sr.sampling = openai::ChoiceSampling(r, c);
+      sr.sampling = ChoiceSampling(r, c);
       sr.on_delta = [request, c](const TurnDelta& d) {
         request->choices[c].deltas.push_back(d);
         return true;
@@ -158,7 +158,7 @@ int Batch(const BatchArgs& a) {
         generated += st.generated_tokens;
         lookup.drafted_tokens += st.drafted_tokens;
         lookup.accepted_tokens += st.accepted_tokens;
-        openai::ChoiceResult& choice = request->choices[c];
+        ChoiceResult& choice = request->choices[c];
         choice.status = status;
         choice.output = std::move(out);
         choice.stats = st;

@@ -38,7 +38,7 @@ void AddGpuOptions(CLI::App* cmd, EngineArgs* args);
 void AddSamplingOptions(CLI::App* cmd, SamplingParams* p);
 // --lookup K: speculative decoding by prompt lookup (LookupOptions::max_draft).
 void AddLookupOption(CLI::App* cmd, LookupOptions* o);
-// --literal-content of serve and batch (openai::Defaults::literal_content).
+// --literal-content of serve and batch (RequestDefaults::literal_content).
 void AddLiteralContentOption(CLI::App* cmd, bool* literal_content);
 // " | lookup: A of D guesses accepted" when lookup guessed any, else "".
 std::string LookupSummary(const GenerateStats& st);

@@ -14,7 +14,6 @@
 namespace m3::cli {
 namespace {
 
-thread_local void* current_connection = nullptr;  // the Connection this thread serves
 constexpr int kRequestsPerConnection = 100;
 
 // poll() for `events` up to `ms` (restarted when a signal interrupts it): its revents, 0 on timeout.
@@ -154,17 +153,21 @@ int64_t GuardedServer::NowMs() {
       .count();
 }
 
-void GuardedServer::RequestRead() {
-  if (auto* c = static_cast<Connection*>(current_connection)) c->phase = Phase::kWorking;
+void GuardedServer::Client::RequestRead() {
+  if (c_) c_->phase = Phase::kWorking;
 }
 
-void GuardedServer::CloseAfterReply() {
-  if (auto* c = static_cast<Connection*>(current_connection)) c->close_after_reply = true;
+void GuardedServer::Client::CloseAfterReply() {
+  if (c_) c_->close_after_reply = true;  // read by Serve on the same thread, after the handler
 }
 
-bool GuardedServer::ClientGone() {
-  const auto* c = static_cast<const Connection*>(current_connection);
-  return c && PeerClosed(c->fd);
+bool GuardedServer::Client::Gone() const { return c_ && PeerClosed(c_->fd); }
+
+GuardedServer::Client GuardedServer::ConnectionOf(const httplib::Request& req) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Connection* c : open_)
+    if (c->request == &req) return Client(c);
+  return Client(nullptr);
 }
 
 ConnectionCounts GuardedServer::counts() const {
@@ -205,9 +208,7 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
     }
   }
   if (admitted) {
-    current_connection = &c;
     Serve(c);
-    current_connection = nullptr;
   } else {
     static const std::string kBody =
         R"({"error":{"message":"too many connections: every one is generating, try again","type":"server_error",)"
@@ -243,9 +244,10 @@ void GuardedServer::Serve(Connection& c) {
     c.phase = Phase::kReading;
     bool connection_closed = false;
     const bool last = served + 1 >= kRequestsPerConnection;
-    if (!process_request(stream, last, connection_closed, nullptr) || connection_closed || last ||
-        c.close_after_reply)
-      return;
+    // The request lives in process_request's frame, its handler and reply included.
+    const bool ok = process_request(stream, last, connection_closed, [&c](httplib::Request& req) { c.request = &req; });
+    c.request = nullptr;
+    if (!ok || connection_closed || last || c.close_after_reply) return;
   }
 }
 

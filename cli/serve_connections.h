@@ -7,7 +7,8 @@
 //   closed), and a connection waits for its next request for a few seconds only;
 // - past the connection limit, the connection that has been idle or reading longest is closed
 //   to make room (a generating one is never chosen): a new client always gets through;
-// - a handler can ask whether its client has hung up, so that work follows the client.
+// - a handler can ask whether its client has hung up, so that work follows the client: it finds
+//   the connection its request came on with ConnectionOf.
 #pragma once
 
 #include <httplib.h>
@@ -38,16 +39,31 @@ struct ConnectionCounts {
 };
 
 class GuardedServer : public httplib::Server {
+  struct Connection;
+
  public:
+  // The connection a request came on, as its handler sees it (ConnectionOf). Valid while the
+  // handler and the reply it sets run; one of a request this server did not read does nothing.
+  class Client {
+   public:
+    // Its request's headers and body are read: the read deadline stops.
+    void RequestRead();
+    // Its client closed the connection (or the connection broke).
+    bool Gone() const;
+    // The connection closes once the reply is sent (e.g. a body left unread).
+    void CloseAfterReply();
+
+   private:
+    friend class GuardedServer;
+    explicit Client(Connection* c) : c_(c) {}
+    Connection* c_;
+  };
+
   explicit GuardedServer(const ConnectionLimits& limits);
   ~GuardedServer() override;
 
-  // On a handler's thread: its request's headers and body are read; the deadline stops.
-  static void RequestRead();
-  // On a handler's thread: its client closed the connection (or the connection broke).
-  static bool ClientGone();
-  // On a handler's thread: the connection closes once the reply is sent (e.g. a body left unread).
-  static void CloseAfterReply();
+  // From a handler: the connection `req` came on.
+  Client ConnectionOf(const httplib::Request& req) const;
   ConnectionCounts counts() const;
   // Closes every connection that is not in a handler (waiting for a request, or sending one),
   // then stops listening; handlers under way finish. For a drain before exit.
@@ -61,6 +77,7 @@ class GuardedServer : public httplib::Server {
     std::atomic<int64_t> since_ms{0};  // when the phase began
     bool closed_by_us = false;         // under mu_
     bool close_after_reply = false;    // its own thread's
+    std::atomic<const httplib::Request*> request{nullptr};  // the one being served (ConnectionOf)
   };
   class Stream;
   class ThreadPerConnection;

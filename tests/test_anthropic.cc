@@ -59,7 +59,7 @@ ojson RoundTrip() {
 }
 
 TEST_CASE("anthropic: a request takes the server's defaults and maps its fields", "[anthropic]") {
-  m3::openai::Defaults d;
+  m3::RequestDefaults d;
   d.max_tokens = 77;
   auto r = anthropic::ParseMessagesRequest(Body(), d);
   REQUIRE(r.ok());
@@ -69,8 +69,11 @@ TEST_CASE("anthropic: a request takes the server's defaults and maps its fields"
   CHECK(r->sampling.top_k == 40);
   CHECK_FALSE(r->stream);
   CHECK(r->tools.is_null());
-  CHECK(r->tool_choice == "auto");
-  CHECK(r->parallel_tool_calls);
+  CHECK(r->output.tool_choice == m3::OutputSpec::ToolChoice::kAuto);
+  CHECK(r->output.parallel_tool_calls);
+  CHECK(r->output.answer == m3::OutputSpec::Answer::kFree);
+  CHECK(r->output.reasoning_budget == 0);
+  CHECK(r->tool_call_id_prefix == "toolu_");
   CHECK(r->template_options == ojson{{"thinking_mode", "disabled"}});  // Anthropic's default: no thinking
   CHECK(r->messages == ojson::array({{{"role", "user"}, {"content", "Hi"}}}));
 
@@ -116,6 +119,8 @@ TEST_CASE("anthropic: thinking sets the template's thinking mode", "[anthropic]"
     return r->template_options["thinking_mode"].get<std::string>();
   };
   CHECK(mode({{"type", "enabled"}, {"budget_tokens", 2048}}) == "enabled");
+  CHECK(anthropic::ParseMessagesRequest(Body({{"thinking", {{"type", "enabled"}, {"budget_tokens", 2048}}}}), {})
+            ->output.reasoning_budget == 2048);
   CHECK(mode({{"type", "enabled"}, {"budget_tokens", 2048}, {"display", "summarized"}}) == "enabled");
   CHECK(mode({{"type", "adaptive"}}) == "adaptive");
   CHECK(mode({{"type", "disabled"}}) == "disabled");
@@ -131,7 +136,7 @@ TEST_CASE("anthropic: thinking sets the template's thinking mode", "[anthropic]"
   CHECK_THAT(Error(Body({{"thinking", "on"}})), Contains("\"thinking\" must be an object"));
 }
 
-TEST_CASE("anthropic: tools and tool_choice in OpenAI's form", "[anthropic]") {
+TEST_CASE("anthropic: tools in OpenAI's form, tool_choice in the request's output", "[anthropic]") {
   ojson tool = kWeatherTool;
   tool["cache_control"] = {{"type", "ephemeral"}};
   tool["type"] = "custom";
@@ -146,16 +151,19 @@ TEST_CASE("anthropic: tools and tool_choice in OpenAI's form", "[anthropic]") {
   auto choice = [](const ojson& tool_choice) -> ojson {
     auto r = anthropic::ParseMessagesRequest(Body({{"tools", {kWeatherTool}}, {"tool_choice", tool_choice}}), {});
     if (!r.ok()) return r.status().message();
-    return {{"tool_choice", r->tool_choice}, {"parallel", r->parallel_tool_calls}, {"tools", !r->tools.is_null()}};
+    using Choice = m3::OutputSpec::ToolChoice;
+    const m3::OutputSpec& o = r->output;
+    const ojson forced = o.tool_choice == Choice::kAuto       ? ojson("auto")
+                         : o.tool_choice == Choice::kRequired ? ojson("required")
+                                                              : ojson{{"name", o.tool_name}};
+    return {{"tool_choice", forced}, {"parallel", o.parallel_tool_calls}, {"tools", !r->tools.is_null()}};
   };
   CHECK(choice({{"type", "auto"}}) == ojson{{"tool_choice", "auto"}, {"parallel", true}, {"tools", true}});
   // "none" withholds the tools, as the OpenAI parser does ("auto" then: nothing is forced).
   CHECK(choice({{"type", "none"}}) == ojson{{"tool_choice", "auto"}, {"parallel", true}, {"tools", false}});
   CHECK(choice({{"type", "any"}}) == ojson{{"tool_choice", "required"}, {"parallel", true}, {"tools", true}});
   CHECK(choice({{"type", "tool"}, {"name", "get_weather"}, {"disable_parallel_tool_use", true}}) ==
-        ojson{{"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
-              {"parallel", false},
-              {"tools", true}});
+        ojson{{"tool_choice", {{"name", "get_weather"}}}, {"parallel", false}, {"tools", true}});
   CHECK(choice({{"type", "auto"}, {"disable_parallel_tool_use", true}})["parallel"] == false);
   CHECK(choice({{"type", "auto"}, {"disable_parallel_tool_use", false}})["parallel"] == true);
   CHECK_THAT(choice({{"type", "tool"}, {"name", "other"}}).get<std::string>(),
@@ -285,9 +293,8 @@ TEST_CASE("anthropic: unsupported fields and blocks are refused by name", "[anth
   auto format = anthropic::ParseMessagesRequest(
       Body({{"output_config", {{"format", {{"type", "json_schema"}, {"schema", {{"type", "object"}}}}}}}}), {});
   REQUIRE(format.ok());
-  CHECK(format->response_format ==
-        ojson{{"type", "json_schema"},
-              {"json_schema", {{"name", "output"}, {"schema", {{"type", "object"}}}, {"strict", true}}}});
+  CHECK(format->output.answer == m3::OutputSpec::Answer::kJsonSchema);
+  CHECK(format->output.schema == ojson{{"type", "object"}});
   CHECK_THAT(Error(Body({{"output_config", {{"format", {{"type", "text"}}}}}})),
              Contains("\"output_config.format\" must be"));
   CHECK_THAT(Error(Body({{"system", 5}})), Contains("\"system\" must be a string or an array of text blocks"));
@@ -421,7 +428,7 @@ TEST_CASE("anthropic: a whole reply", "[anthropic]") {
   CHECK(cut["stop_reason"] == "stop_sequence");
   CHECK(cut["stop_sequence"] == "\n\n");
   CHECK(anthropic::MessageResponse("msg_3", "tiny", ParsedOutput{}, Stats("length"))["content"] == ojson::array());
-  m3::openai::ChoiceResult choice;
+  m3::ChoiceResult choice;
   choice.output = Output(false, true, 0);
   choice.stats = Stats("stop");
   auto whole = anthropic::WholeMessage("msg_4", "tiny", choice);
@@ -531,3 +538,57 @@ TEST_CASE("anthropic: errors in Anthropic's shape", "[anthropic]") {
 }
 
 }  // namespace
+
+TEST_CASE("anthropic: a reply's stream events and whole text, as the server writes them", "[anthropic]") {
+  auto format = anthropic::NewReplyFormat("msg_1", "tiny", 12);
+  std::vector<std::string> events;
+  format->Open(&events);
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].rfind("event: message_start\ndata: ", 0) == 0);
+  CHECK(events[1] == "event: ping\ndata: {\"type\":\"ping\"}\n\n");
+  TurnDelta d;
+  d.content = "Hello";
+  format->Piece(0, d, &events);
+  m3::ChoiceResult choice;
+  choice.output = Output(false, true, 0);
+  choice.stats = Stats("stop");
+  format->ChoiceEnd(0, choice, &events);
+  const size_t before_close = events.size();
+  format->Close({choice}, &events);
+  CHECK(events.size() == before_close);  // no [DONE] in Anthropic's stream
+  // The same events as MessageStream gives.
+  anthropic::MessageStream stream("msg_1", "tiny", 12);
+  std::vector<std::string> expected;
+  for (auto part : {stream.Start(), stream.Next(d), stream.Finish(choice.stats, choice.output)})
+    for (const anthropic::Event& e : part) expected.push_back(e.Text());
+  CHECK(events == expected);
+  events.clear();
+  format->Fail(m3::Status(m3::StatusCode::kUnavailable, "draining"), &events);
+  CHECK(events == std::vector<std::string>{anthropic::ErrorEvent("draining", 503).Text()});
+  auto whole = format->Whole({choice});
+  REQUIRE(whole.ok());
+  CHECK(*whole == m3::JsonText(anthropic::MessageResponse("msg_1", "tiny", choice.output, choice.stats)));
+}
+
+TEST_CASE("anthropic: count_tokens counts the prompt the template renders", "[anthropic]") {
+  auto text = m3::ChatText::Load(m3::test::TokenizerDir(), /*require_template=*/true);
+  REQUIRE(text.ok());
+  const ojson body = {{"model", "m3"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}};
+  auto count = anthropic::CountTokens(**text, body, {});
+  REQUIRE(count.ok());
+  auto r = anthropic::ParseMessagesRequest(body, {}, /*count_tokens=*/true);
+  REQUIRE(r.ok());
+  m3::TurnOptions turn;
+  CHECK((*count)["input_tokens"] == (*text)->TurnPrompt(r->messages, r->tools, r->template_options, &turn)->size());
+  // A constrained reply (a forced tool call) counts too: no context limit applies to counting.
+  ojson forced = body;
+  forced["tools"] = {kWeatherTool};
+  forced["tool_choice"] = {{"type", "any"}};
+  auto with_tools = anthropic::CountTokens(**text, forced, {});
+  INFO(with_tools.status().ToString());
+  REQUIRE(with_tools.ok());
+  CHECK((*with_tools)["input_tokens"] > (*count)["input_tokens"]);
+  auto bad = anthropic::CountTokens(**text, ojson{{"model", "m3"}}, {});
+  CHECK(bad.status().code() == m3::StatusCode::kInvalidArgument);
+  CHECK_THAT(bad.status().message(), Contains("\"messages\" is required"));
+}

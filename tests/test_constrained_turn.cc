@@ -44,14 +44,14 @@ struct Reply {
   m3::GenerateStats stats;
 };
 
-// One chat turn of `request` (an OpenAI body) through openai::TurnInputs, as the server runs it.
+// One chat turn of `request` (an OpenAI body) through TurnInputs (runtime/request.h), as the server runs it.
 Reply Turn(const ojson& request, uint64_t seed, int reasoning_budget = 0) {
   Fixture& f = Fixture::Get();
   auto r = m3::openai::ParseChatRequest(request, {});
   REQUIRE(r.ok());
-  r->reasoning_budget = reasoning_budget;  // the Anthropic endpoint's thinking.budget_tokens
+  r->output.reasoning_budget = reasoning_budget;  // the Anthropic endpoint's thinking.budget_tokens
   m3::TurnOptions turn;
-  auto prompt = m3::openai::TurnInputs(*f.text, *r, "t", f.session->max_context(), &turn);
+  auto prompt = m3::TurnInputs(*f.text, *r, "t", f.session->max_context(), &turn);
   INFO(prompt.status().ToString());
   REQUIRE(prompt.ok());
   m3::SamplingParams sp{.temperature = 1.0f, .seed = seed};
@@ -123,7 +123,7 @@ TEST_CASE("constrained turn: a tight budget still closes the reasoning and the J
     auto parsed = m3::openai::ParseChatRequest(req, {});
     REQUIRE(parsed.ok());
     m3::TurnOptions turn;
-    auto prompt = m3::openai::TurnInputs(*Fixture::Get().text, *parsed, "t", 100000, &turn);
+    auto prompt = m3::TurnInputs(*Fixture::Get().text, *parsed, "t", 100000, &turn);
     REQUIRE_FALSE(prompt.ok());
     CHECK_THAT(prompt.status().message(), Catch::Matchers::Contains("\"max_tokens\""));
   }
@@ -189,7 +189,7 @@ TEST_CASE("constrained turn: a GBNF grammar holds the answer, and JSON text that
     auto parsed = m3::openai::ParseChatRequest(bad, {});
     REQUIRE(parsed.ok());
     m3::TurnOptions turn;
-    auto prompt = m3::openai::TurnInputs(*Fixture::Get().text, *parsed, "t", 100000, &turn);
+    auto prompt = m3::TurnInputs(*Fixture::Get().text, *parsed, "t", 100000, &turn);
     REQUIRE_FALSE(prompt.ok());
     CHECK_THAT(prompt.status().message(), Catch::Matchers::Contains("\"grammar\""));
     CHECK_THAT(prompt.status().message(), Catch::Matchers::Contains("999999"));

@@ -48,7 +48,7 @@ TEST_CASE("a deeply nested request, tool call or file is an error, never a crash
                                      {{{"id", "c1"},
                                        {"type", "function"},
                                        {"function", {{"name", "f"}, {"arguments", Nested(5000, '{', '}')}}}}}}}}}};
-  const auto r = openai::ParseChatRequest(body, openai::Defaults{});
+  const auto r = openai::ParseChatRequest(body, m3::RequestDefaults{});
   REQUIRE_FALSE(r.ok());
   CHECK_THAT(r.status().message(), Catch::Contains("messages[0].tool_calls[0].function.arguments: JSON nested deeper"));
   // A safetensors index file.

@@ -30,7 +30,7 @@ std::string ChatError(const ojson& extra) {
 }
 
 TEST_CASE("openai: a chat request takes the server's defaults and the request's overrides", "[openai]") {
-  openai::Defaults d;
+  m3::RequestDefaults d;
   d.max_tokens = 77;
   auto r = openai::ParseChatRequest(Chat(), d);
   REQUIRE(r.ok());
@@ -336,10 +336,10 @@ TEST_CASE("openai: completion requests and error bodies", "[openai]") {
   CHECK(e["error"]["message"] == "bad");
   CHECK(e["error"]["type"] == "invalid_request_error");
   CHECK(openai::ErrorBody("x", 500)["error"]["type"] == "server_error");
-  CHECK(openai::HttpStatus(m3::InvalidArgument("x")) == 400);
-  CHECK(openai::HttpStatus(m3::OutOfRange("x")) == 400);
-  CHECK(openai::HttpStatus(m3::Status(m3::StatusCode::kOutOfMemory, "x")) == 503);
-  CHECK(openai::HttpStatus(m3::NotFound("x")) == 500);
+  CHECK(m3::HttpStatus(m3::InvalidArgument("x")) == 400);
+  CHECK(m3::HttpStatus(m3::OutOfRange("x")) == 400);
+  CHECK(m3::HttpStatus(m3::Status(m3::StatusCode::kOutOfMemory, "x")) == 503);
+  CHECK(m3::HttpStatus(m3::NotFound("x")) == 500);
 }
 
 }  // namespace
@@ -445,7 +445,7 @@ TEST_CASE("openai: token log-probabilities in the chat and completions forms", "
   CHECK(b["text_offset"] == ojson::array({0, 1}));  // a lead byte starts a character
 
   // Pieces of a completion with echo: the prompt's text and log-probabilities come first.
-  openai::Request r = *openai::ParseCompletionRequest(ojson{{"prompt", {hello[0], hello[1]}}, {"echo", true},
+  m3::Request r = *openai::ParseCompletionRequest(ojson{{"prompt", {hello[0], hello[1]}}, {"echo", true},
                                                             {"logprobs", 1}, {"max_tokens", 0}}, {});
   const std::vector<int32_t> prompt = {hello[0], hello[1]};
   openai::ChoicePieces pieces(tok, r, prompt);
@@ -482,8 +482,8 @@ const m3::ChatText& TestChatText() {
   return **text;
 }
 
-m3::openai::ChoiceResult Ended(const std::string& content, size_t prompt_tokens, size_t generated) {
-  m3::openai::ChoiceResult c;
+m3::ChoiceResult Ended(const std::string& content, size_t prompt_tokens, size_t generated) {
+  m3::ChoiceResult c;
   c.prompt.assign(prompt_tokens, 1);
   c.output.content = content;
   c.stats.prompt_tokens = prompt_tokens;
@@ -503,14 +503,14 @@ TEST_CASE("openai: n choices of a prompt, each its own seed, prompt-major, count
   REQUIRE(r.ok());
   CHECK(r->n == 3);
   CHECK(r->sampling.frequency_penalty == -0.5f);
-  CHECK(openai::ChoiceCount(*r) == 3);
-  CHECK(openai::ChoiceSampling(*r, 0).seed == 10);
-  CHECK(openai::ChoiceSampling(*r, 2).seed == 12);
-  CHECK(openai::ChoiceSampling(*r, 2).frequency_penalty == -0.5f);
+  CHECK(m3::ChoiceCount(*r) == 3);
+  CHECK(m3::ChoiceSampling(*r, 0).seed == 10);
+  CHECK(m3::ChoiceSampling(*r, 2).seed == 12);
+  CHECK(m3::ChoiceSampling(*r, 2).frequency_penalty == -0.5f);
   auto c = openai::ParseCompletionRequest(ojson{{"prompt", {"a", "b"}}, {"n", 2}, {"seed", 5}}, {});
   REQUIRE(c.ok());
-  CHECK(openai::ChoiceCount(*c) == 4);
-  CHECK(openai::ChoiceSampling(*c, 3).seed == 6);  // prompt 1, its second choice
+  CHECK(m3::ChoiceCount(*c) == 4);
+  CHECK(m3::ChoiceSampling(*c, 3).seed == 6);  // prompt 1, its second choice
 
   // Tool-call ids: unique per choice ("call_<id>_<choice>_" past choice 0) and per request.
   const m3::ChatText& text = TestChatText();
@@ -518,7 +518,7 @@ TEST_CASE("openai: n choices of a prompt, each its own seed, prompt-major, count
   for (const std::string id : {"chatcmpl-a", "chatcmpl-b"})
     for (size_t k = 0; k < 3; ++k) {
       m3::TurnOptions turn;
-      REQUIRE(openai::TurnInputs(text, *r, id, 1000, &turn, k).ok());
+      REQUIRE(m3::TurnInputs(text, *r, id, 1000, &turn, k).ok());
       prefixes.insert(turn.tool_call_id_prefix);
     }
   CHECK(prefixes.size() == 6);
@@ -526,14 +526,14 @@ TEST_CASE("openai: n choices of a prompt, each its own seed, prompt-major, count
   CHECK(prefixes.count("call_chatcmpl-a_2_") == 1);
   // Completions: choice c runs prompt c / n.
   m3::TurnOptions turn;
-  auto a = openai::TurnInputs(text, *c, "x", 1000, &turn, 1);
-  auto b = openai::TurnInputs(text, *c, "x", 1000, &turn, 2);
+  auto a = m3::TurnInputs(text, *c, "x", 1000, &turn, 1);
+  auto b = m3::TurnInputs(text, *c, "x", 1000, &turn, 2);
   REQUIRE((a.ok() && b.ok()));
   CHECK(*a == text.tokenizer().Encode("a"));
   CHECK(*b == text.tokenizer().Encode("b"));
 
   // The whole chat response: a choice per index; the prompt counted once, the outputs summed.
-  std::vector<openai::ChoiceResult> ended = {Ended("one", 7, 2), Ended("two", 7, 3), Ended("three", 7, 4)};
+  std::vector<m3::ChoiceResult> ended = {Ended("one", 7, 2), Ended("two", 7, 3), Ended("three", 7, 4)};
   ended[1].stats.reused_tokens = 6;
   auto whole = openai::WholeResponse(text.tokenizer(), *r, "chatcmpl-1", 5, "m", ended);
   REQUIRE(whole.ok());
@@ -544,7 +544,7 @@ TEST_CASE("openai: n choices of a prompt, each its own seed, prompt-major, count
   CHECK((*whole)["usage"]["completion_tokens"] == 9);
   CHECK((*whole)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);  // the first choice's
   // Completions: per prompt once.
-  std::vector<openai::ChoiceResult> four = {Ended("a", 1, 1), Ended("b", 1, 2), Ended("c", 2, 3), Ended("d", 2, 4)};
+  std::vector<m3::ChoiceResult> four = {Ended("a", 1, 1), Ended("b", 1, 2), Ended("c", 2, 3), Ended("d", 2, 4)};
   whole = openai::WholeResponse(text.tokenizer(), *c, "cmpl-1", 5, "m", four);
   REQUIRE(whole.ok());
   CHECK((*whole)["choices"].size() == 4);
@@ -592,7 +592,7 @@ TEST_CASE("openai: /tokenize and /detokenize bodies", "[openai]") {
   m3::TurnOptions turn;
   auto parsed = openai::ParseChatRequest(Chat(), {});
   REQUIRE(parsed.ok());
-  auto ids = openai::TurnInputs(text, *parsed, "x", 4096, &turn);
+  auto ids = m3::TurnInputs(text, *parsed, "x", 4096, &turn);
   REQUIRE(ids.ok());
   CHECK((*out)["tokens"].get<std::vector<int32_t>>() == *ids);
   auto bare = openai::Tokenize(text, ojson{{"messages", messages}, {"add_generation_prompt", false}}, {}, 4096);
@@ -630,4 +630,105 @@ TEST_CASE("openai: /tokenize and /detokenize bodies", "[openai]") {
   CHECK_THAT(derror(ojson{{"tokens", 3}}), Contains("\"tokens\" must be an array"));
   CHECK_THAT(derror(ojson{{"tokens", {1}}, {"extra", 1}}), Contains("\"extra\" is not supported"));
   CHECK(derror(ojson{{"tokens", {1}}, {"model", "m"}}) == "accepted");
+}
+
+TEST_CASE("openai: a reply's stream events and whole text, as the server writes them", "[openai]") {
+  const m3::ChatText& text = TestChatText();
+  auto r = openai::ParseChatRequest(
+      Chat({{"n", 2}, {"seed", 3}, {"stream", true}, {"stream_options", {{"include_usage", true}}}}), {});
+  REQUIRE(r.ok());
+  std::vector<m3::ChoiceResult> ended = {Ended("one", 7, 2), Ended("two", 7, 3)};
+  auto format = openai::NewReplyFormat(text.tokenizer(), *r, ended, "chatcmpl-1", 5, "m");
+  std::vector<std::string> events;
+  auto data = [&](size_t i) {
+    REQUIRE(events[i].rfind("data: ", 0) == 0);
+    REQUIRE(events[i].ends_with("\n\n"));
+    return ojson::parse(events[i].substr(6));
+  };
+  format->Open(&events);  // the assistant's role, of each choice
+  REQUIRE(events.size() == 2);
+  CHECK(data(1)["choices"][0]["index"] == 1);
+  CHECK(data(1)["choices"][0]["delta"] == ojson{{"role", "assistant"}, {"content", ""}});
+  format->Piece(1, ended[1].deltas[0], &events);
+  REQUIRE(events.size() == 3);
+  CHECK(events[2] == "data: " + m3::JsonText(openai::ChatChunk("chatcmpl-1", 5, "m", ojson{{"content", "two"}},
+                                                               nullptr, nullptr, 1)) +
+                         "\n\n");
+  format->ChoiceEnd(1, ended[1], &events);
+  REQUIRE(events.size() == 4);
+  CHECK(data(3)["choices"][0]["finish_reason"] == "stop");
+  format->Close(ended, &events);  // the usage, then [DONE]
+  REQUIRE(events.size() == 6);
+  CHECK(data(4)["usage"]["completion_tokens"] == 5);
+  CHECK(events[5] == "data: [DONE]\n\n");
+  events.clear();
+  format->Fail(m3::Status(m3::StatusCode::kUnavailable, "draining"), &events);
+  REQUIRE(events.size() == 2);
+  CHECK(data(0) == openai::ErrorBody("draining", 503));
+  CHECK(events[1] == "data: [DONE]\n\n");
+  auto whole = format->Whole(ended);
+  REQUIRE(whole.ok());
+  CHECK(*whole == m3::JsonText(*openai::WholeResponse(text.tokenizer(), *r, "chatcmpl-1", 5, "m", ended)));
+  ended[0].status = m3::InvalidArgument("bad");
+  CHECK(format->Whole(ended).status().message() == "bad");
+
+  // Completions: no role chunk; each piece's text.
+  auto c = openai::ParseCompletionRequest(ojson{{"prompt", "a"}, {"stream", true}}, {});
+  REQUIRE(c.ok());
+  std::vector<m3::ChoiceResult> one = {Ended("b", 1, 1)};
+  auto completion = openai::NewReplyFormat(text.tokenizer(), *c, one, "cmpl-1", 5, "m");
+  events.clear();
+  completion->Open(&events);
+  CHECK(events.empty());
+  completion->Piece(0, one[0].deltas[0], &events);
+  completion->ChoiceEnd(0, one[0], &events);
+  completion->Close(one, &events);
+  REQUIRE(events.size() == 3);
+  CHECK(data(0)["choices"][0]["text"] == "b");
+  CHECK(data(1)["choices"][0]["finish_reason"] == "stop");
+  CHECK(events[2] == "data: [DONE]\n\n");
+}
+
+TEST_CASE("openai: output constraints come from the request's output, compiled in one place", "[openai]") {
+  const m3::ChatText& text = TestChatText();
+  using Answer = m3::OutputSpec::Answer;
+  using Choice = m3::OutputSpec::ToolChoice;
+  const ojson tool = {{"type", "function"},
+                      {"function", {{"name", "f"}, {"parameters", {{"type", "object"}, {"properties", ojson::object()}}}}}};
+  auto spec = [](const ojson& extra) {
+    auto r = openai::ParseChatRequest(Chat(extra), {});
+    REQUIRE(r.ok());
+    return r->output;
+  };
+  CHECK(spec({}).answer == Answer::kFree);
+  CHECK(spec({{"response_format", {{"type", "text"}}}}).answer == Answer::kFree);
+  CHECK(spec({{"response_format", {{"type", "json_object"}}}}).answer == Answer::kJsonObject);
+  const m3::OutputSpec schema =
+      spec({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "integer"}}}}}}}});
+  CHECK(schema.answer == Answer::kJsonSchema);
+  CHECK(schema.schema == ojson{{"type", "integer"}});
+  CHECK(spec({{"grammar", "root ::= \"a\""}}).answer == Answer::kGrammar);
+  CHECK(spec({{"tools", {tool}}, {"tool_choice", "required"}}).tool_choice == Choice::kRequired);
+  const m3::OutputSpec named = spec({{"tools", {tool}}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}},
+                                     {"parallel_tool_calls", false}});
+  CHECK(named.tool_choice == Choice::kNamed);
+  CHECK(named.tool_name == "f");
+  CHECK_FALSE(named.parallel_tool_calls);
+
+  auto built = m3::BuildConstraint(m3::OutputSpec{}, nullptr, text);
+  REQUIRE(built.ok());
+  CHECK(built->empty());
+  auto json = m3::BuildConstraint(schema, nullptr, text);
+  REQUIRE(json.ok());
+  CHECK(json->answer);
+  CHECK_FALSE(json->answer_is_markup);
+  CHECK(json->vocab);
+  auto forced = m3::BuildConstraint(named, ojson::array({tool}), text);
+  REQUIRE(forced.ok());
+  CHECK(forced->answer_is_markup);
+  m3::OutputSpec bad;
+  bad.answer = Answer::kJsonSchema;
+  bad.schema = {{"type", "no such type"}};
+  CHECK_THAT(m3::BuildConstraint(bad, nullptr, text).status().message(),
+             Contains("\"response_format.json_schema.schema\": "));
 }

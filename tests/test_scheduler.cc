@@ -1,9 +1,12 @@
 // The scheduler of `m3 serve` and `m3 batch` from several threads (issue 35; CI also runs this
 // under ThreadSanitizer): concurrent submits, cancellation of queued and generating requests,
-// the drain of a stopping server, the cache budget's permanent and transient refusals. And
-// ChatText's literal content (--literal-content), which keeps control tokens out of user text.
+// the drain of a stopping server, the cache budget's permanent and transient refusals. The
+// server's replies on top of it (runtime/reply.h): a stream's events handed to the writer as the
+// scheduler makes them, a stop and a cancel. And ChatText's literal content (--literal-content),
+// which keeps control tokens out of user text.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <fstream>
 #include <mutex>
@@ -15,6 +18,7 @@
 
 #include "runtime/chat.h"
 #include "runtime/engine.h"
+#include "runtime/reply.h"
 #include "runtime/scheduler.h"
 #include "test_util.h"
 
@@ -198,6 +202,132 @@ TEST_CASE("scheduler: a context that can never fit the cache budget is permanent
   scheduler.RunUntilIdle();
   REQUIRE(out.ended);
   CHECK(out.status.code() == m3::StatusCode::kOutOfRange);
+}
+
+namespace {
+
+// A reply's choice ends as the scheduler reports them (Reply::Submit's callback).
+struct Ends {
+  std::atomic<size_t> choices{0}, last{0};
+  m3::Reply::ChoiceEnded Callback() {
+    return [this](const m3::Status&, const m3::GenerateStats&, size_t, bool is_last) {
+      ++choices;
+      last += is_last;
+    };
+  }
+};
+
+// The content of the chat chunks among `events` (OpenAI's stream), joined.
+std::string StreamedContent(const std::vector<std::string>& events) {
+  std::string content;
+  for (const std::string& e : events) {
+    if (e == "data: [DONE]\n\n") continue;
+    const ojson chunk = ojson::parse(e.substr(6));
+    for (const ojson& choice : chunk["choices"])
+      if (choice["delta"].contains("content")) content += choice["delta"]["content"].get<std::string>();
+  }
+  return content;
+}
+
+ojson ChatBody(bool stream, int max_tokens) {
+  return {{"messages", {{{"role", "user"}, {"content", "Tell me a story"}}}},
+          {"stream", stream},
+          {"seed", 11},
+          {"temperature", 0},  // greedy: the same text whether the prompt's cache is reused or not
+          {"max_tokens", max_tokens}};
+}
+
+}  // namespace
+
+TEST_CASE("reply: a stream's events reach the writer as they are made, the text of the whole reply", "[reply]") {
+  Fixture f;
+  auto scheduler = f.NewScheduler(1);
+  scheduler->Start();
+  const m3::RequestDefaults defaults;
+  const std::string model = "tiny";
+  const m3::ReplyContext context{*f.text, *scheduler, defaults, model};
+
+  m3::PreparedReply streamed = m3::Reply::Prepare(m3::Api::kChatCompletions, ChatBody(true, 8), "a", context);
+  REQUIRE(streamed.reply);
+  CHECK(streamed.seed == 11u);
+  CHECK(streamed.reply->id() == "chatcmpl-a");
+  CHECK(streamed.reply->stream());
+  Ends ends;
+  streamed.reply->Submit(ends.Callback());
+  std::vector<std::string> events;
+  // The opening events come at once; then each wait ends with what the scheduler handed over: a
+  // guard of minutes is never waited out (a missed wake-up would hang here).
+  CHECK_FALSE(streamed.reply->TakeEvents(&events, std::chrono::minutes(10)));
+  REQUIRE(events.size() == 1);
+  CHECK_THAT(events[0], Contains("\"role\":\"assistant\""));
+  const auto start = std::chrono::steady_clock::now();
+  size_t takes = 0;
+  while (!streamed.reply->TakeEvents(&events, std::chrono::minutes(10))) ++takes;
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::minutes(5));
+  CHECK(takes >= 1);
+  CHECK(events.back() == "data: [DONE]\n\n");
+  CHECK_THAT(events[events.size() - 2], Contains("\"finish_reason\":\""));
+  CHECK(ends.choices == 1);
+  CHECK(ends.last == 1);
+
+  // The same request whole: the same text (the same seed).
+  m3::PreparedReply whole = m3::Reply::Prepare(m3::Api::kChatCompletions, ChatBody(false, 8), "b", context);
+  REQUIRE(whole.reply);
+  whole.reply->Submit(ends.Callback());
+  while (!whole.reply->WaitEnded(std::chrono::minutes(10))) {
+  }
+  auto text = whole.reply->Whole();
+  REQUIRE(text.ok());
+  const ojson response = ojson::parse(*text);
+  CHECK(response["id"] == "chatcmpl-b");
+  CHECK(response["choices"][0]["message"]["content"] == StreamedContent(events));
+  scheduler->Stop();
+}
+
+TEST_CASE("reply: a stopped stream ends with the reason at once, a refused request says why", "[reply]") {
+  Fixture f;
+  auto scheduler = f.NewScheduler(1);
+  scheduler->Start();
+  const m3::RequestDefaults defaults;
+  const std::string model = "tiny";
+  const m3::ReplyContext context{*f.text, *scheduler, defaults, model};
+
+  m3::PreparedReply r = m3::Reply::Prepare(m3::Api::kMessages,
+                                           {{"model", "m3"},
+                                            {"max_tokens", 300},
+                                            {"stream", true},
+                                            {"messages", {{{"role", "user"}, {"content", "A long story, please"}}}}},
+                                           "s", context);
+  REQUIRE(r.reply);
+  CHECK(r.reply->id() == "msg_s");
+  Ends ends;
+  r.reply->Submit(ends.Callback());
+  std::vector<std::string> events;
+  CHECK_FALSE(r.reply->TakeEvents(&events, std::chrono::minutes(10)));
+  CHECK(events[0].rfind("event: message_start", 0) == 0);
+  r.reply->Stop(m3::Status(m3::StatusCode::kUnavailable, "the server is shutting down"));
+  events.clear();
+  REQUIRE(r.reply->TakeEvents(&events, std::chrono::minutes(10)));
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].rfind("event: error\n", 0) == 0);
+  CHECK_THAT(events[0], Contains("overloaded_error"));
+  CHECK_THAT(events[0], Contains("the server is shutting down"));
+  while (ends.last == 0) std::this_thread::yield();  // the choice stops at its next step
+  CHECK(ends.choices == 1);
+
+  // Refused: a body that is no request (no seed yet), and one whose reply cannot fit its format.
+  m3::PreparedReply bad = m3::Reply::Prepare(m3::Api::kChatCompletions, {{"messages", 3}}, "x", context);
+  CHECK_FALSE(bad.reply);
+  CHECK(bad.status.code() == m3::StatusCode::kInvalidArgument);
+  CHECK_FALSE(bad.seed);
+  ojson tight = ChatBody(false, 1);
+  tight["response_format"] = {{"type", "json_object"}};
+  m3::PreparedReply short_budget = m3::Reply::Prepare(m3::Api::kChatCompletions, tight, "y", context);
+  CHECK_FALSE(short_budget.reply);
+  CHECK(m3::HttpStatus(short_budget.status) == 400);
+  CHECK_THAT(short_budget.status.message(), Contains("\"max_tokens\" is 1"));
+  CHECK(short_budget.seed == 11u);
+  scheduler->Stop();
 }
 
 TEST_CASE("chat: literal content encodes a user's control-token text as plain text", "[chat]") {

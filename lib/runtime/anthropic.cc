@@ -5,8 +5,6 @@
 #include <initializer_list>
 #include <limits>
 #include <map>
-#include <mutex>
-#include <random>
 #include <set>
 
 namespace m3::anthropic {
@@ -77,13 +75,6 @@ Status ReadFloat(const ojson& body, const char* key, float* out) {
   if (!body[key].is_number()) return InvalidArgument("\"", key, "\" must be a number");
   *out = body[key].get<float>();
   return Status::Ok();
-}
-
-uint64_t FreshSeed() {  // as openai's: each request samples differently unless greedy
-  static std::random_device device;
-  static std::mutex mutex;
-  const std::lock_guard<std::mutex> lock(mutex);
-  return (static_cast<uint64_t>(device()) << 32 | device()) & ((uint64_t{1} << 53) - 1);
 }
 
 Status CheckTextBlock(const ojson& block, const std::string& where) {
@@ -182,15 +173,14 @@ StatusOr<ojson> ConvertTools(const ojson& tools) {
   return out;
 }
 
-// tool_choice into Request::tool_choice and parallel_tool_calls (OpenAI's forms).
-Status ConvertToolChoice(const ojson& choice, openai::Request* r) {
+// tool_choice into the request's tool choice and parallel tool calls.
+Status ConvertToolChoice(const ojson& choice, Request* r) {
   if (!choice.is_object() || !choice.contains("type") || !choice["type"].is_string())
     return InvalidArgument("\"tool_choice\" must be an object with a \"type\": auto, any, tool or none");
   const std::string type = choice["type"].get<std::string>();
   if (type == "none") {
     M3_RETURN_IF_ERROR(CheckKeys(choice, "tool_choice", {"type"}));
-    r->tools = nullptr;       // as the OpenAI parser does: the model is not offered the tools, so it
-    r->tool_choice = "auto";  // answers freely
+    r->tools = nullptr;  // as the OpenAI parser does: the model is not offered the tools, so it answers freely
     return Status::Ok();
   }
   if (type != "auto" && type != "any" && type != "tool")
@@ -199,24 +189,24 @@ Status ConvertToolChoice(const ojson& choice, openai::Request* r) {
   if (Present(choice, "disable_parallel_tool_use")) {
     if (!choice["disable_parallel_tool_use"].is_boolean())
       return InvalidArgument("\"tool_choice.disable_parallel_tool_use\" must be true or false");
-    r->parallel_tool_calls = !choice["disable_parallel_tool_use"].get<bool>();
+    r->output.parallel_tool_calls = !choice["disable_parallel_tool_use"].get<bool>();
   }
   if (type == "auto") {
     if (Present(choice, "name")) return InvalidArgument("\"tool_choice.name\" goes with type \"tool\" only");
-    r->tool_choice = "auto";
     return Status::Ok();
   }
   if (!r->tools.is_array() || r->tools.empty())
     return InvalidArgument("\"tool_choice\" of type \"", type, "\" needs \"tools\"");
   if (type == "any") {
     if (Present(choice, "name")) return InvalidArgument("\"tool_choice.name\" goes with type \"tool\" only");
-    r->tool_choice = "required";
+    r->output.tool_choice = OutputSpec::ToolChoice::kRequired;
     return Status::Ok();
   }
   M3_ASSIGN_OR_RETURN(const std::string name, ReadString(choice, "name", "tool_choice"));
   if (std::none_of(r->tools.begin(), r->tools.end(), [&](const ojson& t) { return t["function"]["name"] == name; }))
     return InvalidArgument("\"tool_choice.name\" '", name, "' is not one of the tools");
-  r->tool_choice = {{"type", "function"}, {"function", {{"name", name}}}};
+  r->output.tool_choice = OutputSpec::ToolChoice::kNamed;
+  r->output.tool_name = name;
   return Status::Ok();
 }
 
@@ -246,8 +236,8 @@ StatusOr<std::string> ThinkingMode(const ojson& body, int* budget) {
   return type;
 }
 
-// output_config: format (a JSON schema the answer must follow) into Request::response_format.
-Status ConvertOutputConfig(const ojson& body, openai::Request* r) {
+// output_config: format (a JSON schema the answer must follow) into the request's output.
+Status ConvertOutputConfig(const ojson& body, Request* r) {
   if (!Present(body, "output_config")) return Status::Ok();
   const ojson& c = body["output_config"];
   if (!c.is_object()) return InvalidArgument("\"output_config\" must be an object");
@@ -258,8 +248,8 @@ Status ConvertOutputConfig(const ojson& body, openai::Request* r) {
       !f["schema"].is_object())
     return InvalidArgument("\"output_config.format\" must be {\"type\": \"json_schema\", \"schema\": {...}}");
   M3_RETURN_IF_ERROR(CheckKeys(f, "output_config.format", {"type", "schema"}));
-  r->response_format = {{"type", "json_schema"},
-                        {"json_schema", {{"name", "output"}, {"schema", f["schema"]}, {"strict", true}}}};
+  r->output.answer = OutputSpec::Answer::kJsonSchema;
+  r->output.schema = f["schema"];
   return Status::Ok();
 }
 
@@ -408,7 +398,7 @@ ojson ToolUseBlock(const ToolCall& call) {
 
 bool IsMessagesPath(const std::string& path) { return path == "/v1/messages" || path.rfind("/v1/messages/", 0) == 0; }
 
-StatusOr<openai::Request> ParseMessagesRequest(const ojson& body, const openai::Defaults& defaults, bool count_tokens) {
+StatusOr<Request> ParseMessagesRequest(const ojson& body, const RequestDefaults& defaults, bool count_tokens) {
   if (!body.is_object()) return InvalidArgument("the request body must be a JSON object");
   if (count_tokens) {
     M3_RETURN_IF_ERROR(CheckKeys(
@@ -421,8 +411,9 @@ StatusOr<openai::Request> ParseMessagesRequest(const ojson& body, const openai::
          "top_k", "stream", "metadata", "thinking", "cache_control", "service_tier", "output_config"},
         /*strict=*/true));
   }
-  openai::Request r;
+  Request r;
   r.chat = true;
+  r.tool_call_id_prefix = kToolUseIdPrefix;
   r.sampling = defaults.sampling;
   r.sampling.seed = FreshSeed();
   r.max_tokens = defaults.max_tokens;
@@ -469,7 +460,7 @@ StatusOr<openai::Request> ParseMessagesRequest(const ojson& body, const openai::
   if (Present(body, "system")) {
     M3_ASSIGN_OR_RETURN(system, TextContent(body["system"], "system"));
   }
-  M3_ASSIGN_OR_RETURN(const std::string mode, ThinkingMode(body, &r.reasoning_budget));
+  M3_ASSIGN_OR_RETURN(const std::string mode, ThinkingMode(body, &r.output.reasoning_budget));
   r.template_options = {{"thinking_mode", mode}};
   r.tools = nullptr;
   if (Present(body, "tools")) {
@@ -480,12 +471,12 @@ StatusOr<openai::Request> ParseMessagesRequest(const ojson& body, const openai::
   M3_RETURN_IF_ERROR(ConvertOutputConfig(body, &r));
   if (!body.contains("messages")) return InvalidArgument("\"messages\" is required");
   M3_ASSIGN_OR_RETURN(r.messages, ConvertMessages(body["messages"], std::move(system)));
-  // openai::TurnInputs refuses stop strings with a constrained reply too, but by OpenAI's name.
-  if (!r.stop.empty() && (r.tool_choice != "auto" || !r.response_format.is_null()))
-    return InvalidArgument(
-        "\"stop_sequences\" cannot be combined with ",
-        r.tool_choice != "auto" ? "a forced tool call (\"tool_choice\")" : "\"output_config.format\"",
-        ": a stop sequence would cut the reply short of its format");
+  // TurnInputs refuses stop strings with a constrained reply too, but by OpenAI's name.
+  const bool forced = r.output.tool_choice != OutputSpec::ToolChoice::kAuto;
+  if (!r.stop.empty() && (forced || r.output.answer != OutputSpec::Answer::kFree))
+    return InvalidArgument("\"stop_sequences\" cannot be combined with ",
+                           forced ? "a forced tool call (\"tool_choice\")" : "\"output_config.format\"",
+                           ": a stop sequence would cut the reply short of its format");
   return r;
 }
 
@@ -529,7 +520,7 @@ ojson MessageResponse(const std::string& id, const std::string& model, const Par
           {"usage", Usage(stats)}};
 }
 
-StatusOr<ojson> WholeMessage(const std::string& id, const std::string& model, const openai::ChoiceResult& choice) {
+StatusOr<ojson> WholeMessage(const std::string& id, const std::string& model, const ChoiceResult& choice) {
   M3_RETURN_IF_ERROR(choice.status);
   return MessageResponse(id, model, choice.output, choice.stats);
 }
@@ -638,5 +629,49 @@ ojson ErrorBody(const std::string& message, int http_status) {
 }
 
 Event ErrorEvent(const std::string& message, int http_status) { return {"error", ErrorBody(message, http_status)}; }
+
+StatusOr<ojson> CountTokens(const ChatText& text, const ojson& body, const RequestDefaults& defaults) {
+  StatusOr<Request> r = ParseMessagesRequest(body, defaults, /*count_tokens=*/true);
+  if (!r.ok()) return Status(StatusCode::kInvalidArgument, r.status().message());  // the body's fault
+  TurnOptions turn;
+  M3_ASSIGN_OR_RETURN(const std::vector<int32_t> ids, TurnInputs(text, *r, "count", SIZE_MAX, &turn));
+  return ojson{{"input_tokens", ids.size()}};
+}
+
+namespace {
+
+// Anthropic's reply (NewReplyFormat).
+class MessageReply final : public ReplyFormat {
+ public:
+  MessageReply(std::string id, std::string model, size_t prompt_tokens)
+      : id_(std::move(id)), model_(std::move(model)), stream_(id_, model_, prompt_tokens) {}
+
+  void Open(std::vector<std::string>* events) override { Add(stream_.Start(), events); }
+  void Piece(size_t, const TurnDelta& d, std::vector<std::string>* events) override { Add(stream_.Next(d), events); }
+  void ChoiceEnd(size_t, const ChoiceResult& result, std::vector<std::string>* events) override {
+    Add(stream_.Finish(result.stats, result.output), events);
+  }
+  void Close(const std::vector<ChoiceResult>&, std::vector<std::string>*) override {}
+  void Fail(const Status& why, std::vector<std::string>* events) override {
+    events->push_back(ErrorEvent(why.message(), HttpStatus(why)).Text());
+  }
+  StatusOr<std::string> Whole(const std::vector<ChoiceResult>& choices) override {
+    M3_ASSIGN_OR_RETURN(const ojson message, WholeMessage(id_, model_, choices.at(0)));
+    return JsonText(message);
+  }
+
+ private:
+  static void Add(const std::vector<Event>& more, std::vector<std::string>* events) {
+    for (const Event& e : more) events->push_back(e.Text());
+  }
+  const std::string id_, model_;
+  MessageStream stream_;
+};
+
+}  // namespace
+
+std::unique_ptr<ReplyFormat> NewReplyFormat(std::string id, std::string model, size_t prompt_tokens) {
+  return std::make_unique<MessageReply>(std::move(id), std::move(model), prompt_tokens);
+}
 
 }  // namespace m3::anthropic

@@ -1,8 +1,9 @@
 // The Anthropic Messages API of `m3 serve`: POST /v1/messages and /v1/messages/count_tokens. A
-// request body is mapped onto openai::Request, so that the same template, scheduler and output
-// parser serve both APIs, and a turn's output is formatted as a Message or as the stream's events
-// (message_start, content_block_start / _delta / _stop per block, message_delta, message_stop).
-// No HTTP here (cli/cmd_serve.cc); pure functions, unit-tested in tests/test_anthropic.cc.
+// request body is read into the vendor-neutral Request (runtime/request.h), so that the same
+// template, scheduler and output parser serve both APIs, and a turn's output is formatted as a
+// Message or as the stream's events (message_start, content_block_start / _delta / _stop per
+// block, message_delta, message_stop). No HTTP here (cli/serve_anthropic.cc); unit-tested in
+// tests/test_anthropic.cc.
 //
 // The mapping: `system` (a string or text blocks) and leading system-role messages become the one
 // system message the template renders; a user message's tool_result blocks become `tool`
@@ -11,19 +12,22 @@
 // reasoning_content, its text the content, its tool_use blocks tool_calls (arguments as
 // objects). Text blocks of one message are joined with a blank line. `thinking` sets the
 // template's thinking_mode: enabled, adaptive, or disabled (also when absent, as Anthropic's
-// default is no thinking). tool_choice goes into Request::tool_choice in OpenAI's form ("none"
-// withholds the tools, as the OpenAI parser does), disable_parallel_tool_use into
-// parallel_tool_calls, output_config.format into a json_schema response_format: openai::TurnInputs
-// makes the turn's constraint from them (lib/constrain), as for the OpenAI endpoint.
+// default is no thinking), and its budget_tokens the reasoning budget. tool_choice goes into
+// Request::output ("none" withholds the tools, as the OpenAI parser does),
+// disable_parallel_tool_use into its parallel_tool_calls, output_config.format into its JSON
+// schema: TurnInputs makes the turn's constraint from them (lib/constrain), as for the OpenAI
+// endpoint. Tool-use ids are "toolu_<message id>_<k>".
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "runtime/chat.h"
-#include "runtime/openai.h"
+#include "runtime/reply.h"
+#include "runtime/request.h"
 
 namespace m3::anthropic {
 
@@ -40,11 +44,14 @@ inline constexpr size_t kMaxStopSequences = 64;
 // malformed, unknown or unsupported one: image and document blocks (a text-only model),
 // redacted_thinking (encrypted by another provider's model), server tools, an assistant message
 // last (prefill), tool results that answer no call or leave one unanswered.
-StatusOr<openai::Request> ParseMessagesRequest(const ojson& body, const openai::Defaults& defaults,
-                                               bool count_tokens = false);
+StatusOr<Request> ParseMessagesRequest(const ojson& body, const RequestDefaults& defaults, bool count_tokens = false);
 
 // Tool-use ids of a turn are this + the request's id + "_" + n.
 inline constexpr const char* kToolUseIdPrefix = "toolu_";
+
+// POST /v1/messages/count_tokens: {"input_tokens": the length of the prompt the template renders}
+// (no model pass); InvalidArgument naming the field for a bad body.
+StatusOr<ojson> CountTokens(const ChatText& text, const ojson& body, const RequestDefaults& defaults);
 
 // "tool_use" when the turn ended on its own with tool calls, "stop_sequence" at a stop sequence,
 // "max_tokens" at the token budget, "model_context_window_exceeded" at the context limit,
@@ -64,7 +71,7 @@ ojson ContentBlocks(const ParsedOutput& out);
 ojson MessageResponse(const std::string& id, const std::string& model, const ParsedOutput& out,
                       const GenerateStats& stats);
 // The reply to a request from its one choice once it has ended, or the choice's failure.
-StatusOr<ojson> WholeMessage(const std::string& id, const std::string& model, const openai::ChoiceResult& choice);
+StatusOr<ojson> WholeMessage(const std::string& id, const std::string& model, const ChoiceResult& choice);
 
 // One server-sent event: "event: <name>\ndata: <json>\n\n".
 struct Event {
@@ -103,5 +110,9 @@ class MessageStream {
 ojson ErrorBody(const std::string& message, int http_status);
 // The same as a stream's `error` event.
 Event ErrorEvent(const std::string& message, int http_status);
+
+// The reply to a request's one choice (runtime/reply.h): whole as MessageResponse, or streamed as
+// MessageStream's events, ErrorEvent when it fails.
+std::unique_ptr<ReplyFormat> NewReplyFormat(std::string id, std::string model, size_t prompt_tokens);
 
 }  // namespace m3::anthropic

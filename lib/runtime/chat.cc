@@ -114,7 +114,7 @@ StatusOr<std::vector<int32_t>> ChatText::TurnPrompt(const ojson& messages, const
     M3_ASSIGN_OR_RETURN(rendered, Render(messages, tools, options));
   }
   turn->start = OutputStart(rendered);
-  turn->tools = nlohmann::json::parse(tools.dump());  // the parser takes unordered json
+  turn->tools = nlohmann::json(tools);  // the parser takes unordered json: converted node by node
   return tokenizer_->Encode(rendered, literal);
 }
 

@@ -5,8 +5,6 @@
 #include <climits>
 #include <initializer_list>
 #include <limits>
-#include <mutex>
-#include <random>
 
 #include "text/byte_level.h"
 
@@ -45,15 +43,8 @@ Status ReadBool(const ojson& body, const char* key, bool* out) {
   return Status::Ok();
 }
 
-uint64_t FreshSeed() {
-  static std::random_device device;
-  static std::mutex mutex;
-  const std::lock_guard<std::mutex> lock(mutex);
-  return (static_cast<uint64_t>(device()) << 32 | device()) & ((uint64_t{1} << 53) - 1);  // exact as a JSON number
-}
-
 // The fields both endpoints share: sampling, budget, streaming, and what is not supported.
-Status ReadCommon(const ojson& body, const Defaults& defaults, Request* r) {
+Status ReadCommon(const ojson& body, const RequestDefaults& defaults, Request* r) {
   if (!body.is_object()) return InvalidArgument("the request body must be a JSON object");
   r->sampling = defaults.sampling;
   r->max_tokens = defaults.max_tokens;
@@ -195,7 +186,8 @@ Status ReadOutputFormat(const ojson& body, Request* r) {
   if (body.contains("grammar") && !body["grammar"].is_null()) {
     if (!body["grammar"].is_string() || body["grammar"].get<std::string>().empty())
       return InvalidArgument("\"grammar\" must be a non-empty string (GBNF, root rule \"root\")");
-    r->grammar = body["grammar"].get<std::string>();
+    r->output.grammar = body["grammar"].get<std::string>();
+    r->output.answer = OutputSpec::Answer::kGrammar;
   }
   if (!body.contains("response_format") || body["response_format"].is_null()) return Status::Ok();
   const ojson& f = body["response_format"];
@@ -225,8 +217,14 @@ Status ReadOutputFormat(const ojson& body, Request* r) {
   } else if (f.contains("json_schema")) {
     return InvalidArgument("\"response_format.json_schema\" needs \"type\": \"json_schema\"");
   }
-  if (!r->grammar.empty()) return InvalidArgument("\"grammar\" and a JSON \"response_format\" cannot both be given");
-  r->response_format = f;
+  if (r->output.answer == OutputSpec::Answer::kGrammar)
+    return InvalidArgument("\"grammar\" and a JSON \"response_format\" cannot both be given");
+  if (type == "json_object") {
+    r->output.answer = OutputSpec::Answer::kJsonObject;
+  } else {
+    r->output.answer = OutputSpec::Answer::kJsonSchema;
+    r->output.schema = f["json_schema"]["schema"];
+  }
   return Status::Ok();
 }
 
@@ -256,20 +254,21 @@ Status CheckTools(const ojson& tools) {
 
 // "tool_choice": "auto", "none" (the tools are then not offered), "required", or one named
 // function, which must be among the tools.
-Status CheckToolChoice(Request* r) {
-  const ojson& c = r->tool_choice;
+Status ReadToolChoice(const ojson& body, Request* r) {
+  if (!body.contains("tool_choice") || body["tool_choice"].is_null()) return Status::Ok();
+  const ojson& c = body["tool_choice"];
   if (c.is_object() && c.contains("type") && c["type"].is_string() && c["type"] != "function")
     return InvalidArgument("\"tool_choice.type\" '", c["type"].get<std::string>(),
                            "' is not supported (\"auto\", \"none\", \"required\" or a named function)");
   if (c == "none") {
     r->tools = nullptr;  // the model is not offered the tools
-    r->tool_choice = "auto";
     return Status::Ok();
   }
   if (c == "auto") return Status::Ok();
   const bool has_tools = r->tools.is_array() && !r->tools.empty();
   if (c == "required") {
     if (!has_tools) return InvalidArgument("\"tool_choice\" \"required\" needs \"tools\"");
+    r->output.tool_choice = OutputSpec::ToolChoice::kRequired;
     return Status::Ok();
   }
   if (!c.is_object() || c.value("type", std::string()) != "function" || !c.contains("function") ||
@@ -280,8 +279,11 @@ Status CheckToolChoice(Request* r) {
   const std::string name = c["function"]["name"].get<std::string>();
   if (has_tools)
     for (const ojson& t : r->tools)
-      if (t.is_object() && t.contains("function") && t["function"].is_object() && t["function"].value("name", "") == name)
+      if (t.is_object() && t.contains("function") && t["function"].is_object() && t["function"].value("name", "") == name) {
+        r->output.tool_choice = OutputSpec::ToolChoice::kNamed;
+        r->output.tool_name = name;
         return Status::Ok();
+      }
   return InvalidArgument("\"tool_choice.function.name\" '", name, "' is not one of the request's tools");
 }
 
@@ -345,71 +347,9 @@ ojson Envelope(const std::string& id, const char* object, int64_t created, const
 
 ojson ChatChoice(size_t index, const ParsedOutput& out, const GenerateStats& stats, const ojson& logprobs);
 
-// The request field that asks for constrained output, for messages.
-std::string ConstraintField(const Request& r) {
-  if (r.chat && r.tool_choice != "auto") return "\"tool_choice\"";
-  if (!r.grammar.empty()) return "\"grammar\"";
-  if (r.response_format.is_object()) return "\"response_format\"";
-  return "\"tools\" (strict)";
-}
-
-// The turn's constraint: a forced tool call (tool_choice "required" or named), a grammar, a JSON
-// response_format, and tool calls under their schemas when any tool is strict (then every tool's
-// schema must compile: the model may call any of them).
-StatusOr<OutputConstraint> BuildConstraint(const ChatText& text, const Request& r) {
-  OutputConstraint c;
-  const bool forced = r.chat && r.tool_choice != "auto";
-  const bool json = r.response_format.is_object() && r.response_format.value("type", "text") != "text";
-  bool strict = false;
-  std::vector<constrain::ToolSpec> tools;
-  if (r.chat && r.tools.is_array()) {
-    for (size_t i = 0; i < r.tools.size(); ++i) {
-      const ojson& t = r.tools[i];
-      const ojson* f = t.is_object() && t.contains("function") && t["function"].is_object() ? &t["function"] : nullptr;
-      if (!f || !f->contains("name") || !(*f)["name"].is_string())
-        return InvalidArgument("\"tools[", i, "].function.name\" is missing (a tool is {\"type\": \"function\", "
-                               "\"function\": {\"name\", \"parameters\"}})");
-      const ojson strict_field = f->value("strict", ojson(false));
-      strict = strict || strict_field == true;
-      const std::string name = (*f)["name"].get<std::string>();
-      if (r.tool_choice.is_object() && r.tool_choice["function"]["name"] != name) continue;
-      const ojson params = f->contains("parameters") && !(*f)["parameters"].is_null()
-                               ? (*f)["parameters"]
-                               : ojson{{"type", "object"}, {"properties", ojson::object()}};
-      tools.push_back({name, nlohmann::json::parse(params.dump())});
-    }
-  }
-  c.reasoning_budget = static_cast<size_t>(std::max(0, r.reasoning_budget));
-  if (!forced && !json && r.grammar.empty() && !strict) return c;
-  c.vocab = text.vocab_index();
-  if (forced || strict) {
-    M3_ASSIGN_OR_RETURN(const constrain::MarkupTokens markup, constrain::MarkupTokens::From(text.tokenizer()));
-    auto g = constrain::CompileToolCalls(tools, markup, !r.parallel_tool_calls);
-    if (!g.ok()) return InvalidArgument("\"tools\": ", g.status().message());
-    if (forced) {
-      c.answer = *g;
-      c.answer_is_markup = true;
-      return c;
-    }
-    c.tool_block = *g;
-  }
-  if (!r.grammar.empty()) {
-    auto g = CompileUserGrammar(r.grammar, *c.vocab);
-    if (!g.ok()) return InvalidArgument("\"grammar\": ", g.status().message());
-    c.answer = *g;
-  } else if (json && r.response_format["type"] == "json_object") {
-    c.answer = constrain::AnyJsonObject();
-  } else if (json) {
-    auto g = constrain::CompileJsonSchema(nlohmann::json::parse(r.response_format["json_schema"]["schema"].dump()));
-    if (!g.ok()) return InvalidArgument("\"response_format.json_schema.schema\": ", g.status().message());
-    c.answer = *g;
-  }
-  return c;
-}
-
 }  // namespace
 
-StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults) {
+StatusOr<Request> ParseChatRequest(const ojson& body, const RequestDefaults& defaults) {
   Request r;
   r.chat = true;
   M3_RETURN_IF_ERROR(ReadCommon(body, defaults, &r));
@@ -418,13 +358,12 @@ StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults) 
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     return InvalidArgument("\"messages\" must be a non-empty array");
   M3_RETURN_IF_ERROR(CheckMessages(body["messages"]));
-  M3_RETURN_IF_ERROR(ReadBool(body, "parallel_tool_calls", &r.parallel_tool_calls));
+  M3_RETURN_IF_ERROR(ReadBool(body, "parallel_tool_calls", &r.output.parallel_tool_calls));
   r.messages = body["messages"];
   M3_RETURN_IF_ERROR(ArgumentsToObjects(r.messages));
   r.tools = body.contains("tools") ? body["tools"] : ojson(nullptr);
   M3_RETURN_IF_ERROR(CheckTools(r.tools));
-  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) r.tool_choice = body["tool_choice"];
-  M3_RETURN_IF_ERROR(CheckToolChoice(&r));
+  M3_RETURN_IF_ERROR(ReadToolChoice(body, &r));
   if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
     if (!body["chat_template_kwargs"].is_object()) return InvalidArgument("\"chat_template_kwargs\" must be an object");
     r.template_options = body["chat_template_kwargs"];
@@ -435,7 +374,7 @@ StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults) 
   return r;
 }
 
-StatusOr<Request> ParseCompletionRequest(const ojson& body, const Defaults& defaults) {
+StatusOr<Request> ParseCompletionRequest(const ojson& body, const RequestDefaults& defaults) {
   Request r;
   r.chat = false;
   M3_RETURN_IF_ERROR(ReadCommon(body, defaults, &r));
@@ -675,16 +614,6 @@ GenerateStats RequestUsage(const Request& r, const std::vector<ChoiceResult>& ch
   return total;
 }
 
-size_t ChoiceCount(const Request& r) {
-  return (r.chat ? 1 : r.prompts.size()) * static_cast<size_t>(r.n);
-}
-
-SamplingParams ChoiceSampling(const Request& r, size_t choice) {
-  SamplingParams p = r.sampling;
-  p.seed += choice % static_cast<size_t>(r.n);
-  return p;
-}
-
 ojson UsageChunk(const std::string& id, int64_t created, const std::string& model, bool chat,
                  const GenerateStats& stats) {
   ojson r = Envelope(id, chat ? "chat.completion.chunk" : "text_completion", created, model);
@@ -720,63 +649,74 @@ ojson ErrorBody(const std::string& message, int http_status) {
             {"code", code ? ojson(code) : ojson(nullptr)}}}};
 }
 
-StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,
-                                          size_t max_context, TurnOptions* turn, size_t choice) {
-  const size_t prompt_index = choice / static_cast<size_t>(r.n);
-  turn->raw = !r.chat;
-  turn->generate = GenerateOptions{r.max_tokens, text.stop_ids(), r.lookup};
-  turn->tool_call_id_prefix = "call_" + id + "_" + (choice > 0 ? std::to_string(choice) + "_" : "");
-  turn->stop_strings = r.stop;
-  turn->top_logprobs = r.logprobs;
-  turn->prompt_logprobs = !r.chat && r.echo && r.logprobs >= 0;
-  std::vector<int32_t> ids;
-  if (r.chat) {
-    M3_ASSIGN_OR_RETURN(ids, text.TurnPrompt(r.messages, r.tools, r.template_options, turn, r.literal_content));
-  } else if (prompt_index >= r.prompts.size()) {
-    return InvalidArgument("no prompt ", prompt_index, " in a request of ", r.prompts.size());
-  } else if (const CompletionPrompt& p = r.prompts[prompt_index]; !p.text.empty()) {
-    ids = text.tokenizer().Encode(p.text);
-  } else {
-    ids = p.ids;
-    for (const int32_t t : ids)
-      if (static_cast<size_t>(t) >= text.tokenizer().vocab_size())
-        return InvalidArgument("\"prompt\": token id ", t, " is outside the vocabulary (", text.tokenizer().vocab_size(),
-                               " ids)");
+namespace {
+
+// OpenAI's reply (NewReplyFormat): each event "data: <chunk>\n\n".
+class OpenAIReply final : public ReplyFormat {
+ public:
+  OpenAIReply(const Tokenizer& tokenizer, const Request& r, const std::vector<ChoiceResult>& choices, std::string id,
+              int64_t created, std::string model)
+      : tokenizer_(tokenizer), r_(r), id_(std::move(id)), created_(created), model_(std::move(model)) {
+    for (size_t c = 0; c < choices.size(); ++c)
+      pieces_.emplace_back(std::make_unique<ChoicePieces>(tokenizer, r, choices[c].prompt, c));
   }
-  if (ids.empty()) return InvalidArgument("the prompt encodes to no tokens");
-  if (ids.size() > max_context)
-    return OutOfRange("the prompt has ", ids.size(), " tokens but the context limit is ", max_context);
-  M3_ASSIGN_OR_RETURN(turn->constraint, BuildConstraint(text, r));
-  if (turn->constraint.answer || turn->constraint.tool_block) {
-    // A reply under a constraint is complete and valid whatever the model, if it has the room.
-    if (!r.stop.empty())
-      return InvalidArgument("\"stop\" cannot be combined with constrained output (", ConstraintField(r),
-                             "): a stop string would cut the reply short of its format");
-    const size_t need = MinTurnTokens(turn->constraint, turn->start);
-    if (static_cast<size_t>(r.max_tokens) < need)
-      return InvalidArgument("\"max_tokens\" is ", r.max_tokens, " but a reply in the format ", ConstraintField(r),
-                             " asks for needs at least ", need, " tokens");
-    if (ids.size() + need > max_context + 1)
-      return OutOfRange("the prompt has ", ids.size(), " tokens and a reply in the format ", ConstraintField(r),
-                        " asks for needs at least ", need, ", past the context limit of ", max_context);
+
+  void Open(std::vector<std::string>* events) override {
+    for (size_t c = 0; c < pieces_.size() && r_.chat; ++c)
+      Add(ChatChunk(id_, created_, model_, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr, c), events);
   }
-  return ids;
+  void Piece(size_t choice, const TurnDelta& d, std::vector<std::string>* events) override {
+    AddPiece(choice, pieces_[choice]->Next(d), events);
+  }
+  void ChoiceEnd(size_t choice, const ChoiceResult& result, std::vector<std::string>* events) override {
+    if (const ojson last = pieces_[choice]->Last(); !last.is_null()) AddPiece(choice, last, events);
+    const std::string reason = FinishReason(result.stats, result.output);
+    Add(r_.chat ? ChatChunk(id_, created_, model_, ojson::object(), reason, nullptr, choice)
+                : CompletionChunk(id_, created_, model_, "", reason, nullptr, choice),
+        events);
+  }
+  void Close(const std::vector<ChoiceResult>& choices, std::vector<std::string>* events) override {
+    if (r_.include_usage) Add(UsageChunk(id_, created_, model_, r_.chat, RequestUsage(r_, choices)), events);
+    events->push_back(kDone);
+  }
+  void Fail(const Status& why, std::vector<std::string>* events) override {
+    Add(ErrorBody(why.message(), HttpStatus(why)), events);
+    events->push_back(kDone);
+  }
+  StatusOr<std::string> Whole(const std::vector<ChoiceResult>& choices) override {
+    M3_ASSIGN_OR_RETURN(const ojson response, WholeResponse(tokenizer_, r_, id_, created_, model_, choices));
+    return JsonText(response);
+  }
+
+ private:
+  static constexpr const char* kDone = "data: [DONE]\n\n";
+  static void Add(const ojson& chunk, std::vector<std::string>* events) {
+    events->push_back("data: " + JsonText(chunk) + "\n\n");
+  }
+  void AddPiece(size_t choice, const ojson& piece, std::vector<std::string>* events) const {
+    Add(r_.chat ? ChatChunk(id_, created_, model_, piece["delta"], nullptr, piece["logprobs"], choice)
+                : CompletionChunk(id_, created_, model_, piece["text"], nullptr, piece["logprobs"], choice),
+        events);
+  }
+
+  const Tokenizer& tokenizer_;
+  const Request& r_;
+  const std::string id_;
+  const int64_t created_;
+  const std::string model_;
+  std::vector<std::unique_ptr<ChoicePieces>> pieces_;  // of each choice
+};
+
+}  // namespace
+
+std::unique_ptr<ReplyFormat> NewReplyFormat(const Tokenizer& tokenizer, const Request& r,
+                                            const std::vector<ChoiceResult>& choices, std::string id,
+                                            int64_t created, std::string model) {
+  return std::make_unique<OpenAIReply>(tokenizer, r, choices, std::move(id), created, std::move(model));
 }
 
-int HttpStatus(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kOutOfRange:
-      return 400;
-    case StatusCode::kOutOfMemory:  // memory others hold now (one that can never fit is kOutOfRange)
-    case StatusCode::kUnavailable:
-      return 503;
-    default:
-      return 500;
-  }
-}
-
-StatusOr<ojson> Tokenize(const ChatText& text, const ojson& body, const Defaults& defaults, size_t max_model_len) {
+StatusOr<ojson> Tokenize(const ChatText& text, const ojson& body, const RequestDefaults& defaults,
+                         size_t max_model_len) {
   if (!body.is_object()) return InvalidArgument("the request body must be a JSON object");
   static constexpr const char* kKnown[] = {"model", "content", "prompt", "messages", "tools", "chat_template_kwargs",
                                            "add_generation_prompt", "add_special", "add_special_tokens",

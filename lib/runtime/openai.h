@@ -1,9 +1,11 @@
 // The OpenAI-compatible shapes `m3 serve` speaks: /v1/chat/completions and /v1/completions
-// request bodies into a turn's inputs, and a turn's output into responses and stream chunks.
-// No HTTP here (cli/cmd_serve.cc); pure functions, unit-tested in tests/test_openai.cc.
+// request bodies into the vendor-neutral Request (runtime/request.h), and a turn's output into
+// responses and stream chunks (NewReplyFormat, for runtime/reply.h). No HTTP here
+// (cli/serve_openai.cc); unit-tested in tests/test_openai.cc.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -13,20 +15,12 @@
 #include "base/status.h"
 #include "ops/sampling.h"
 #include "runtime/chat.h"
+#include "runtime/reply.h"
+#include "runtime/request.h"
 
 namespace m3::openai {
 
 using ojson = nlohmann::ordered_json;
-
-// What a request may leave out.
-struct Defaults {
-  SamplingParams sampling{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f};  // docs/MODEL.md §6.5
-  int max_tokens = 512;
-  LookupOptions lookup;  // the server's (not a request field)
-  // The server's: chat messages' text (but the assistant's) encoded as plain text, so that a
-  // user typing "<mm:think>" cannot inject control tokens (ChatText::TurnPrompt).
-  bool literal_content = false;
-};
 
 // Most likely tokens listed with each token's log-probability (OpenAI's chat top_logprobs limit).
 inline constexpr int kMaxTopLogprobs = 20;
@@ -35,62 +29,15 @@ inline constexpr size_t kMaxPrompts = 256;
 // Choices of one prompt ("n"): each is a request of its own to the scheduler.
 inline constexpr int kMaxChoices = 16;
 
-// A completions prompt: text, or token ids when `text` is empty.
-struct CompletionPrompt {
-  std::string text;
-  std::vector<int32_t> ids;
-};
-
-struct Request {
-  bool chat = true;
-  // Chat: messages (tool-call arguments as objects, as the template takes them), tools (array or
-  // null), template variables from chat_template_kwargs (e.g. thinking_mode).
-  ojson messages, tools, template_options = ojson::object();
-  std::vector<CompletionPrompt> prompts;  // completions: n choices each
-  // Choices of each prompt, 1..kMaxChoices. Choice c (prompt-major, as OpenAI orders them) is of
-  // prompt c / n and samples with seed + c % n: the choices differ, and the request is
-  // reproducible from its seed.
-  int n = 1;
-  // Log-probabilities of the tokens, each with this many most likely tokens (chat: top_logprobs
-  // once logprobs is true; completions: logprobs); -1: not asked.
-  int logprobs = -1;
-  bool echo = false;  // completions: the prompt (text, log-probabilities) before the completion
-  std::vector<std::string> stop;  // stop strings (at most 4, none empty)
-  SamplingParams sampling;
-  int max_tokens = 0;
-  LookupOptions lookup;
-  bool literal_content = false;  // Defaults::literal_content
-  bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
-  // Constrained output (lib/constrain), chat only. tool_choice in OpenAI's form: "auto", "none",
-  // "required" or {"type": "function", "function": {"name": ...}}; response_format: null,
-  // {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema": {"name", "schema",
-  // "strict"}}; grammar: GBNF text (empty: none). The Anthropic endpoint maps onto these too.
-  ojson tool_choice = "auto";
-  bool parallel_tool_calls = true;  // false: a forced tool call is a single call
-  ojson response_format;
-  std::string grammar;
-  int reasoning_budget = 0;  // most reasoning tokens before the answer (Anthropic's thinking.budget_tokens); 0: any
-};
-
-// Parses a body; InvalidArgument naming the field for a malformed or unsupported request (n past
-// kMaxChoices, best_of, suffix, ...). Fields this server does not know
-// are ignored, as OpenAI's clients send many. A completions prompt is a string, an array of token
-// ids, or an array of those (several prompts); max_tokens may be 0 with echo (scoring a prompt).
-StatusOr<Request> ParseChatRequest(const ojson& body, const Defaults& defaults);
-StatusOr<Request> ParseCompletionRequest(const ojson& body, const Defaults& defaults);
-
-// The choices of a request (n per prompt; chat has one prompt), and the sampling of choice c.
-size_t ChoiceCount(const Request& r);
-SamplingParams ChoiceSampling(const Request& r, size_t choice);
-
-// A parsed request's prompt ids and turn options for choice `choice`: the conversation rendered by
-// `text`'s template (chat) or its completions prompt encoded, stop ids and strings, max_tokens,
-// log-probabilities, and tool-call ids "call_<id>_<k>" ("call_<id>_<choice>_<k>" past choice 0:
-// unique in the request, and across requests as `id` is). OutOfRange when the prompt is longer
-// than max_context; InvalidArgument for a token id outside the vocabulary.
-StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,
-                                          size_t max_context, TurnOptions* turn, size_t choice = 0);
+// Parses a body into the neutral request; InvalidArgument naming the field for a malformed or
+// unsupported request (n past kMaxChoices, best_of, suffix, a field this server does not act on,
+// ...). A completions prompt is a string, an array of token ids, or an array of those (several
+// prompts); max_tokens may be 0 with echo (scoring a prompt). Chat: tool_choice, parallel_tool_calls,
+// response_format ({"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+// {"name", "schema", "strict"}}) and grammar (GBNF) go into Request::output; tool_choice "none"
+// withholds the tools.
+StatusOr<Request> ParseChatRequest(const ojson& body, const RequestDefaults& defaults);
+StatusOr<Request> ParseCompletionRequest(const ojson& body, const RequestDefaults& defaults);
 
 // "tool_calls" when the turn ended on its own with tool calls, "stop" when it ended on its own
 // (or the caller stopped it), "length" at the token budget or the context limit.
@@ -151,14 +98,6 @@ struct JoinedPieces {
 ojson ChatResponse(const std::string& id, int64_t created, const std::string& model, const ParsedOutput& out,
                    const GenerateStats& stats, const ojson& logprobs = nullptr);
 
-// One choice's turn once it has ended: its prompt ids, the pieces it passed on, how it ended.
-struct ChoiceResult {
-  std::vector<int32_t> prompt;
-  std::vector<TurnDelta> deltas;
-  Status status;
-  ParsedOutput output;
-  GenerateStats stats;
-};
 // The whole (non-streamed) response to `r` from its choices, or the first failed choice's status.
 StatusOr<ojson> WholeResponse(const Tokenizer& tokenizer, const Request& r, const std::string& id, int64_t created,
                               const std::string& model, const std::vector<ChoiceResult>& choices);
@@ -190,16 +129,20 @@ GenerateStats RequestUsage(const Request& r, const std::vector<ChoiceResult>& ch
 ojson UsageChunk(const std::string& id, int64_t created, const std::string& model, bool chat,
                  const GenerateStats& stats);
 
+// The reply to `r` (chat or completions) in OpenAI's shapes: whole (WholeResponse), or streamed as
+// server-sent events "data: <chunk>" - chat first names the assistant's role of each choice; each
+// choice's pieces (ChoicePieces) and its finish_reason chunk; the usage chunk if asked; then
+// "data: [DONE]", which also follows an error body. `r` and `tokenizer` must outlive it;
+// `choices` gives each choice's prompt.
+std::unique_ptr<ReplyFormat> NewReplyFormat(const Tokenizer& tokenizer, const Request& r,
+                                            const std::vector<ChoiceResult>& choices, std::string id,
+                                            int64_t created, std::string model);
+
 // {"error": {"message", "type", "param", "code"}} as OpenAI writes it: type "invalid_request_error"
 // for 4xx, "server_error" else; param the field a message names first (in quotes) or null; code a
 // string for the statuses that have one (401 "invalid_api_key", 429 "rate_limit_exceeded", ...)
 // or null.
 ojson ErrorBody(const std::string& message, int http_status);
-// The HTTP status of a failed turn: 400 for bad requests and context overflow (a cache budget it
-// can never fit included), 503 for what may pass (memory others hold, a server draining), 500 for
-// the rest (a folder without a chat template included).
-int HttpStatus(const Status& s);
-
 // POST /tokenize, in llama.cpp's and vLLM's spellings: {"content" | "prompt": text} or {"messages",
 // "tools"?, "chat_template_kwargs"?, "add_generation_prompt"? (default true: the ids a chat
 // completion of them would run), "add_special" | "add_special_tokens"? (this tokenizer has no
@@ -208,7 +151,8 @@ int HttpStatus(const Status& s);
 // "token_strs" beside)} -> {"tokens", "count", "max_model_len"}. InvalidArgument naming the field.
 inline constexpr size_t kMaxTokenizeBytes = size_t{8} << 20;  // text of one /tokenize request
 inline constexpr size_t kMaxDetokenizeTokens = size_t{1} << 20;
-StatusOr<ojson> Tokenize(const ChatText& text, const ojson& body, const Defaults& defaults, size_t max_model_len);
+StatusOr<ojson> Tokenize(const ChatText& text, const ojson& body, const RequestDefaults& defaults,
+                         size_t max_model_len);
 // POST /detokenize: {"tokens": [ids]} -> {"content": text, "prompt": text} (llama.cpp's and vLLM's
 // names; special tokens spelled out). InvalidArgument for an id outside the vocabulary.
 StatusOr<ojson> Detokenize(const Tokenizer& tokenizer, const ojson& body);

@@ -4,6 +4,8 @@
 #include <limits>
 #include <utility>
 
+#include "runtime/chat.h"
+
 namespace m3 {
 
 MarkupIds MarkupIds::From(const Tokenizer& tokenizer) {
@@ -17,6 +19,63 @@ StatusOr<std::shared_ptr<const constrain::Grammar>> CompileUserGrammar(std::stri
   M3_ASSIGN_OR_RETURN(auto g, constrain::CompileGbnf(gbnf));
   M3_RETURN_IF_ERROR(constrain::CheckGrammarTokens(*g, vocab));
   return g;
+}
+
+StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohmann::ordered_json& tools,
+                                           const ChatText& text) {
+  using Spec = OutputSpec;
+  OutputConstraint c;
+  const bool forced = spec.tool_choice != Spec::ToolChoice::kAuto;
+  bool strict = false;
+  std::vector<constrain::ToolSpec> specs;
+  for (size_t i = 0; tools.is_array() && i < tools.size(); ++i) {
+    const nlohmann::ordered_json& t = tools[i];
+    const auto* f = t.is_object() && t.contains("function") && t["function"].is_object() ? &t["function"] : nullptr;
+    if (!f || !f->contains("name") || !(*f)["name"].is_string())
+      return InvalidArgument("\"tools[", i, "].function.name\" is missing (a tool is {\"type\": \"function\", "
+                             "\"function\": {\"name\", \"parameters\"}})");
+    strict = strict || f->value("strict", nlohmann::ordered_json(false)) == true;
+    const std::string name = (*f)["name"].get<std::string>();
+    if (spec.tool_choice == Spec::ToolChoice::kNamed && spec.tool_name != name) continue;
+    // lib/constrain reads schemas as nlohmann::json (its keys sorted): converted node by node.
+    const bool has_params = f->contains("parameters") && !(*f)["parameters"].is_null();
+    specs.push_back({name, has_params ? nlohmann::json((*f)["parameters"])
+                                      : nlohmann::json{{"type", "object"}, {"properties", nlohmann::json::object()}}});
+  }
+  c.reasoning_budget = static_cast<size_t>(std::max(0, spec.reasoning_budget));
+  if (!forced && spec.answer == Spec::Answer::kFree && !strict) return c;
+  c.vocab = text.vocab_index();
+  if (forced || strict) {
+    M3_ASSIGN_OR_RETURN(const constrain::MarkupTokens markup, constrain::MarkupTokens::From(text.tokenizer()));
+    auto g = constrain::CompileToolCalls(specs, markup, !spec.parallel_tool_calls);
+    if (!g.ok()) return InvalidArgument("\"tools\": ", g.status().message());
+    if (forced) {
+      c.answer = *g;
+      c.answer_is_markup = true;
+      return c;
+    }
+    c.tool_block = *g;
+  }
+  switch (spec.answer) {
+    case Spec::Answer::kFree:
+      break;
+    case Spec::Answer::kGrammar: {
+      auto g = CompileUserGrammar(spec.grammar, *c.vocab);
+      if (!g.ok()) return InvalidArgument("\"grammar\": ", g.status().message());
+      c.answer = *g;
+      break;
+    }
+    case Spec::Answer::kJsonObject:
+      c.answer = constrain::AnyJsonObject();
+      break;
+    case Spec::Answer::kJsonSchema: {
+      auto g = constrain::CompileJsonSchema(nlohmann::json(spec.schema));
+      if (!g.ok()) return InvalidArgument("\"response_format.json_schema.schema\": ", g.status().message());
+      c.answer = *g;
+      break;
+    }
+  }
+  return c;
 }
 
 size_t MinTurnTokens(const OutputConstraint& c, ThinkState start) {

@@ -1,7 +1,8 @@
 // Constrained output for one assistant turn (lib/constrain does the grammars and the masks): what
-// the answer must be, and the per-turn state that masks each step's logits so that the answer
-// follows it whatever the model. The reasoning before the answer stays free, but it must close in
-// time for the answer to fit the token budget.
+// a request asks its answer to be (OutputSpec), the one place that compiles that into what the
+// answer must be (BuildConstraint), and the per-turn state that masks each step's logits so that
+// the answer follows it whatever the model. The reasoning before the answer stays free, but it
+// must close in time for the answer to fit the token budget.
 #pragma once
 
 #include <cstddef>
@@ -9,8 +10,11 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "base/status.h"
 #include "constrain/constrain.h"
@@ -18,6 +22,23 @@
 #include "text/tokenizer.h"
 
 namespace m3 {
+
+class ChatText;
+
+// What a request asks of its answer, as its API said it (runtime/request.h), before it is compiled.
+struct OutputSpec {
+  // Tool calls: free (the model calls a tool or not), at least one, or one named tool.
+  enum class ToolChoice { kAuto, kRequired, kNamed };
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_name;            // kNamed: the tool the answer calls
+  bool parallel_tool_calls = true;  // false: a forced tool call is a single call
+  // The answer: free, any JSON object, JSON that follows `schema`, or text of the GBNF `grammar`.
+  enum class Answer { kFree, kJsonObject, kJsonSchema, kGrammar };
+  Answer answer = Answer::kFree;
+  nlohmann::ordered_json schema;  // kJsonSchema, as the request gave it
+  std::string grammar;            // kGrammar
+  int reasoning_budget = 0;       // most reasoning tokens before the answer; 0: any
+};
 
 struct OutputConstraint {
   // The whole answer (a JSON schema, a grammar, a forced tool call); null: the answer is free.
@@ -38,6 +59,15 @@ struct OutputConstraint {
 // token id the vocabulary lacks (it could never be finished).
 StatusOr<std::shared_ptr<const constrain::Grammar>> CompileUserGrammar(std::string_view gbnf,
                                                                        const constrain::VocabIndex& vocab);
+
+// The turn's constraint from what its request asks: a forced tool call (tool_choice required or
+// named), a grammar, a JSON answer, and tool calls under their schemas when any tool is strict
+// (then every tool's schema must compile: the model may call any of them). `tools`: the request's
+// tools in the chat template's form ([{"type": "function", "function": {"name", "parameters"?,
+// "strict"?}}], or null). InvalidArgument naming the request field at fault ("tools", "grammar",
+// "response_format.json_schema.schema").
+StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohmann::ordered_json& tools,
+                                           const ChatText& text);
 
 // The markup tokens a turn's constraint needs to know (-1 where the vocabulary lacks one).
 struct MarkupIds {
