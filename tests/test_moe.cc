@@ -414,7 +414,7 @@ TEST_CASE("models loaded in expert parts, their MoE blocks run by the pass's Moe
     REQUIRE(whole.ok());
     const size_t vocab = static_cast<size_t>((*whole)->config().vocab_size);
     std::vector<float> want(prompt.size() * vocab);
-    KvCache want_cache((*whole)->config());
+    KvCache want_cache(CacheShapeOf((*whole)->config()));
     REQUIRE((*whole)
                 ->Forward(ThreadConfig{2}, prompt.data(), prompt.size(), &want_cache, LogitsMode::kAllRows, want.data())
                 .ok());
@@ -443,7 +443,7 @@ TEST_CASE("models loaded in expert parts, their MoE blocks run by the pass's Moe
       OpContext tc(ThreadConfig{2});
       tc.moe_runner = &runner;
       std::vector<float> got(prompt.size() * vocab);
-      KvCache cache(parts[0]->config());
+      KvCache cache(CacheShapeOf(parts[0]->config()));
       REQUIRE(parts[0]->Forward(tc, prompt.data(), prompt.size(), &cache, LogitsMode::kAllRows, got.data()).ok());
       CHECK(got == want);
     }
