@@ -693,8 +693,8 @@ TEST_CASE("openai: output constraints come from the request's output, compiled i
   const m3::ChatText& text = TestChatText();
   using Answer = m3::OutputSpec::Answer;
   using Choice = m3::OutputSpec::ToolChoice;
-  const ojson tool = {{"type", "function"},
-                      {"function", {{"name", "f"}, {"parameters", {{"type", "object"}, {"properties", ojson::object()}}}}}};
+  const ojson params = {{"type", "object"}, {"properties", ojson::object()}};
+  const ojson tool = {{"type", "function"}, {"function", {{"name", "f"}, {"parameters", params}}}};
   auto spec = [](const ojson& extra) {
     auto r = openai::ParseChatRequest(Chat(extra), {});
     REQUIRE(r.ok());
@@ -709,7 +709,8 @@ TEST_CASE("openai: output constraints come from the request's output, compiled i
   CHECK(schema.schema == ojson{{"type", "integer"}});
   CHECK(spec({{"grammar", "root ::= \"a\""}}).answer == Answer::kGrammar);
   CHECK(spec({{"tools", {tool}}, {"tool_choice", "required"}}).tool_choice == Choice::kRequired);
-  const m3::OutputSpec named = spec({{"tools", {tool}}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}},
+  const m3::OutputSpec named = spec({{"tools", {tool}},
+                                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}},
                                      {"parallel_tool_calls", false}});
   CHECK(named.tool_choice == Choice::kNamed);
   CHECK(named.tool_name == "f");

@@ -239,7 +239,8 @@ ojson ChatBody(bool stream, int max_tokens) {
 
 }  // namespace
 
-TEST_CASE("reply: a stream's events reach the writer as they are made, the text of the whole reply", "[reply]") {
+TEST_CASE("scheduler: a reply's stream events reach the writer as they are made, the text of the whole reply",
+          "[scheduler][reply]") {
   Fixture f;
   auto scheduler = f.NewScheduler(1);
   scheduler->Start();
@@ -284,7 +285,8 @@ TEST_CASE("reply: a stream's events reach the writer as they are made, the text 
   scheduler->Stop();
 }
 
-TEST_CASE("reply: a stopped stream ends with the reason at once, a refused request says why", "[reply]") {
+TEST_CASE("scheduler: a stopped reply stream ends with the reason at once, a refused request says why",
+          "[scheduler][reply]") {
   Fixture f;
   auto scheduler = f.NewScheduler(1);
   scheduler->Start();

@@ -277,13 +277,15 @@ Status ReadToolChoice(const ojson& body, Request* r) {
         "\"tool_choice\" must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
         "{\"name\": ...}}");
   const std::string name = c["function"]["name"].get<std::string>();
-  if (has_tools)
-    for (const ojson& t : r->tools)
-      if (t.is_object() && t.contains("function") && t["function"].is_object() && t["function"].value("name", "") == name) {
-        r->output.tool_choice = OutputSpec::ToolChoice::kNamed;
-        r->output.tool_name = name;
-        return Status::Ok();
-      }
+  auto is_named = [&](const ojson& t) {
+    return t.is_object() && t.contains("function") && t["function"].is_object() &&
+           t["function"].value("name", "") == name;
+  };
+  if (has_tools && std::any_of(r->tools.begin(), r->tools.end(), is_named)) {
+    r->output.tool_choice = OutputSpec::ToolChoice::kNamed;
+    r->output.tool_name = name;
+    return Status::Ok();
+  }
   return InvalidArgument("\"tool_choice.function.name\" '", name, "' is not one of the request's tools");
 }
 
