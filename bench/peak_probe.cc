@@ -92,6 +92,8 @@ HWY_AFTER_NAMESPACE();
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+#include "simd/amx_tiles.h"
+
 #define M3_PROBE_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 
 namespace m3::bench {
@@ -126,40 +128,28 @@ uint64_t Int8DotPeakVnni(uint64_t iterations) {
   return iterations * 16 * 64 * 2;
 }
 
-// AMX tile registers 0-7, each 16 rows of 64 bytes (palette 1).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 constexpr uint64_t kAmxTokens = 16, kAmxRows = 16, kAmxK = 64;  // a tdpbsud: 16 x 16 sums of 64 products
 
 // Four independent accumulator tiles keep the tile unit busy (tdpbsud, as the q8 prompt kernel).
-// The instructions by register number, through the assembler only (simd/quant_kernels_amx.cc).
+// The instructions by register number, through the assembler only (simd/amx_tiles.h).
 uint64_t AmxPeak(uint64_t iterations) {
   alignas(64) static const int8_t zeros[kAmxTokens * kAmxK] = {};
-  TileConfig cfg;
-  for (int i = 0; i < 8; ++i) {
-    cfg.colsb[i] = 64;
-    cfg.rows[i] = 16;
-  }
-  asm volatile("ldtilecfg %0" ::"m"(cfg));
-  const long stride = 64;
-  asm volatile("tileloadd (%0,%1,1), %%tmm4" ::"r"(zeros), "r"(stride) : "memory");
-  asm volatile("tileloadd (%0,%1,1), %%tmm5" ::"r"(zeros), "r"(stride) : "memory");
-  asm volatile("tileloadd (%0,%1,1), %%tmm6" ::"r"(zeros), "r"(stride) : "memory");
-  asm volatile("tileloadd (%0,%1,1), %%tmm7" ::"r"(zeros), "r"(stride) : "memory");
-  asm volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);
+  simd::x86::LoadFullTileConfig();
+  M3_TILE_LOAD(4, zeros, 64);
+  M3_TILE_LOAD(5, zeros, 64);
+  M3_TILE_LOAD(6, zeros, 64);
+  M3_TILE_LOAD(7, zeros, 64);
+  M3_TILE_ZERO(0);
+  M3_TILE_ZERO(1);
+  M3_TILE_ZERO(2);
+  M3_TILE_ZERO(3);
   for (uint64_t it = 0; it < iterations; ++it) {
-    asm volatile("tdpbsud %%tmm6, %%tmm4, %%tmm0" ::);
-    asm volatile("tdpbsud %%tmm7, %%tmm4, %%tmm1" ::);
-    asm volatile("tdpbsud %%tmm6, %%tmm5, %%tmm2" ::);
-    asm volatile("tdpbsud %%tmm7, %%tmm5, %%tmm3" ::);
+    M3_TILE_DPBSUD(0, 4, 6);
+    M3_TILE_DPBSUD(1, 4, 7);
+    M3_TILE_DPBSUD(2, 5, 6);
+    M3_TILE_DPBSUD(3, 5, 7);
   }
-  asm volatile("tilerelease" ::);
+  M3_TILE_RELEASE();
   return iterations * 4 * kAmxTokens * kAmxRows * kAmxK * 2;
 }
 

@@ -1,8 +1,11 @@
 #include "cli/serve_http.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <exception>
 #include <memory>
+#include <system_error>
 #include <utility>
 
 #include "base/json_guard.h"
@@ -147,13 +150,25 @@ std::optional<std::string> ReadBody(const httplib::ContentReader& reader) {
 }
 
 std::optional<ojson> ReadJsonBody(const httplib::Request& req, const httplib::ContentReader& reader,
-                                  GuardedServer::Client client, httplib::Response& res) {
-  const std::optional<std::string> raw = ReadBody(reader);
-  client.RequestRead();
-  if (!raw) {
+                                  GuardedServer::Client client, httplib::Response& res, bool draining) {
+  // A body announced past the limit is refused before it is read (the connection then closes:
+  // its unread bytes are not skipped).
+  const std::string length = req.get_header_value("Content-Length");
+  uint64_t announced = 0;
+  const bool too_long =
+      std::from_chars(length.data(), length.data() + length.size(), announced).ec == std::errc::result_out_of_range ||
+      announced > kMaxBodyBytes;
+  const std::optional<std::string> raw = too_long ? std::nullopt : ReadBody(reader);
+  client.RequestRead();  // from here on, the reply takes what time it takes
+  if (!raw || draining) {
     res.set_header("Connection", "close");
     client.CloseAfterReply();
-    SendError(req, res, 413, Str("the request body is larger than ", kMaxBodyBytes >> 20, " MiB"));
+    if (!raw)
+      SendError(req, res, 413,
+                Str("the request body is larger than ", kMaxBodyBytes >> 20,
+                    " MiB (counted after its transfer and content encodings are undone)"));
+    else
+      SendError(req, res, 503, "the server is shutting down", 1);
     return std::nullopt;
   }
   StatusOr<ojson> body = ParseJson<ojson>(*raw, "the request body");

@@ -31,10 +31,11 @@ inline constexpr size_t kMaxBodyBytes = size_t{64} << 20;
 // A POST body read through the content reader, or nothing once it passes kMaxBodyBytes (the
 // reading stops there).
 std::optional<std::string> ReadBody(const httplib::ContentReader& reader);
-// The JSON body of a request that needs no model pass (count_tokens, tokenize, detokenize);
-// nullopt: refused (413 or 400 sent).
+// A request's JSON body; nullopt: refused (413 when past kMaxBodyBytes, announced or read; 400 when
+// not JSON; 503 when `draining`: a completion that would start as the server shuts down).
 std::optional<nlohmann::ordered_json> ReadJsonBody(const httplib::Request& req, const httplib::ContentReader& reader,
-                                                   GuardedServer::Client client, httplib::Response& res);
+                                                   GuardedServer::Client client, httplib::Response& res,
+                                                   bool draining = false);
 
 // The route label of a request path (/metrics): the routes themselves, one label for a model's
 // page, and "other" for any other path (labels stay few whatever clients send).

@@ -3,15 +3,11 @@
 // fields into the neutral request, each choice's prompt and constraint), admitted by the job
 // queue, and answered whole or as a stream of the events the reply produces, each written as the
 // scheduler hands it over.
-#include <charconv>
 #include <chrono>
-#include <cstdint>
 #include <optional>
 #include <string>
-#include <system_error>
 #include <vector>
 
-#include "base/json_guard.h"
 #include "cli/serve.h"
 #include "cli/serve_http.h"
 
@@ -24,38 +20,6 @@ using ojson = nlohmann::ordered_json;
 // there: the kernel tells no one when the peer of a socket nobody reads hangs up, and a client
 // that left should not keep a slot. Pieces of the reply wake the writer at once.
 constexpr std::chrono::milliseconds kClientCheck{100};
-
-// The body of a completion request as JSON; nullopt: refused (413, 503 while draining, 400 sent).
-std::optional<ojson> ReadCompletionBody(const Server& server, const httplib::Request& req,
-                                        const httplib::ContentReader& reader, GuardedServer::Client client,
-                                        httplib::Response& res) {
-  // A body announced past the limit is refused before it is read (the connection then closes:
-  // its unread bytes are not skipped).
-  const std::string length = req.get_header_value("Content-Length");
-  uint64_t announced = 0;
-  const bool too_long =
-      std::from_chars(length.data(), length.data() + length.size(), announced).ec == std::errc::result_out_of_range ||
-      announced > kMaxBodyBytes;
-  const std::optional<std::string> raw = too_long ? std::nullopt : ReadBody(reader);
-  client.RequestRead();  // from here on, the reply takes what time it takes
-  if (!raw || server.draining) {
-    res.set_header("Connection", "close");
-    client.CloseAfterReply();
-    if (!raw)
-      SendError(req, res, 413,
-                Str("the request body is larger than ", kMaxBodyBytes >> 20,
-                    " MiB (counted after its transfer and content encodings are undone)"));
-    else
-      SendError(req, res, 503, "the server is shutting down", 1);
-    return std::nullopt;
-  }
-  StatusOr<ojson> body = ParseJson<ojson>(*raw, "the request body");
-  if (!body.ok()) {
-    SendError(req, res, 400, body.status().message());
-    return std::nullopt;
-  }
-  return std::move(body).value();
-}
 
 // The whole reply once every choice has ended; nothing when the client left meanwhile.
 void WriteWhole(Server& server, Job& job, GuardedServer::Client client, const httplib::Request& req,
@@ -102,7 +66,7 @@ void WriteStream(const std::shared_ptr<Server>& server, const std::shared_ptr<Jo
 void HandleCompletion(const std::shared_ptr<Server>& server, Api api, const httplib::Request& req,
                       const httplib::ContentReader& reader, httplib::Response& res) {
   const GuardedServer::Client client = server->http->ConnectionOf(req);
-  const std::optional<ojson> body = ReadCompletionBody(*server, req, reader, client, res);
+  const std::optional<ojson> body = ReadJsonBody(req, reader, client, res, server->draining);
   if (!body) return;
   const PreparedReply prepared = Reply::Prepare(api, *body, server->NewId(), server->replies());
   if (prepared.seed) res.set_header("X-Seed", std::to_string(*prepared.seed));  // the request's, or a fresh one

@@ -30,20 +30,9 @@
 #include <algorithm>
 #include <cstring>
 
-#define M3_AMX_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")))
+#include "simd/amx_tiles.h"
 
-// One instruction each, by register number. GCC 12's AMX intrinsics are asm statements
-// without memory clobbers (a load of stored tile data could move above the store) that also
-// need the amx target enabled for the whole function; these need only the assembler.
-#define M3_TILE_LOAD(tmm, base, stride) \
-  asm volatile("tileloadd (%0,%1,1), %%tmm" #tmm ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
-#define M3_TILE_STORE(tmm, base, stride) \
-  asm volatile("tilestored %%tmm" #tmm ", (%0,%1,1)" ::"r"(base), "r"(static_cast<long>(stride)) : "memory")
-#define M3_TILE_ZERO(tmm) asm volatile("tilezero %%tmm" #tmm ::)
-// C += A (s8 activations) . B (u8 weight codes), AT&T operand order.
-#define M3_TILE_DPBSUD(c, a, b) asm volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
-// C += A (s8 activations) . B (s8 weight codes).
-#define M3_TILE_DPBSSD(c, a, b) asm volatile("tdpbssd %%tmm" #b ", %%tmm" #a ", %%tmm" #c ::)
+#define M3_AMX_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")))
 
 namespace m3::simd::x86 {
 namespace {
@@ -51,25 +40,9 @@ namespace {
 constexpr size_t kAmxK = 64;       // inputs per tile product
 constexpr size_t kAmxTokens = 16;  // tokens per activation tile
 
-// Registers: C (token tile i, row tile j) = tmm(2i + j), A (token tile i) = tmm(4 + i), B (row
-// tile j) = tmm(6 + j); every tile 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-void LoadTileConfig() {
-  TileConfig cfg;
-  for (int i = 0; i < 8; ++i) {
-    cfg.colsb[i] = 64;
-    cfg.rows[i] = 16;
-  }
-  asm volatile("ldtilecfg %0" ::"m"(cfg));
-}
-
+// q8 registers (LoadFullTileConfig): C (token tile i, row tile j) = tmm(2i + j), A (token tile i)
+// = tmm(4 + i), B (row tile j) = tmm(6 + j).
+//
 // q4: C (16 tokens x 16 rows) tmm0 / tmm1 for token tile 0 and tmm5 / tmm6 for token tile 1
 // (alternate units), A (16 tokens x 32 inputs) tmm2 / tmm7, B (8 quads of 4 inputs x 16 rows)
 // tmm3 / tmm4.
@@ -85,7 +58,7 @@ void LoadQ4TileConfig() {
   cfg.rows[5] = cfg.rows[6] = 16;
   cfg.colsb[7] = 32;
   cfg.rows[7] = 16;
-  asm volatile("ldtilecfg %0" ::"m"(cfg));
+  LoadTileConfig(cfg);
 }
 
 // The bytes of a's codes packed by PackTokenTiles.
@@ -263,7 +236,7 @@ void QuantMatMulAmxQ8(const WeightRef& w, const QuantizedActivations& a, size_t 
   int8_t* const packed = scratch.Array<int8_t>(2, PackedTokenTilesBytes(a));
   PackTokenTiles(a, kAmxK, packed);
   const auto token_tile = [&](size_t t0) { return packed + t0 * padded; };
-  LoadTileConfig();
+  LoadFullTileConfig();
   constexpr size_t kBlockTokens = 2 * kAmxTokens;
   const size_t blocks = (n + kBlockTokens - 1) / kBlockTokens;
   // Every token block prefetches its share of the next step into L2, so that the next step's
@@ -491,7 +464,7 @@ void QuantMatMulAmx(const WeightRef& w, const QuantizedActivations& a, size_t ti
     QuantMatMulAmxQ8(w, a, tile_begin, tile_end, y, ldy, scratch);
   }
   // Give the tile state back: a thread holding it saves and restores 8 KiB at every switch.
-  asm volatile("tilerelease" ::);
+  M3_TILE_RELEASE();
 }
 
 }  // namespace m3::simd::x86

@@ -582,7 +582,7 @@ TEST_CASE("anthropic: count_tokens counts the prompt the template renders", "[an
   CHECK((*count)["input_tokens"] == (*text)->TurnPrompt(r->messages, r->tools, r->template_options, &turn)->size());
   // A constrained reply (a forced tool call) counts too: no context limit applies to counting.
   ojson forced = body;
-  forced["tools"] = {kWeatherTool};
+  forced["tools"] = ojson::array({kWeatherTool});
   forced["tool_choice"] = {{"type", "any"}};
   auto with_tools = anthropic::CountTokens(**text, forced, {});
   INFO(with_tools.status().ToString());

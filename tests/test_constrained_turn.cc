@@ -106,7 +106,7 @@ TEST_CASE("constrained turn: a tight budget still closes the reasoning and the J
     REQUIRE(it != schemas.end());
     auto g = m3::constrain::CompileJsonSchema((*it)["schema"]);
     REQUIRE(g.ok());
-    const size_t need = m3::MinTurnTokens({.answer = *g, .vocab = Fixture::Get().text->vocab_index()}, m3::ThinkState::kInside);
+    const size_t need = m3::MinTurnTokens({.answer = *g, .tool_block = nullptr, .vocab = Fixture::Get().text->vocab_index()}, m3::ThinkState::kInside);
     for (int extra : {0, 3}) {
       INFO(name << " budget " << need + extra);
       ojson req = Ask("JSON please.", true, static_cast<int>(need) + extra);

@@ -229,6 +229,17 @@ std::string StreamedContent(const std::vector<std::string>& events) {
   return content;
 }
 
+// A running one-slot scheduler and what replies are prepared with; stopped at the end of the test.
+struct ReplyFixture {
+  Fixture f;
+  std::unique_ptr<m3::Scheduler> scheduler = f.NewScheduler(1);
+  const m3::RequestDefaults defaults;
+  const std::string model = "tiny";
+  const m3::ReplyContext context{*f.text, *scheduler, defaults, model};
+  ReplyFixture() { scheduler->Start(); }
+  ~ReplyFixture() { scheduler->Stop(); }
+};
+
 ojson ChatBody(bool stream, int max_tokens) {
   return {{"messages", {{{"role", "user"}, {"content", "Tell me a story"}}}},
           {"stream", stream},
@@ -241,12 +252,8 @@ ojson ChatBody(bool stream, int max_tokens) {
 
 TEST_CASE("scheduler: a reply's stream events reach the writer as they are made, the text of the whole reply",
           "[scheduler][reply]") {
-  Fixture f;
-  auto scheduler = f.NewScheduler(1);
-  scheduler->Start();
-  const m3::RequestDefaults defaults;
-  const std::string model = "tiny";
-  const m3::ReplyContext context{*f.text, *scheduler, defaults, model};
+  ReplyFixture f;
+  const m3::ReplyContext& context = f.context;
 
   m3::PreparedReply streamed = m3::Reply::Prepare(m3::Api::kChatCompletions, ChatBody(true, 8), "a", context);
   REQUIRE(streamed.reply);
@@ -282,17 +289,12 @@ TEST_CASE("scheduler: a reply's stream events reach the writer as they are made,
   const ojson response = ojson::parse(*text);
   CHECK(response["id"] == "chatcmpl-b");
   CHECK(response["choices"][0]["message"]["content"] == StreamedContent(events));
-  scheduler->Stop();
 }
 
 TEST_CASE("scheduler: a stopped reply stream ends with the reason at once, a refused request says why",
           "[scheduler][reply]") {
-  Fixture f;
-  auto scheduler = f.NewScheduler(1);
-  scheduler->Start();
-  const m3::RequestDefaults defaults;
-  const std::string model = "tiny";
-  const m3::ReplyContext context{*f.text, *scheduler, defaults, model};
+  ReplyFixture f;
+  const m3::ReplyContext& context = f.context;
 
   m3::PreparedReply r = m3::Reply::Prepare(m3::Api::kMessages,
                                            {{"model", "m3"},
@@ -329,7 +331,6 @@ TEST_CASE("scheduler: a stopped reply stream ends with the reason at once, a ref
   CHECK(m3::HttpStatus(short_budget.status) == 400);
   CHECK_THAT(short_budget.status.message(), Contains("\"max_tokens\" is 1"));
   CHECK(short_budget.seed == 11u);
-  scheduler->Stop();
 }
 
 TEST_CASE("chat: literal content encodes a user's control-token text as plain text", "[chat]") {

@@ -47,7 +47,7 @@ struct EngineOptions {
   // layer's experts, as views of the mapping (ModelLoadOptions::expert_part), places only those
   // slices (--numa) and runs no pass of its own: rank 0 sends it the MoE blocks to compute. Not
   // with `gpu` or `mlock_dense`. {0, 1}: the whole model.
-  MoePart expert_part;
+  MoePart expert_part{};
   // --numa on a simulated topology of this many nodes made of this process's CPUs (the m3 program's
   // M3_FAKE_NUMA; tests); 0: the machine's (platform/numa.h DetectTopology).
   int simulated_numa_nodes = 0;
