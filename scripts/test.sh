@@ -4,8 +4,14 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 start=$(date +%s)
-# Each phase's time, so a slow CI run says where its minutes went.
-phase() { echo "== $1 done at $(($(date +%s) - start)) s"; }
+# Each phase's time, so a slow CI run says where its minutes went: as it ends, and all together
+# in the last line (which a log's tail keeps), however the run ends.
+phases=""
+phase() {
+  phases+=" $1 $(($(date +%s) - start)) s,"
+  echo "== $1 done at $(($(date +%s) - start)) s"
+}
+trap 'echo "== phases (seconds from the start):${phases%,}; ended at $(($(date +%s) - start)) s"' EXIT
 "$here/scripts/build.sh"
 phase build
 # The real clients the server is tested with (Node.js packages pinned in tests/clients/package-lock.json).

@@ -625,6 +625,9 @@ TEST_CASE("a prompt's last layer computes only the rows that give logits, with t
   for (const std::string& device : OffloadDevices()) backends.emplace_back(device, OffloadOptions(device));
   for (const auto& [backend, options] : backends) {
     for (const auto& [name, dir] : GoldenCases()) {
+      // The host reference device is slow (minutes for every case): two cases hold every kind of
+      // layer (dense and sparse attention, dense MLP and MoE) and its trim path is the CPU's.
+      if (backend == "host" && name != "s1_fp32_basic" && name != "s3_mxfp8_mixed_layers_local2") continue;
       SECTION(backend + " " + name) {
         auto cj = test::ReadPythonJson(dir + "/case.json");
         const auto prompt = cj["prompt_ids"].get<std::vector<int32_t>>();
