@@ -133,7 +133,8 @@ int Batch(const BatchArgs& a) {
     std::vector<TurnOptions> turns(n_choices);
     Status bad;
     for (size_t c = 0; c < n_choices && bad.ok(); ++c) {
-      auto prompt = TurnInputs(**text, r, id, scheduler.max_context(), &turns[c], c);
+      auto prompt =
+          TurnInputs(**text, r, id, scheduler.max_context(), &turns[c], c, c > 0 ? &turns[0].constraint : nullptr);
       if (prompt.ok())
         request->choices[c].prompt = std::move(prompt).value();
       else

@@ -4,7 +4,9 @@ work follows the client (a non-streamed or queued request whose client hangs up 
 logged), /health and /metrics answer under slow and queued connections, a full queue gives 429
 with Retry-After, requests trickled past --read-timeout are closed, past --max-connections the
 oldest idle connection gives way, SIGTERM drains and exits 0, --literal-content keeps control
-tokens out of user text. Latencies are printed; the only bounds are generous liveness limits.
+tokens out of user text, output constraints past the compiler's limits get a quick 400 that
+names the limit without growing the server (issue 46). Latencies are printed; the only bounds are
+generous liveness limits.
 Usage: serve_hostile_check.py M3_BINARY REAL_VOCAB_MODEL_DIR"""
 import json
 import signal
@@ -179,6 +181,63 @@ for flag in ([], ["--literal-content"]):
         s.stop()
 check(counts[(False, "plain")] == counts[(True, "plain")], f"--literal-content, plain text: {counts}")
 check(counts[(True, "control")] > counts[(False, "control")] + 2, f"--literal-content, control text: {counts}")
+
+# 5. Output constraints are bounded before they cost anything (issue 46): schemas, grammars and
+# tools that expand past the compiler's limits get a 400 naming the limit, quickly and without
+# growing the server; a completion's grammar holds its text; the server serves others meanwhile.
+s = Server(m3, model, env=env, context=4096)
+try:
+    def post(path, body):
+        start = time.time()
+        status, _, text = s.request("POST", path, body)
+        return status, text, time.time() - start
+
+    def chat(extra):
+        return post("/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64, **extra})
+
+    post("/v1/chat/completions", short_chat)  # the model's first pass, before RSS is read
+    rss0 = s.rss_kib()
+    string = {"type": "string", "minLength": 100000}
+    nested = {"type": "array", "minItems": 10000, "items": {"type": "array", "minItems": 10000, "items": string}}
+    wide = {"type": "object", "properties": {"list": {"type": "array", "prefixItems": [string] * 40}}}
+    enum = {"enum": [f"choice{i}" for i in range(1025)]}
+    tool_items = {"type": "object", "properties": {"a": {"type": "array", "minItems": 10000, "items": {"type": "string"}}},
+                  "required": ["a"]}
+    refused = [
+        ("nested minItems", chat({"response_format": {"type": "json_schema", "json_schema": {"schema": nested}}}),
+         "shortest text the grammar allows"),
+        ("40 long prefix items", chat({"response_format": {"type": "json_schema", "json_schema": {"schema": wide}}}),
+         "expands past 2,000,000 grammar elements"),
+        ("1,025-value enum", chat({"response_format": {"type": "json_schema", "json_schema": {"schema": enum}}}),
+         "more than 1,024 parse stacks"),
+        ("GBNF repetitions", chat({"grammar": "root ::= " + " ".join(['"w"{10000}'] * 250)}),
+         "expands past 2,000,000 grammar elements"),
+        ("forced tool, 10,000 items, 64 tokens",
+         chat({"tools": [{"type": "function", "function": {"name": "f", "parameters": tool_items}}],
+               "tool_choice": "required"}), "is 64 but a reply"),
+        ("count_tokens, nested schema",
+         post("/v1/messages/count_tokens", {"model": "m3", "messages": [{"role": "user", "content": "Hi"}],
+                                             "output_config": {"format": {"type": "json_schema", "schema": nested}}}),
+         "shortest text the grammar allows"),
+    ]
+    for name, (status, text, seconds), says in refused:
+        print(f"  refused {name}: {status} in {seconds:.2f} s")
+        check(status == 400 and says in text, f"{name}: {status} {text[:300]}")
+        check(seconds < 30, f"{name}: {seconds:.1f} s")
+    grown_mib = (s.rss_kib() - rss0) / 1024
+    print(f"  server RSS after the refused requests: +{grown_mib:.1f} MiB")
+    check(grown_mib < 64, f"the refused constraints grew the server by {grown_mib:.1f} MiB")
+    # A completion's grammar and response_format hold its text (they were ignored: free text, 200).
+    for seed in (1, 2):
+        status, text, _ = post("/v1/completions", {"prompt": "Is it?", "max_tokens": 8, "seed": seed,
+                                                    "grammar": 'root ::= "yes" | "no"'})
+        got = json.loads(text)["choices"][0]["text"] if status == 200 else text
+        check(status == 200 and got in ("yes", "no"), f"completion under a grammar: {status} {got!r}")
+    status, _, _ = post("/v1/chat/completions", short_chat)
+    check(status == 200, f"serving others after the refusals: {status}")
+finally:
+    s.stop()
 
 for f in failures:
     print("FAIL:", f)

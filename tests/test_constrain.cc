@@ -216,7 +216,7 @@ TEST_CASE("gbnf: errors name what is wrong") {
   CHECK_THAT(GbnfError(deep), Catch::Contains("nested deeper than 64"));
   std::string big = "root ::= \"x\"{10000} \"y\"{10000} \"z\"{10000}";
   for (int i = 0; i < 250; ++i) big += " \"w\"{10000}";
-  CHECK_THAT(GbnfError(big), Catch::Contains("too large"));
+  CHECK_THAT(GbnfError(big), Catch::Contains("expands past 2,000,000 grammar elements"));
   CHECK_THAT(GbnfError("root ::= \"a\"\n   | \"b\" ("), Catch::Contains("GBNF line 2"));
 }
 
@@ -534,6 +534,51 @@ TEST_CASE("tool calls: refusals name the tool and the keyword") {
   CHECK_THAT(err(json::parse(R"({"type":"object","properties":{"a":{"enum":[1,2]}}})")), Catch::Contains("enum"));
   std::vector<ToolSpec> none;
   CHECK_FALSE(CompileToolCalls(none, *tokens).ok());
+}
+
+TEST_CASE("budgets: compiling any schema, grammar or tool list stays within the builder's limits") {
+  const Vocab& v = TheVocab();
+  // Repeated items are one rule reference per copy: the documented bounds at their largest
+  // compile to a grammar linear in the counts (it was min x the item's size, 10^8 elements).
+  auto big = CompileJsonSchema(json::parse(
+      R"({"type":"array","minItems":1000,"items":{"type":"string","minLength":100000,"maxLength":100000}})"));
+  INFO(big.status().ToString());
+  REQUIRE(big.ok());
+  CHECK((*big)->elements().size() < 500'000);
+  // Nested, its shortest text (10^13 bytes) is refused as that, not as a grammar without one.
+  auto huge = CompileJsonSchema(json::parse(
+      R"({"type":"array","minItems":10000,"items":{"type":"array","minItems":10000,)"
+      R"("items":{"type":"string","minLength":100000}}})"));
+  REQUIRE_FALSE(huge.ok());
+  CHECK_THAT(huge.status().message(), Catch::Contains("shortest text the grammar allows is over"));
+  CHECK(Accepts(*CompileJsonSchema(json::parse(R"({"type":"array","minItems":3,"maxItems":4,"items":{"type":"string",)"
+                                              R"("minLength":2,"maxLength":2}})")),
+                R"(["ab","cd","ef"])"));
+  // What does pass the limits is refused as it grows, at the schema that passed them, before a
+  // copy is made.
+  json wide = {{"type", "array"}, {"prefixItems", json::array()}};
+  for (int i = 0; i < 40; ++i) wide["prefixItems"].push_back({{"type", "string"}, {"minLength", 100000}});
+  auto too_wide = CompileJsonSchema({{"type", "object"}, {"properties", {{"list", wide}}}});
+  REQUIRE_FALSE(too_wide.ok());
+  CHECK_THAT(too_wide.status().message(),
+             Catch::Contains("expands past 2,000,000 grammar elements") && Catch::Contains("/properties/list"));
+  // The tool-call compiler is linear in minItems (it was quadratic: 800 items took 31 s).
+  auto tokens = MarkupTokens::From(*v.tokenizer);
+  REQUIRE(tokens.ok());
+  std::vector<ToolSpec> specs{{"f", json::parse(R"({"type":"object","properties":{"a":{"type":"array",)"
+                                                 R"("minItems":10000,"items":{"type":"string"}}},"required":["a"]})")}};
+  auto calls = CompileToolCalls(specs, *tokens);
+  REQUIRE(calls.ok());
+  CHECK((*calls)->elements().size() < 100'000);
+  // A grammar the matcher cannot follow from its start says so (it was reported as a reply
+  // needing 1,073,741,823 tokens).
+  json many = {{"enum", json::array()}};
+  for (int i = 0; i < 1025; ++i) many["enum"].push_back("choice" + std::to_string(i));
+  auto wide_enum = CompileJsonSchema(many);
+  REQUIRE(wide_enum.ok());
+  const Status start = Matcher(*wide_enum, v.index, {v.end_id}).StartStatus();
+  CHECK_THAT(start.message(), Catch::Contains("more than 1,024 parse stacks"));
+  CHECK(Matcher(Gbnf("root ::= \"a\" | \"b\""), v.index, {v.end_id}).StartStatus().ok());
 }
 
 // Masks against Accept on a fresh copy for every token of a sample, on states along a walk,

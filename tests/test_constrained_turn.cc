@@ -218,3 +218,34 @@ TEST_CASE("constrained turn: a reasoning budget closes the reasoning after that 
     }
   }
 }
+
+TEST_CASE("constrained turn: a completion's grammar or response_format holds its whole text") {
+  Fixture& f = Fixture::Get();
+  auto complete = [&](const ojson& extra, uint64_t seed) {
+    ojson body = {{"prompt", "Is the sky blue? Answer:"}, {"max_tokens", 24}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) body[it.key()] = it.value();
+    auto r = m3::openai::ParseCompletionRequest(body, {});
+    REQUIRE(r.ok());
+    m3::TurnOptions turn;
+    auto prompt = m3::TurnInputs(*f.text, *r, "c", f.session->max_context(), &turn);
+    INFO(prompt.status().ToString());
+    REQUIRE(prompt.ok());
+    CHECK(turn.raw);
+    m3::Sampler sampler(m3::SamplingParams{.temperature = 1.0f, .seed = seed});
+    auto out = m3::GenerateTurn(*f.session, f.text->tokenizer(), *prompt, turn, sampler,
+                                [](const m3::TurnDelta&) { return true; }, nullptr);
+    REQUIRE(out.ok());
+    return out->content;
+  };
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    INFO("seed " << seed);
+    const std::string yes_no = complete({{"grammar", "root ::= \"yes\" | \"no\""}}, seed);
+    CHECK((yes_no == "yes" || yes_no == "no"));
+    const std::string number =
+        complete({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "integer"}}}}}}}},
+                 seed);
+    INFO(number);
+    REQUIRE_FALSE(number.empty());
+    CHECK(json::parse(number).is_number_integer());
+  }
+}

@@ -732,4 +732,21 @@ TEST_CASE("openai: output constraints come from the request's output, compiled i
   bad.schema = {{"type", "no such type"}};
   CHECK_THAT(m3::BuildConstraint(bad, nullptr, text).status().message(),
              Contains("\"response_format.json_schema.schema\": "));
+  // A limit is reported as itself: a grammar whose start the decoder cannot follow is refused
+  // here, not later as a reply that would need more tokens than any budget.
+  bad.schema = {{"enum", ojson::array()}};
+  for (int i = 0; i < 1025; ++i) bad.schema["enum"].push_back("choice" + std::to_string(i));
+  CHECK_THAT(m3::BuildConstraint(bad, nullptr, text).status().message(),
+             Contains("\"response_format.json_schema.schema\": ") && Contains("more than 1,024 parse stacks"));
+  // A request's constraint is built once, whatever its count of choices: the later choices share
+  // the first one's grammar.
+  auto request = openai::ParseChatRequest(
+      Chat({{"n", 3}, {"response_format", {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "integer"}}}}}}}}),
+      {});
+  REQUIRE(request.ok());
+  std::vector<m3::TurnOptions> turns(3);
+  for (size_t c = 0; c < 3; ++c)
+    REQUIRE(m3::TurnInputs(text, *request, "x", 4096, &turns[c], c, c > 0 ? &turns[0].constraint : nullptr).ok());
+  CHECK(turns[0].constraint.answer);
+  CHECK(turns[2].constraint.answer == turns[0].constraint.answer);
 }

@@ -112,6 +112,10 @@ class Matcher {
   bool complete() const;     // the grammar accepts what was accepted so far
   bool done() const;         // an end id was accepted
   size_t MinTokens() const;  // fewest tokens that complete the grammar from here, end id included
+  // OK, or why the matcher cannot follow the grammar from its start: the first position passes
+  // a bound of one parse state (more than 1,024 stacks at once, rules nested deeper than 512, or
+  // over 50,000 positions expanded), named in the error.
+  Status StartStatus() const;
   // Sets the logits of disallowed tokens (and of ids past vocab_size) to -infinity.
   void ApplyMask(std::span<float> logits, size_t tokens_left);
 

@@ -25,10 +25,14 @@ class GbnfParser {
     if (t_.size() > kMaxGbnfBytes) {
       return InvalidArgument("GBNF: the grammar is ", t_.size(), " bytes (at most ", kMaxGbnfBytes, ")");
     }
-    SkipSpace(true);
-    while (ok() && p_ < t_.size()) {
-      ParseRule();
+    try {
       SkipSpace(true);
+      while (ok() && p_ < t_.size()) {
+        ParseRule();
+        SkipSpace(true);
+      }
+    } catch (const GrammarTooLarge& e) {
+      Fail("the grammar expands past ", e.what, " (repetitions and rules as compiled)");
     }
     if (!ok()) return error_;
     auto it = std::find(names_.begin(), names_.end(), std::string("root"));
@@ -386,10 +390,6 @@ class GbnfParser {
         Seq item(seq.begin() + static_cast<ptrdiff_t>(last_start), seq.end());
         seq.resize(last_start);
         Seq rep = b_.Repeat(item, min, max);
-        if (b_.too_large()) {
-          Fail("the grammar is too large (repetitions expand to over ", GrammarBuilder::kMaxElements, " elements)");
-          break;
-        }
         last_start = seq.size();
         // The repeated item is one unit for a further operator ("a"{2}? ).
         if (rep.size() != 1) {

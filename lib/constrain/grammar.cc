@@ -70,7 +70,27 @@ std::vector<std::vector<std::pair<uint8_t, uint8_t>>> Utf8Sequences(uint32_t lo,
   return out;
 }
 
+namespace {
+
+// 2000000 -> "2,000,000".
+std::string WithCommas(size_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+void GrammarBuilder::Charge(size_t more) const {
+  if (more > kMaxElements - std::min(elements_, kMaxElements))
+    throw GrammarTooLarge{WithCommas(kMaxElements) + " grammar elements"};
+}
+
 uint32_t GrammarBuilder::NewRule(std::string name) {
+  if (alts_.size() >= kMaxRules) throw GrammarTooLarge{WithCommas(kMaxRules) + " rules"};
   const auto id = static_cast<uint32_t>(alts_.size());
   alts_.emplace_back();
   names_.push_back(std::move(name));
@@ -88,6 +108,7 @@ uint32_t GrammarBuilder::NamedRule(const std::string& name) {
 }
 
 void GrammarBuilder::AddAlt(uint32_t rule, Seq alt) {
+  Charge(alt.size() + 1);
   elements_ += alt.size() + 1;
   defined_[rule] = true;
   alts_[rule].push_back(std::move(alt));
@@ -202,9 +223,22 @@ Seq GrammarBuilder::Opt(const Seq& x) {
   return {Ref(r)};
 }
 
-Seq GrammarBuilder::Repeat(const Seq& x, int64_t min, int64_t max) {
+Seq GrammarBuilder::Unit(Seq x, const char* hint) {
+  if (x.size() <= 1) return x;
+  const uint32_t r = NewRule(hint);
+  AddAlt(r, std::move(x));
+  return {Ref(r)};
+}
+
+Seq GrammarBuilder::Repeat(const Seq& x_in, int64_t min, int64_t max) {
+  if (max == 0 || x_in.empty()) return {};
+  const int64_t uses = min + (max < 0 ? 1 : max - min);
+  const Seq x = uses > 1 ? Unit(x_in, "rep") : x_in;
+  // The required copies are charged before they are made (the optional ones are rules, each
+  // charged as it is added).
+  Charge(static_cast<size_t>(min) * x.size());
   Seq s;
-  for (int64_t i = 0; i < min && !too_large(); ++i) s.insert(s.end(), x.begin(), x.end());
+  for (int64_t i = 0; i < min; ++i) s.insert(s.end(), x.begin(), x.end());
   if (max < 0) {
     Seq t = Star(x);
     s.insert(s.end(), t.begin(), t.end());
@@ -212,7 +246,7 @@ Seq GrammarBuilder::Repeat(const Seq& x, int64_t min, int64_t max) {
   }
   // x{0,k} as opt(x opt(x ...)): one way to split the count, so no ambiguity.
   Seq tail;
-  for (int64_t i = min; i < max && !too_large(); ++i) {
+  for (int64_t i = min; i < max; ++i) {
     Seq inner = x;
     inner.insert(inner.end(), tail.begin(), tail.end());
     tail = Opt(inner);
@@ -222,10 +256,6 @@ Seq GrammarBuilder::Repeat(const Seq& x, int64_t min, int64_t max) {
 }
 
 StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Finish(uint32_t root, std::string_view what) {
-  if (too_large()) {
-    return InvalidArgument(what, ": the grammar is too large (", elements_, " elements, ", alts_.size(),
-                           " rules; at most ", kMaxElements, " and ", kMaxRules, ")");
-  }
   const size_t n = alts_.size();
   for (size_t r = 0; r < n; ++r) {
     if (!defined_[r]) return InvalidArgument(what, ": rule '", names_[r], "' is used but never defined");
@@ -314,9 +344,13 @@ StatusOr<std::shared_ptr<const Grammar>> GrammarBuilder::Finish(uint32_t root, s
       }
     }
   }
-  if (rule_min[root] >= kInfiniteLength) {
+  if (!done[root]) {
     return InvalidArgument(what, ": the grammar has no finite sentence (rule '", names_[root],
                            "' never completes)");
+  }
+  if (rule_min[root] >= kInfiniteLength) {
+    return InvalidArgument(what, ": the shortest text the grammar allows is over ", kInfiniteLength - 1,
+                           " bytes, more than any reply can hold");
   }
   // Flatten, dropping alternatives that can never complete (dead ends for the matcher).
   auto g = std::make_shared<Grammar>();

@@ -86,11 +86,19 @@ using CodepointRanges = std::vector<std::pair<uint32_t, uint32_t>>;
 // Sorted and merged (empty ranges dropped); `negate`: the complement over [0, 0x10FFFF].
 CodepointRanges NormalizeRanges(CodepointRanges r, bool negate);
 
+// Thrown by GrammarBuilder the moment a grammar would grow past its limits, before the copy that
+// would pass them; the compilers catch it and return an error naming the limit (and where).
+struct GrammarTooLarge {
+  std::string what;  // "2,000,000 grammar elements", "200,000 rules"
+};
+
 class GrammarBuilder {
  public:
-  // Limits on what one grammar may grow to (a schema's {0,100000} or a huge GBNF is refused).
+  // Limits on what one grammar may grow to (a schema's {0,100000} or a huge GBNF is refused), so
+  // that compiling any request costs at most ~40 MB and a fraction of a second: every
+  // alternative added and every repetition is checked against them as the grammar grows.
   static constexpr size_t kMaxElements = 2'000'000;
-  static constexpr size_t kMaxRules = 500'000;
+  static constexpr size_t kMaxRules = 200'000;
 
   uint32_t NewRule(std::string name);
   void AddAlt(uint32_t rule, Seq alt);
@@ -99,7 +107,8 @@ class GrammarBuilder {
   bool defined(uint32_t rule) const { return defined_[rule]; }
   const std::string& name(uint32_t rule) const { return names_[rule]; }
   size_t rule_count() const { return alts_.size(); }
-  bool too_large() const { return elements_ > kMaxElements || alts_.size() > kMaxRules; }
+  // Throws GrammarTooLarge when `more` elements would pass kMaxElements.
+  void Charge(size_t more) const;
 
   static Element Ref(uint32_t rule) { return {Element::kRef, rule}; }
   static Element Token(int32_t id) { return {Element::kToken, static_cast<uint32_t>(id)}; }
@@ -114,8 +123,12 @@ class GrammarBuilder {
   Seq Star(const Seq& x);
   Seq Plus(const Seq& x);
   Seq Opt(const Seq& x);
-  // x{min,max}; max < 0: unbounded.
+  // x{min,max}; max < 0: unbounded. An x of more than one element is made a rule first, so that
+  // the copies are one reference each.
   Seq Repeat(const Seq& x, int64_t min, int64_t max);
+  // x itself when it is at most one element, else a new rule with x as its one alternative: what
+  // a compiler repeats (array items) is one element per copy.
+  Seq Unit(Seq x, const char* hint);
 
   // Checks (every rule defined, no left recursion, finite), computes the minimal lengths.
   // `what` names the source in errors ("GBNF", "JSON schema").

@@ -56,7 +56,18 @@ class SchemaCompiler {
  public:
   SchemaCompiler(GrammarBuilder& b, const json& root) : b_(b), root_(root) {}
 
+  // The grammar of the values `s` admits; past the builder's limits, refused at the innermost
+  // schema whose grammar passed them.
   Seq Value(const json& s, const std::string& path, int depth) {
+    try {
+      return ValueOf(s, path, depth);
+    } catch (const GrammarTooLarge& e) {
+      Refuse(path, "the schema expands past " + e.what);
+    }
+  }
+
+ private:
+  Seq ValueOf(const json& s, const std::string& path, int depth) {
     if (depth > kMaxSchemaDepth) Refuse(path, "schema nested deeper than " + std::to_string(kMaxSchemaDepth));
     if (s.is_boolean()) {
       if (s.get<bool>()) return Any();
@@ -98,7 +109,6 @@ class SchemaCompiler {
     return b_.Alt(std::move(alts), "types");
   }
 
- private:
   void CheckKeywords(const json& s, const std::string& path) {
     for (auto& [k, v] : s.items()) {
       if (Annotations().count(k)) continue;
@@ -335,6 +345,7 @@ class SchemaCompiler {
     } else {
       items = Any();
     }
+    items = b_.Unit(std::move(items), "item");  // copied once per position below
     auto count = [&](const char* key, int64_t fallback) -> int64_t {
       auto it = s.find(key);
       if (it == s.end()) return fallback;
@@ -528,10 +539,11 @@ StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann::json&
     SchemaCompiler c(b, schema);
     const uint32_t root = b.NewRule("root");
     b.AddAlt(root, c.Value(schema, "", 0));
-    if (b.too_large()) return InvalidArgument("JSON schema: the grammar is too large");
     return b.Finish(root, "JSON schema");
   } catch (const SchemaError& e) {
     return Status(e.status.code(), "JSON schema " + e.status.message());
+  } catch (const GrammarTooLarge& e) {
+    return InvalidArgument("JSON schema: the schema expands past ", e.what);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument("JSON schema: ", e.what());
   }

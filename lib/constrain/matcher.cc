@@ -60,6 +60,7 @@ struct Matcher::Impl {
   };
   std::vector<Node> nodes;
   std::unordered_map<uint64_t, int32_t> node_ids;
+  const char* bound_passed = nullptr;  // the bound that made the latest state dead, if one did
 
   struct State {
     std::vector<int32_t> tops;
@@ -101,7 +102,10 @@ struct Matcher::Impl {
     auto it = node_ids.find(key);
     if (it != node_ids.end()) return it->second;
     const uint32_t depth = parent < 0 ? 1 : nodes[parent].depth + 1;
-    if (depth > kMaxDepth) return kDead;
+    if (depth > kMaxDepth) {
+      bound_passed = "its rules nest deeper than 512 at one position";
+      return kDead;
+    }
     const uint64_t rest = uint64_t{g->suffix_min(pos)} + (parent < 0 ? 0 : nodes[parent].rest);
     const auto id = static_cast<int32_t>(nodes.size());
     nodes.push_back({pos, parent, depth, static_cast<uint32_t>(std::min<uint64_t>(rest, kInfiniteLength))});
@@ -112,7 +116,10 @@ struct Matcher::Impl {
   // Every stack reached from position `pos` (continuing with `parent`) by expanding rule
   // references and finished alternatives until a terminal is on top.
   void Expand(uint32_t pos, int32_t parent, std::vector<int32_t>& out) {
-    if (++expand_steps > kMaxExpandSteps) return;
+    if (++expand_steps > kMaxExpandSteps) {
+      bound_passed = "one position expands to over 50,000 grammar positions";
+      return;
+    }
     const Element& e = g->elements()[pos];
     switch (e.kind) {
       case Element::kEnd:
@@ -145,6 +152,7 @@ struct Matcher::Impl {
     if (expand_steps > kMaxExpandSteps) return kDead;
     std::sort(tops.begin(), tops.end());
     tops.erase(std::unique(tops.begin(), tops.end()), tops.end());
+    if (tops.size() > kMaxStacks) bound_passed = "one position opens more than 1,024 parse stacks at once";
     if (tops.empty() || tops.size() > kMaxStacks) return kDead;
     auto it = state_ids.find(tops);
     if (it != state_ids.end()) return it->second;
@@ -459,6 +467,13 @@ bool Matcher::Accept(int32_t id) {
 
 bool Matcher::complete() const { return impl_->done || (impl_->cur >= 0 && impl_->states[impl_->cur].complete); }
 bool Matcher::done() const { return impl_->done; }
+
+Status Matcher::StartStatus() const {
+  if (impl_->done || impl_->cur >= 0) return Status::Ok();
+  return InvalidArgument("the grammar is past what the constrained decoder follows: ",
+                         impl_->bound_passed ? impl_->bound_passed : "no text matches it",
+                         " (write a long alternation or an ambiguous repetition as nested rules)");
+}
 
 size_t Matcher::MinTokens() const {
   if (impl_->done) return 0;

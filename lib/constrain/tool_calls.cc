@@ -14,6 +14,7 @@
 // The parser does not follow $ref or merge allOf, and types anyOf members by their union, so
 // here $ref and allOf are refused and anyOf/oneOf only as [X, {"type": "null"}] (Optional[X]).
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "constrain/constrain.h"
@@ -135,14 +136,17 @@ class MarkupCompiler {
     const auto p = static_cast<int64_t>(prefix.size());
     if (!items_allowed) max = max < 0 ? p : std::min(max, p);
     if (max >= 0 && min > max) Refuse(path, "minItems exceeds the items the schema allows");
-    auto element = [&](int64_t i) {
-      const std::string ipath = i < p ? JsonPathJoin(JsonPathJoin(path, "prefixItems"), std::to_string(i))
-                                      : JsonPathJoin(path, "items");
-      return Element("item", i < p ? *prefix[i] : *items, ipath, depth);
+    // The items past the prefix are one schema: compiled once, one rule reference per position.
+    std::optional<Seq> item;
+    auto element = [&](int64_t i) -> Seq {
+      if (i < p)
+        return Element("item", *prefix[i], JsonPathJoin(JsonPathJoin(path, "prefixItems"), std::to_string(i)), depth);
+      if (!item) item = b_.Unit(Element("item", *items, JsonPathJoin(path, "items"), depth), "item");
+      return *item;
     };
-    // Elements 0..fixed-1 (each required below min), then optional ones up to max or a loop.
+    // Elements 0..fixed-1 (each required below min), then optional ones up to max or a loop; the
+    // optional ones nest (opt(e opt(e ...))), the required ones are a plain sequence.
     const int64_t fixed = std::max(p, min);
-    Seq out;
     Seq tail;
     if (max < 0) {
       tail = b_.Star(element(fixed));
@@ -153,17 +157,32 @@ class MarkupCompiler {
         tail = b_.Opt(e);
       }
     }
-    // Optional positions between min and fixed (prefix items past minItems) nest the same way.
-    for (int64_t i = fixed; i-- > 0;) {
+    for (int64_t i = fixed; i-- > min;) {  // prefix items past minItems
       Seq e = element(i);
       e.insert(e.end(), tail.begin(), tail.end());
-      tail = i >= min ? b_.Opt(e) : e;
+      tail = b_.Opt(e);
+    }
+    Seq out;
+    for (int64_t i = 0; i < min; ++i) {
+      const Seq e = element(i);
+      b_.Charge(out.size() + e.size());  // the sequence is added whole by the caller
+      out.insert(out.end(), e.begin(), e.end());
     }
     out.insert(out.end(), tail.begin(), tail.end());
     return out;
   }
 
-  Seq Value(const json& s_in, const std::string& path, int depth) {
+  // The markup of the values `s` admits; past the builder's limits, refused at the innermost
+  // schema whose grammar passed them.
+  Seq Value(const json& s, const std::string& path, int depth) {
+    try {
+      return ValueOf(s, path, depth);
+    } catch (const GrammarTooLarge& e) {
+      Refuse(path, "the schema expands past " + e.what);
+    }
+  }
+
+  Seq ValueOf(const json& s_in, const std::string& path, int depth) {
     if (depth > kMaxSchemaDepth) Refuse(path, "schema nested deeper than " + std::to_string(kMaxSchemaDepth));
     if (s_in.is_boolean()) {
       if (!s_in.get<bool>()) Refuse(path, "the schema false admits no value");
@@ -363,6 +382,8 @@ StatusOr<std::shared_ptr<const Grammar>> CompileToolCalls(std::span<const ToolSp
     return b.Finish(root, "tool calls");
   } catch (const SchemaError& e) {
     return Status(e.status.code(), "tool calls: " + e.status.message());
+  } catch (const GrammarTooLarge& e) {
+    return InvalidArgument("tool calls: the tools expand past ", e.what);
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument("tool calls: ", e.what());
   }

@@ -199,8 +199,9 @@ TurnGeneration::TurnGeneration(Session& session, const Tokenizer& tokenizer, con
         const bool go = Emit(TextDelta(stops_.Push(decoder_.Push(id))));
         return go && !stops_.matched();
       }) {
-  if (!options.constraint.empty() && !options.raw) {
-    constraint_.emplace(options.constraint, options.start, MarkupIds::From(tokenizer), options.generate.stop_ids);
+  if (!options.constraint.empty()) {
+    constraint_.emplace(options.constraint, options.start, MarkupIds::From(tokenizer), options.generate.stop_ids,
+                        options.raw);
     generation_.MaskLogits([this](std::span<float> logits, size_t left) { constraint_->Mask(logits, left); });
   }
   if (options.top_logprobs >= 0 && options.prompt_logprobs)

@@ -21,6 +21,20 @@ StatusOr<std::shared_ptr<const constrain::Grammar>> CompileUserGrammar(std::stri
   return g;
 }
 
+namespace {
+
+// A grammar the constrained decoder cannot follow from its start is refused as that (not as a
+// reply that would need more tokens than any budget).
+Status Followable(const std::shared_ptr<const constrain::Grammar>& g, const OutputConstraint& c,
+                  std::string_view field) {
+  if (!g) return Status::Ok();
+  const Status s = constrain::Matcher(g, c.vocab, {}).StartStatus();
+  if (!s.ok()) return InvalidArgument(field, ": ", s.message());
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohmann::ordered_json& tools,
                                            const ChatText& text) {
   using Spec = OutputSpec;
@@ -49,6 +63,7 @@ StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohman
     M3_ASSIGN_OR_RETURN(const constrain::MarkupTokens markup, constrain::MarkupTokens::From(text.tokenizer()));
     auto g = constrain::CompileToolCalls(specs, markup, !spec.parallel_tool_calls);
     if (!g.ok()) return InvalidArgument("\"tools\": ", g.status().message());
+    M3_RETURN_IF_ERROR(Followable(*g, c, "\"tools\""));
     if (forced) {
       c.answer = *g;
       c.answer_is_markup = true;
@@ -62,6 +77,7 @@ StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohman
     case Spec::Answer::kGrammar: {
       auto g = CompileUserGrammar(spec.grammar, *c.vocab);
       if (!g.ok()) return InvalidArgument("\"grammar\": ", g.status().message());
+      M3_RETURN_IF_ERROR(Followable(*g, c, "\"grammar\""));
       c.answer = *g;
       break;
     }
@@ -71,6 +87,7 @@ StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohman
     case Spec::Answer::kJsonSchema: {
       auto g = constrain::CompileJsonSchema(nlohmann::json(spec.schema));
       if (!g.ok()) return InvalidArgument("\"response_format.json_schema.schema\": ", g.status().message());
+      M3_RETURN_IF_ERROR(Followable(*g, c, "\"response_format.json_schema.schema\""));
       c.answer = *g;
       break;
     }
@@ -85,9 +102,12 @@ size_t MinTurnTokens(const OutputConstraint& c, ThinkState start) {
 }
 
 TurnConstraint::TurnConstraint(const OutputConstraint& c, ThinkState start, const MarkupIds& ids,
-                               std::vector<int32_t> stop_ids)
+                               std::vector<int32_t> stop_ids, bool raw)
     : constraint_(c), ids_(ids), stop_ids_(std::move(stop_ids)) {
-  phase_ = start == ThinkState::kInside ? Phase::kReasoning : Phase::kStart;
+  if (raw)
+    phase_ = c.answer ? Phase::kAnswer : Phase::kFree;
+  else
+    phase_ = start == ThinkState::kInside ? Phase::kReasoning : Phase::kStart;
   if (c.answer) answer_.emplace(c.answer, c.vocab, stop_ids_);
   if (c.tool_block) tool_.emplace(c.tool_block, c.vocab, stop_ids_);
 }

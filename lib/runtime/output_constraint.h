@@ -82,8 +82,10 @@ size_t MinTurnTokens(const OutputConstraint& c, ThinkState start);
 // One turn's state: Mask before each token is sampled, Accept with each token generated.
 class TurnConstraint {
  public:
-  // stop_ids: the ids that end the turn (allowed once the answer is complete).
-  TurnConstraint(const OutputConstraint& c, ThinkState start, const MarkupIds& ids, std::vector<int32_t> stop_ids);
+  // stop_ids: the ids that end the turn (allowed once the answer is complete). raw: the whole
+  // output is the answer from its first token (a completions prompt: no reasoning, no markup).
+  TurnConstraint(const OutputConstraint& c, ThinkState start, const MarkupIds& ids, std::vector<int32_t> stop_ids,
+                 bool raw = false);
   // Sets the logits of the tokens that may not come next to -infinity; tokens_left counts the
   // tokens the turn may still emit, this one included.
   void Mask(std::span<float> logits, size_t tokens_left);

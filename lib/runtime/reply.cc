@@ -58,7 +58,8 @@ PreparedReply Reply::Prepare(Api api, const ojson& body, const std::string& uniq
   reply->open_ = n;
   for (size_t c = 0; c < n; ++c) {
     auto prompt =
-        TurnInputs(context.text, reply->request_, reply->id_, context.scheduler.max_context(), &reply->turns_[c], c);
+        TurnInputs(context.text, reply->request_, reply->id_, context.scheduler.max_context(), &reply->turns_[c], c,
+                   c > 0 ? &reply->turns_[0].constraint : nullptr);
     if (prompt.ok()) {
       // Permanent: a prompt whose cache can never fit the budget is the client's to change (4xx).
       if (Status fits = context.scheduler.CheckFitsBudget(prompt->size()); !fits.ok()) prompt = fits;

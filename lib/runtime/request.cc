@@ -49,7 +49,8 @@ SamplingParams ChoiceSampling(const Request& r, size_t choice) {
 }
 
 StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,
-                                          size_t max_context, TurnOptions* turn, size_t choice) {
+                                          size_t max_context, TurnOptions* turn, size_t choice,
+                                          const OutputConstraint* built) {
   turn->raw = !r.chat;
   turn->generate = GenerateOptions{r.max_tokens, text.stop_ids(), r.lookup};
   turn->tool_call_id_prefix = r.tool_call_id_prefix + id + "_" + (choice > 0 ? std::to_string(choice) + "_" : "");
@@ -60,7 +61,11 @@ StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r
   if (ids.empty()) return InvalidArgument("the prompt encodes to no tokens");
   if (ids.size() > max_context)
     return OutOfRange("the prompt has ", ids.size(), " tokens but the context limit is ", max_context);
-  M3_ASSIGN_OR_RETURN(turn->constraint, BuildConstraint(r.output, r.tools, text));
+  if (built) {
+    turn->constraint = *built;
+  } else {
+    M3_ASSIGN_OR_RETURN(turn->constraint, BuildConstraint(r.output, r.tools, text));
+  }
   if (turn->constraint.answer || turn->constraint.tool_block) {
     // A reply under a constraint is complete and valid whatever the model, if it has the room.
     const std::string field = ConstraintField(r.output);

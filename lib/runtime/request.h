@@ -52,7 +52,7 @@ struct Request {
   bool literal_content = false;  // RequestDefaults::literal_content
   bool stream = false;
   bool include_usage = false;  // a stream ends with the usage
-  OutputSpec output;           // constrained output (lib/constrain), chat only
+  OutputSpec output;           // constrained output (lib/constrain); a completion's whole text
   // Tool-call ids are this + the request's id + "_" + (the choice past 0 + "_") + k.
   std::string tool_call_id_prefix = "call_";
 };
@@ -71,8 +71,11 @@ SamplingParams ChoiceSampling(const Request& r, size_t choice);
 // across requests as `id` is) and the output constraint (BuildConstraint). OutOfRange when the
 // prompt, or the prompt and the shortest reply its constraint allows, is longer than max_context;
 // InvalidArgument for a token id outside the vocabulary or a constraint the request cannot meet.
+// `built`: the request's constraint as an earlier choice built it (a request compiles its schema,
+// grammar or tools once, whatever its count of choices and prompts).
 StatusOr<std::vector<int32_t>> TurnInputs(const ChatText& text, const Request& r, const std::string& id,
-                                          size_t max_context, TurnOptions* turn, size_t choice = 0);
+                                          size_t max_context, TurnOptions* turn, size_t choice = 0,
+                                          const OutputConstraint* built = nullptr);
 
 // One choice's turn once it has ended: its prompt ids, the pieces it passed on, how it ended.
 struct ChoiceResult {
