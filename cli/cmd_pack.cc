@@ -68,7 +68,8 @@ void AddPackCommand(CLI::App& app, int* rc) {
   cmd->add_option("--type", a->type, "q8 | q4 | q4-mixed (routed experts q4, the rest q8)")
       ->check(CLI::IsMember({"q8", "q4", "q4-mixed"}))
       ->capture_default_str();
-  cmd->add_flag("--force", a->force, "replace an existing model.m3w in the output folder");
+  cmd->add_flag("--force", a->force,
+                "replace the pack in the output folder (in one step, once the new one is complete)");
   cmd->add_option("-t,--threads", a->threads, "threads (0: every core)")->capture_default_str();
   cmd->callback([a, rc] { *rc = RunPack(*a); });
 }

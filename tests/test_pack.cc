@@ -4,6 +4,7 @@
 // damaged files give clear errors; an interrupted pack leaves no model.m3w; loading maps the
 // file without reading it.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -602,9 +603,52 @@ TEST_CASE("pack refuses to overwrite without force, and failures leave no model.
     CHECK_FALSE(fs::exists(fresh / m3::kPackFileName));
     CHECK_FALSE(fs::exists(fresh / "model.m3w.partial"));
     // With --force over a good pack, the old file stays as it was.
+    const std::string config = ReadBytes(out / "config.json");
     RequireError(Pack(src.string(), out, m3::PackType::kQ8, true), StatusCode::kInvalidArgument, {bad_tensor});
     CHECK(ReadBytes(out / m3::kPackFileName) == first);
+    CHECK(ReadBytes(out / "config.json") == config);
     CHECK_FALSE(fs::exists(out / "model.m3w.partial"));
+    CHECK_FALSE(fs::exists(tmp.path() / ".packed.m3pack-partial"));
+  }
+  SECTION("a folder holding anything but a pack is never written into, even with --force") {
+    const fs::path mine = tmp.path() / "mine";
+    fs::create_directories(mine);
+    WriteBytes(mine / "notes.txt", "keep me");
+    for (bool force : {false, true})
+      RequireError(Pack(s1, mine, m3::PackType::kQ8, force), StatusCode::kInvalidArgument, {"notes.txt", "new or empty"});
+    CHECK(ReadBytes(mine / "notes.txt") == "keep me");
+    CHECK(std::distance(fs::directory_iterator(mine), fs::directory_iterator()) == 1);
+    // Another HuggingFace checkpoint: its config.json is not replaced.
+    const fs::path checkpoint = tmp.path() / "checkpoint";
+    fs::copy(s1, checkpoint);
+    const std::string config = ReadBytes(checkpoint / "config.json");
+    RequireError(Pack(s1, checkpoint, m3::PackType::kQ8, true), StatusCode::kInvalidArgument, {"not a file of a pack"});
+    CHECK(ReadBytes(checkpoint / "config.json") == config);
+    CHECK_FALSE(fs::exists(checkpoint / m3::kPackFileName));
+  }
+  SECTION("a --force pack replaces the folder in one step; what a killed pack left is removed") {
+    const fs::path staging = tmp.path() / ".packed.m3pack-partial";
+    fs::create_directories(staging);
+    WriteBytes(staging / m3::kPackFileName, first.substr(0, 5000));  // a killed run's partial file
+    RequireOk(Pack(s1, out, m3::PackType::kQ4, /*force=*/true));
+    CHECK_FALSE(fs::exists(staging));
+    CHECK_FALSE(fs::exists(tmp.path() / ".packed.m3pack-old"));
+    CHECK(ReadBytes(out / "config.json") == ReadBytes(fs::path(s1) / "config.json"));
+    auto pf = m3::PackFile::Open((out / m3::kPackFileName).string());
+    RequireOk(pf);
+    CHECK(pf.value()->pack_type() == "q4");
+    // A trailing separator names the same folder.
+    RequireOk(Pack(s1, fs::path(out.string() + "/"), m3::PackType::kQ8, /*force=*/true));
+    CHECK(ReadBytes(out / m3::kPackFileName) == first);
+  }
+  SECTION("two packs of one folder at once: the second is refused while the first holds the lock") {
+    const int fd = ::open((tmp.path() / ".packed.m3pack-lock").c_str(), O_RDWR | O_CREAT, 0644);
+    REQUIRE(fd >= 0);
+    REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+    RequireError(Pack(s1, out, m3::PackType::kQ4, true), StatusCode::kUnavailable, {"another `m3 pack`"});
+    ::close(fd);
+    CHECK(ReadBytes(out / m3::kPackFileName) == first);
+    RequireOk(Pack(s1, out, m3::PackType::kQ4, true));
   }
   SECTION("a folder left with only model.m3w.partial (pack killed) says so") {
     const fs::path killed = tmp.path() / "killed";

@@ -13,6 +13,7 @@
 #include "base/aligned_buffer.h"
 #include "base/hash.h"
 #include "format/safetensors.h"
+#include "model/pack_target.h"
 #include "ops/convert.h"
 #include "platform/parallel.h"
 
@@ -31,10 +32,6 @@ using simd::WeightRef;
 constexpr size_t kChunkTiles = 64;
 
 // Files copied next to model.m3w when the source has them.
-const char* const kSideFiles[] = {"config.json",        "generation_config.json",  "tokenizer.json",
-                                  "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                                  "vocab.json",         "merges.txt",              "tokenizer.model",
-                                  "chat_template.jinja", "chat_template.json"};
 
 bool IsRouter(const std::string& name) {
   static const std::string suffix = "block_sparse_moe.gate.weight";
@@ -67,16 +64,6 @@ void AddToLayout(const ModelConfig& cfg, const TensorSlot& s, PackType type, Pac
   layout->Add(s.name, f, rows, cols, group, layer, expert);
 }
 
-// Removes the partial output unless disarmed (every early return of PackModel after creating it).
-struct PartialFileGuard {
-  std::string path;
-  bool armed = true;
-  ~PartialFileGuard() {
-    if (!armed) return;
-    std::error_code ec;
-    fs::remove(path, ec);
-  }
-};
 
 std::string Gb(uint64_t bytes) { return Str(static_cast<double>(bytes) / 1e9, " GB"); }
 
@@ -214,14 +201,6 @@ class TensorPacker {
   std::vector<AlignedBuffer<float>> decoded_;
 };
 
-Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError(dir, ": cannot open folder to sync it");
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) return IoError(dir, ": fsync of the folder failed");
-  return Status::Ok();
-}
 
 }  // namespace
 
@@ -278,15 +257,13 @@ PackLayout PlanPackLayout(const ModelConfig& cfg, int mtp_depths, PackType type)
 StatusOr<PackSummary> PackModel(const PackOptions& opt) {
   const auto start = std::chrono::steady_clock::now();
   const ThreadConfig tc{ResolveThreadCount(opt.threads)};
-  const fs::path out_dir(opt.output_dir);
-  const fs::path final_path = out_dir / kPackFileName;
-  const fs::path partial_path = out_dir / (std::string(kPackFileName) + ".partial");
   std::error_code ec;
   if (opt.output_dir.empty()) return InvalidArgument("pack: no output folder given");
-  if (fs::exists(final_path) && !opt.force)
-    return InvalidArgument(opt.output_dir, ": already holds ", kPackFileName, " (use --force to replace it)");
-  if (fs::exists(out_dir) && fs::equivalent(out_dir, opt.source_dir, ec))
+  if (fs::exists(opt.output_dir) && fs::equivalent(opt.output_dir, opt.source_dir, ec))
     return InvalidArgument(opt.output_dir, ": the output folder must differ from the source folder");
+  M3_ASSIGN_OR_RETURN(PackTarget target, PackTarget::Open(opt.output_dir, opt.force));
+  const fs::path out_dir = target.staging();
+  const fs::path final_path = fs::path(opt.output_dir) / kPackFileName;
 
   if (fs::exists(fs::path(opt.source_dir) / kPackFileName)) {
     // A packed folder has no safetensors; say so rather than "no model.safetensors".
@@ -316,8 +293,6 @@ StatusOr<PackSummary> PackModel(const PackOptions& opt) {
     sources.push_back(std::move(t));
   });
 
-  fs::create_directories(out_dir, ec);
-  if (ec) return IoError(opt.output_dir, ": cannot create the folder: ", ec.message());
   const uint64_t file_estimate = layout.data_end() + (uint64_t{1} << 20) * (1 + layout.tensors().size() / 4096);
   struct statvfs vfs;
   if (::statvfs(out_dir.c_str(), &vfs) == 0) {
@@ -327,8 +302,7 @@ StatusOr<PackSummary> PackModel(const PackOptions& opt) {
                      " are free");
   }
 
-  PartialFileGuard guard{partial_path.string()};
-  M3_ASSIGN_OR_RETURN(auto writer, PackWriter::Create(partial_path.string()));
+  M3_ASSIGN_OR_RETURN(auto writer, PackWriter::Create((out_dir / kPackFileName).string()));
   const uint64_t total = layout.payload_bytes();
   uint64_t done = 0;
   if (opt.progress) opt.progress(0, total);
@@ -357,17 +331,13 @@ StatusOr<PackSummary> PackModel(const PackOptions& opt) {
         {"mtp_depths", stats.mtp_depths}}}};
   M3_RETURN_IF_ERROR(writer->Finish(layout, meta));
 
-  // Side files before the rename: once model.m3w appears, the folder is complete.
-  for (const char* name : kSideFiles) {
+  for (const char* name : kPackSideFiles) {
     const fs::path from = fs::path(opt.source_dir) / name;
     if (!fs::exists(from)) continue;
-    fs::copy_file(from, out_dir / name, fs::copy_options::overwrite_existing, ec);
+    fs::copy_file(from, out_dir / name, ec);
     if (ec) return IoError(opt.output_dir, ": cannot copy ", name, ": ", ec.message());
   }
-  fs::rename(partial_path, final_path, ec);
-  if (ec) return IoError(final_path.string(), ": cannot rename the finished file into place: ", ec.message());
-  guard.armed = false;
-  M3_RETURN_IF_ERROR(SyncDirectory(opt.output_dir));
+  M3_RETURN_IF_ERROR(target.Commit());
 
   PackSummary sum;
   sum.tensors = planned.size();

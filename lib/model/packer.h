@@ -21,6 +21,13 @@
 
 namespace m3 {
 
+// The checkpoint's files a pack's folder gets a copy of (the tokenizer, the chat template, the
+// configs), beside model.m3w.
+inline constexpr const char* kPackSideFiles[] = {
+    "config.json",           "generation_config.json",  "tokenizer.json",    "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json",     "vocab.json",        "merges.txt",
+    "tokenizer.model",       "chat_template.jinja",     "chat_template.json"};
+
 enum class PackType { kQ8, kQ4, kQ4Mixed };
 
 const char* PackTypeName(PackType t);  // "q8" | "q4" | "q4-mixed"
