@@ -608,6 +608,14 @@ TEST_CASE("openai: /tokenize and /detokenize bodies", "[openai]") {
   CHECK_THAT(error(ojson{{"content", "a"}, {"messages", messages}}), Contains("one of them"));
   CHECK_THAT(error(ojson{{"content", 5}}), Contains("\"content\" must be a string"));
   CHECK_THAT(error(ojson{{"content", "a"}, {"with_pieces", 1}}), Contains("\"with_pieces\" must be true or false"));
+  // Pieces are bounded by count (~200 bytes each in memory); the ids alone only by the text.
+  std::string many;
+  for (size_t i = 0; i <= openai::kMaxTokenizePieces; ++i) many += " x";
+  CHECK_THAT(error(ojson{{"content", many}, {"with_pieces", true}}), Contains("at most 262144 tokens"));
+  CHECK_THAT(error(ojson{{"content", many}, {"return_token_strs", true}}), Contains("at most 262144 tokens"));
+  auto ids_only = openai::Tokenize(text, ojson{{"content", many}}, {}, 4096);
+  REQUIRE(ids_only.ok());
+  CHECK((*ids_only)["count"].get<size_t>() > openai::kMaxTokenizePieces);
   CHECK_THAT(error(ojson{{"content", "a"}, {"bogus", 1}}), Contains("\"bogus\" is not supported"));
   CHECK_THAT(error(ojson{{"messages", ojson::array()}}), Contains("\"messages\" must be a non-empty array"));
   CHECK_THAT(error(ojson{{"messages", {{{"role", "wizard"}, {"content", "x"}}}}}), Contains("messages[0].role"));

@@ -768,6 +768,9 @@ StatusOr<ojson> Tokenize(const ChatText& text, const ojson& body, const RequestD
       ids = text.tokenizer().Encode(rendered);
     }
   }
+  if ((with_pieces || token_strs) && ids.size() > kMaxTokenizePieces)
+    return InvalidArgument("\"with_pieces\" and \"return_token_strs\" take at most ", kMaxTokenizePieces,
+                           " tokens; this input has ", ids.size(), " (ask for the ids alone, or in parts)");
   ojson tokens = ojson::array(), strs = ojson::array();
   for (const int32_t id : ids) {
     if (token_strs) strs.push_back(text.tokenizer().TokenString(id));
@@ -784,8 +787,11 @@ StatusOr<ojson> Tokenize(const ChatText& text, const ojson& body, const RequestD
     }
     tokens.push_back({{"id", id}, {"piece", piece}});
   }
-  ojson out = {{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", max_model_len}};
-  if (token_strs) out["token_strs"] = strs;
+  ojson out = ojson::object();
+  out["tokens"] = std::move(tokens);
+  out["count"] = ids.size();
+  out["max_model_len"] = max_model_len;
+  if (token_strs) out["token_strs"] = std::move(strs);
   return out;
 }
 

@@ -151,6 +151,9 @@ ojson ErrorBody(const std::string& message, int http_status);
 // "token_strs" beside)} -> {"tokens", "count", "max_model_len"}. InvalidArgument naming the field.
 inline constexpr size_t kMaxTokenizeBytes = size_t{8} << 20;  // text of one /tokenize request
 inline constexpr size_t kMaxDetokenizeTokens = size_t{1} << 20;
+// Tokens of one /tokenize reply with "with_pieces" or "return_token_strs": each is a JSON object
+// or string of ~200 bytes in memory (the ids alone have no limit but the text's).
+inline constexpr size_t kMaxTokenizePieces = size_t{1} << 18;
 StatusOr<ojson> Tokenize(const ChatText& text, const ojson& body, const RequestDefaults& defaults,
                          size_t max_model_len);
 // POST /detokenize: {"tokens": [ids]} -> {"content": text, "prompt": text} (llama.cpp's and vLLM's
