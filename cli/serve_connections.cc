@@ -6,10 +6,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status.h"
 
 namespace m3::cli {
 namespace {
@@ -50,6 +58,63 @@ void AddressOf(const sockaddr_storage& a, std::string& ip, int& port) {
   ip = text;
 }
 
+// The framing of a request head: one Content-Length of digits, or Transfer-Encoding: chunked,
+// not both (a body whose end two readers would find in different places). 0, or 400 with `why`.
+int CheckFraming(std::string_view head, std::string* why) {
+  int lengths = 0;
+  bool chunked = false;
+  size_t at = head.find('\n');  // past the request line
+  while (at != std::string_view::npos && at + 1 < head.size()) {
+    const size_t next = head.find('\n', at + 1);
+    std::string_view line = head.substr(at + 1, next == std::string_view::npos ? std::string_view::npos : next - at - 1);
+    at = next;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;  // httplib refuses it
+    std::string name(line.substr(0, colon));
+    for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    if (name == "content-length") {
+      ++lengths;
+      const bool digits = !value.empty() && value.size() <= 19 &&
+                          std::all_of(value.begin(), value.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+      if (!digits) {
+        *why = Str("Content-Length '", std::string(value.substr(0, 40)), "' is not a byte count");
+        return 400;
+      }
+    } else if (name == "transfer-encoding") {
+      std::string v(value);
+      for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      if (v != "chunked") {
+        *why = Str("Transfer-Encoding '", std::string(value.substr(0, 40)), "' is not supported (only chunked)");
+        return 400;
+      }
+      chunked = true;
+    }
+  }
+  if (lengths > 1 || (lengths == 1 && chunked)) {
+    *why = lengths > 1 ? "more than one Content-Length" : "both Content-Length and Transfer-Encoding";
+    return 400;
+  }
+  return 0;
+}
+
+// A whole reply that closes the connection, for a request httplib never saw.
+void SendAndClose(int fd, int status, const std::string& message, const std::string& retry_after = "") {
+  const char* reason = status == 431 ? "Request Header Fields Too Large"
+                       : status == 503 ? "Service Unavailable"
+                                       : "Bad Request";
+  const char* type = status == 503 ? "server_error" : "invalid_request_error";
+  const std::string body = Str(R"({"error":{"message":)", nlohmann::json(message).dump(), R"(,"type":")", type,
+                               R"(","param":null,"code":null}})");
+  const std::string reply = Str("HTTP/1.1 ", status, " ", reason, "\r\nContent-Type: application/json\r\n",
+                                retry_after.empty() ? "" : "Retry-After: " + retry_after + "\r\n",
+                                "Connection: close\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  [[maybe_unused]] const ssize_t n = send(fd, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 }  // namespace
 
 // httplib's view of one connection: buffered reads (its request parser reads a byte at a time)
@@ -60,19 +125,17 @@ class GuardedServer::Stream final : public httplib::Stream {
 
   bool is_readable() const override { return pos_ < end_ || (Wait(c_.fd, POLLIN, io_ms_) & (POLLIN | POLLHUP)); }
   bool is_writable() const override { return (Wait(c_.fd, POLLOUT, io_ms_) & POLLOUT) && !PeerClosed(c_.fd); }
+  // Bytes received and not yet read: a pipelined request.
+  bool buffered() const { return pos_ < end_; }
 
   ssize_t read(char* ptr, size_t size) override {
     if (pos_ == end_) {
-      if (!(Wait(c_.fd, POLLIN, io_ms_) & (POLLIN | POLLHUP | POLLERR))) return -1;
-      ssize_t n;
-      do n = recv(c_.fd, buffer_, sizeof buffer_, 0);
-      while (n < 0 && errno == EINTR);
+      pos_ = end_ = 0;
+      const ssize_t n = Receive(kChunk);
       if (n <= 0) return n;
-      pos_ = 0;
-      end_ = static_cast<size_t>(n);
     }
     const size_t n = std::min(size, end_ - pos_);
-    std::memcpy(ptr, buffer_ + pos_, n);
+    std::memcpy(ptr, buffer_.data() + pos_, n);
     pos_ += n;
     return static_cast<ssize_t>(n);
   }
@@ -84,6 +147,41 @@ class GuardedServer::Stream final : public httplib::Stream {
     do n = send(c_.fd, ptr, size, MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
     return n;
+  }
+
+  // Reads until the buffer holds a whole request head (up to its empty line), within the limits;
+  // checks its framing. 0: ready for httplib; else the status to answer (431, 400) with `why`;
+  // -1: the connection ended first.
+  int ReadHead(const ConnectionLimits& limits, std::string* why) {
+    if (pos_ > 0) {  // keep what is unread at the front
+      std::memmove(buffer_.data(), buffer_.data() + pos_, end_ - pos_);
+      end_ -= pos_;
+      pos_ = 0;
+    }
+    size_t scanned = 0, lines = 0;
+    for (;;) {
+      // Lines end with '\n' (httplib also takes a bare '\n'); the head ends at an empty one.
+      while (scanned < end_) {
+        const char* start = buffer_.data() + scanned;
+        const void* nl = std::memchr(start, '\n', end_ - scanned);
+        if (!nl) break;
+        const size_t len = static_cast<const char*>(nl) - start;
+        scanned += len + 1;
+        if (len == 0 || (len == 1 && start[0] == '\r')) {
+          if (lines == 0) continue;  // blank lines before a request line are skipped (RFC 9112 2.2)
+          return CheckFraming(std::string_view(buffer_.data(), scanned), why);
+        }
+        if (++lines > limits.max_header_lines) {
+          *why = Str("the request has more than ", limits.max_header_lines - 1, " header lines");
+          return 431;
+        }
+      }
+      if (end_ >= limits.max_head_bytes) {
+        *why = Str("the request's headers are larger than ", limits.max_head_bytes >> 10, " KiB");
+        return 431;
+      }
+      if (Receive(std::min(kChunk, limits.max_head_bytes - end_)) <= 0) return -1;
+    }
   }
 
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
@@ -99,9 +197,22 @@ class GuardedServer::Stream final : public httplib::Stream {
   socket_t socket() const override { return c_.fd; }
 
  private:
+  static constexpr size_t kChunk = 4096;
+
+  // Appends up to `most` received bytes at end_; recv's result (0: closed, -1: error or timeout).
+  ssize_t Receive(size_t most) {
+    if (!(Wait(c_.fd, POLLIN, io_ms_) & (POLLIN | POLLHUP | POLLERR))) return -1;
+    if (buffer_.size() < end_ + most) buffer_.resize(end_ + most);
+    ssize_t n;
+    do n = recv(c_.fd, buffer_.data() + end_, most, 0);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) end_ += static_cast<size_t>(n);
+    return n;
+  }
+
   Connection& c_;
   const int io_ms_;
-  char buffer_[4096];
+  std::vector<char> buffer_;
   size_t pos_ = 0, end_ = 0;
 };
 
@@ -207,17 +318,10 @@ bool GuardedServer::process_and_close_socket(socket_t sock) {
       ++counts_.refused;
     }
   }
-  if (admitted) {
+  if (admitted)
     Serve(c);
-  } else {
-    static const std::string kBody =
-        R"({"error":{"message":"too many connections: every one is generating, try again","type":"server_error",)"
-        R"("param":null,"code":null}})";
-    static const std::string kBusy =
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-        "Connection: close\r\nContent-Length: " + std::to_string(kBody.size()) + "\r\n\r\n" + kBody;
-    [[maybe_unused]] const ssize_t n = send(sock, kBusy.data(), kBusy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  }
+  else
+    SendAndClose(sock, 503, "too many connections: every one is generating, try again", "1");
   {
     // Out of the list before the descriptor is closed: nobody shuts down a number reused since.
     std::lock_guard<std::mutex> lock(mu_);
@@ -236,12 +340,21 @@ void GuardedServer::Serve(Connection& c) {
     c.since_ms = NowMs();
     // Waiting for the next request, in slices, so that a stop is seen within 100 ms.
     const int64_t wait_until = NowMs() + (served == 0 ? limits_.read_request_seconds : limits_.keep_alive_seconds) * 1000;
-    bool readable = false;
+    bool readable = stream.buffered();  // a pipelined request is already here
     while (!readable && svr_sock_ != INVALID_SOCKET && NowMs() < wait_until)
       readable = Wait(c.fd, POLLIN, 100) != 0;
     if (!readable || svr_sock_ == INVALID_SOCKET) return;
     c.since_ms = NowMs();
     c.phase = Phase::kReading;
+    std::string why;
+    if (const int refusal = stream.ReadHead(limits_, &why); refusal != 0) {
+      if (refusal > 0) {
+        SendAndClose(c.fd, refusal, why);
+        std::lock_guard<std::mutex> lock(mu_);
+        ++counts_.bad_heads;
+      }
+      return;
+    }
     bool connection_closed = false;
     const bool last = served + 1 >= kRequestsPerConnection;
     // The request lives in process_request's frame, its handler and reply included.

@@ -8,7 +8,11 @@
 // - past the connection limit, the connection that has been idle or reading longest is closed
 //   to make room (a generating one is never chosen): a new client always gets through;
 // - a handler can ask whether its client has hung up, so that work follows the client: it finds
-//   the connection its request came on with ConnectionOf.
+//   the connection its request came on with ConnectionOf;
+// - a request's head is read whole within a byte and line limit before httplib parses it (httplib
+//   0.11 reads a whole line before its own check and has no total cap), its framing checked
+//   (Content-Length digits only, Transfer-Encoding chunked only, not both): 431 or 400 at once;
+// - pipelined requests (sent before the previous reply) are answered in order.
 #pragma once
 
 #include <httplib.h>
@@ -28,6 +32,10 @@ struct ConnectionLimits {
   int read_request_seconds = 60;  // the headers and body of one request, from its first byte
   int keep_alive_seconds = 5;     // waiting for the next request on an open connection
   int io_seconds = 30;            // one read or write that makes no progress
+  // A request's head (request line and headers), read whole before anything parses it or checks
+  // the API key: past these it is answered 431 and the connection closed.
+  size_t max_head_bytes = 64 << 10;
+  size_t max_header_lines = 128;
 };
 
 struct ConnectionCounts {
@@ -36,6 +44,7 @@ struct ConnectionCounts {
   uint64_t timed_out = 0;  // closed for trickling a request past the deadline
   uint64_t evicted = 0;    // closed to make room for a new one
   uint64_t refused = 0;    // new ones turned away: every open one was busy generating
+  uint64_t bad_heads = 0;  // closed with a 431 or 400 for a request head past the limits or malformed
 };
 
 class GuardedServer : public httplib::Server {

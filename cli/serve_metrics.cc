@@ -59,6 +59,9 @@ void StateText(Server& server, std::string* out) {
          static_cast<double>(conn.evicted));
   Metric(out, "m3_connections_refused_total", "counter", "connections refused: all open ones were generating",
          static_cast<double>(conn.refused));
+  Metric(out, "m3_connections_bad_head_total", "counter",
+         "connections closed with a 431 or 400 for a request head past the limits or malformed",
+         static_cast<double>(conn.bad_heads));
   Metric(out, "m3_draining", "gauge", "1 once SIGTERM or SIGINT asked the server to stop", server.draining ? 1 : 0);
 }
 

@@ -5,7 +5,8 @@ logged), /health and /metrics answer under slow and queued connections, a full q
 with Retry-After, requests trickled past --read-timeout are closed, past --max-connections the
 oldest idle connection gives way, SIGTERM drains and exits 0, --literal-content keeps control
 tokens out of user text, output constraints past the compiler's limits get a quick 400 that
-names the limit without growing the server (issue 46). Latencies are printed; the only bounds are
+names the limit without growing the server, request heads past their limits get a 431 and bad
+framing a 400 at once, pipelined requests all run (issue 46). Latencies are printed; the only bounds are
 generous liveness limits.
 Usage: serve_hostile_check.py M3_BINARY REAL_VOCAB_MODEL_DIR"""
 import json
@@ -236,6 +237,57 @@ try:
         check(status == 200 and got in ("yes", "no"), f"completion under a grammar: {status} {got!r}")
     status, _, _ = post("/v1/chat/completions", short_chat)
     check(status == 200, f"serving others after the refusals: {status}")
+finally:
+    s.stop()
+
+# 6. The HTTP front cannot be inflated (issue 46): a request head past 64 KiB or 128 lines gets a
+# 431 before the API key is checked, bad framing a 400 at once, and pipelined requests all run.
+s = Server(m3, model, "--api-key", "secret", env=env)
+try:
+    def raw_exchange(data, timeout=10):
+        c = s.connect(timeout=timeout)
+        start = time.time()
+        try:
+            c.sendall(data)
+        except OSError:
+            pass  # the server answered and closed before reading it all
+        reply = read_all(c)
+        c.close()
+        return reply.decode("latin-1"), time.time() - start
+
+    rss0 = s.rss_kib()
+    many = b"GET /health HTTP/1.1\r\nHost: localhost\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(10000)) + b"\r\n"
+    long_line = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Long: " + b"a" * (8 << 20) + b"\r\n\r\n"
+    for name, data, status, says in (
+            ("10,000 headers", many, "431", "header lines"),
+            ("an 8 MiB header line", long_line, "431", "larger than 64 KiB"),
+            ("Content-Length: -1", b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\n\r\n",
+             "400", "not a byte count"),
+            ("Transfer-Encoding: xchunked",
+             b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: xchunked\r\n\r\n",
+             "400", "only chunked"),
+            ("Content-Length and chunked", b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+             b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", "400", "both")):
+        reply, seconds = raw_exchange(data)
+        print(f"  {name}: {reply.splitlines()[0] if reply else '(nothing)'} in {seconds:.2f} s")
+        check(reply.startswith("HTTP/1.1 " + status) and says in reply, f"{name}: {reply[:300]!r}")
+        check(seconds < 5, f"{name}: answered after {seconds:.1f} s")
+    grown_mib = (s.rss_kib() - rss0) / 1024
+    print(f"  server RSS after the inflated heads: +{grown_mib:.1f} MiB")
+    check(grown_mib < 64, f"inflated heads grew the server by {grown_mib:.1f} MiB")
+    check(metric(s, "m3_connections_bad_head_total", headers={"Authorization": "Bearer secret"}) == 5,
+          "bad heads counted")
+    # Three pipelined requests, sent together: three answers, in order.
+    auth = b"Authorization: Bearer secret\r\nHost: localhost\r\n"
+    pipelined = (b"GET /health HTTP/1.1\r\n" + auth + b"\r\n" + b"GET /v1/models HTTP/1.1\r\n" + auth + b"\r\n" +
+                 b"GET /health HTTP/1.1\r\n" + auth + b"Connection: close\r\n\r\n")
+    reply, seconds = raw_exchange(pipelined, timeout=30)
+    answers = reply.count("HTTP/1.1 ")  # a reply's status line follows the previous body directly
+    print(f"  three pipelined requests: {answers} answers in {seconds:.2f} s")
+    check(answers == 3 and reply.count("HTTP/1.1 200 OK") == 3 and
+          reply.find('"status":"ok"') < reply.find('"object":"list"') < reply.rfind('"status":"ok"'),
+          f"pipelined: {reply[:600]!r}")
+    check(seconds < 5, f"pipelined requests took {seconds:.1f} s")
 finally:
     s.stop()
 

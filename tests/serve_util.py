@@ -112,8 +112,8 @@ def events(text):
     return out
 
 
-def metric(server, name):
-    status, _, text = server.request("GET", "/metrics")
+def metric(server, name, headers=None):
+    status, _, text = server.request("GET", "/metrics", headers=headers)
     for line in text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
