@@ -47,6 +47,10 @@ def timed_health(server, timeout=10):
     return status, time.time() - start
 
 
+# Under ASan (tests/sanitize.sh sets ASAN_OPTIONS) freed memory waits in its quarantine: RSS
+# bounds are checked in the regular build only.
+rss_bounded = "ASAN_OPTIONS" not in __import__("os").environ
+
 long_chat = {"messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 3000,
              "temperature": 0}  # ~6 s at the tiny model's ~500 tok/s
 short_chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
@@ -228,7 +232,7 @@ try:
         check(seconds < 30, f"{name}: {seconds:.1f} s")
     grown_mib = (s.rss_kib() - rss0) / 1024
     print(f"  server RSS after the refused requests: +{grown_mib:.1f} MiB")
-    check(grown_mib < 64, f"the refused constraints grew the server by {grown_mib:.1f} MiB")
+    check(grown_mib < 64 or not rss_bounded, f"the refused constraints grew the server by {grown_mib:.1f} MiB")
     # A completion's grammar and response_format hold its text (they were ignored: free text, 200).
     for seed in (1, 2):
         status, text, _ = post("/v1/completions", {"prompt": "Is it?", "max_tokens": 8, "seed": seed,
@@ -274,7 +278,7 @@ try:
         check(seconds < 5, f"{name}: answered after {seconds:.1f} s")
     grown_mib = (s.rss_kib() - rss0) / 1024
     print(f"  server RSS after the inflated heads: +{grown_mib:.1f} MiB")
-    check(grown_mib < 64, f"inflated heads grew the server by {grown_mib:.1f} MiB")
+    check(grown_mib < 64 or not rss_bounded, f"inflated heads grew the server by {grown_mib:.1f} MiB")
     check(metric(s, "m3_connections_bad_head_total", headers={"Authorization": "Bearer secret"}) == 5,
           "bad heads counted")
     # Three pipelined requests, sent together: three answers, in order.
