@@ -17,6 +17,16 @@ struct SchemaError {
   Status status;
 };
 [[noreturn]] void Refuse(const std::string& path, const std::string& message);
+// compile(); past the grammar builder's limits, refused at `path` (the innermost schema whose
+// grammar passed them, when each schema's compilation goes through here).
+template <class Compile>
+Seq RefusedPastLimits(const std::string& path, Compile&& compile) {
+  try {
+    return compile();
+  } catch (const GrammarTooLarge& e) {
+    Refuse(path, "the schema expands past " + e.what);
+  }
+}
 
 enum class TextEncoding {
   kJson,    // inside a JSON string: '"', '\\' and control characters escaped

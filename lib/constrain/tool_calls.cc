@@ -175,11 +175,7 @@ class MarkupCompiler {
   // The markup of the values `s` admits; past the builder's limits, refused at the innermost
   // schema whose grammar passed them.
   Seq Value(const json& s, const std::string& path, int depth) {
-    try {
-      return ValueOf(s, path, depth);
-    } catch (const GrammarTooLarge& e) {
-      Refuse(path, "the schema expands past " + e.what);
-    }
+    return RefusedPastLimits(path, [&] { return ValueOf(s, path, depth); });
   }
 
   Seq ValueOf(const json& s_in, const std::string& path, int depth) {
