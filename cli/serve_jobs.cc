@@ -28,11 +28,20 @@ bool JobQueue::Reserve(size_t n) {
   return true;
 }
 
-std::shared_ptr<Job> JobQueue::Start(std::shared_ptr<Reply> reply, const std::string& path) {
-  if (!Reserve(reply->choice_count())) {
+Admission::~Admission() {
+  if (queue_) queue_->in_flight_ -= choices_;
+}
+
+std::optional<Admission> JobQueue::Admit(size_t choices) {
+  if (!Reserve(choices)) {
     ++metrics_.rejected;
-    return nullptr;
+    return std::nullopt;
   }
+  return Admission(this, choices);
+}
+
+std::shared_ptr<Job> JobQueue::Start(std::shared_ptr<Reply> reply, const std::string& path, Admission admitted) {
+  admitted.queue_ = nullptr;  // the choices' ends give the room back (ChoiceEnded)
   ++metrics_.requests;
   auto job = std::make_shared<Job>();
   job->reply = std::move(reply);

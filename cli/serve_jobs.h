@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -25,14 +26,35 @@ struct Job {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
 };
 
+class JobQueue;
+
+// Room in the queue held for a request's choices while it is built (its constraint compiled, its
+// prompts rendered): given back when dropped, unless Start took it.
+class Admission {
+ public:
+  Admission(Admission&& o) noexcept : queue_(o.queue_), choices_(o.choices_) { o.queue_ = nullptr; }
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+  Admission& operator=(Admission&&) = delete;
+  ~Admission();
+
+ private:
+  friend class JobQueue;
+  Admission(JobQueue* queue, size_t choices) : queue_(queue), choices_(choices) {}
+  JobQueue* queue_;
+  size_t choices_;
+};
+
 class JobQueue {
  public:
   JobQueue(size_t slots, size_t max_queue, ServeMetrics& metrics)
       : slots_(slots), max_queue_(max_queue), metrics_(metrics) {}
 
-  // Hands the choices of `reply` to the scheduler if the queue has room for them all; null when
-  // it has not (counted as rejected).
-  std::shared_ptr<Job> Start(std::shared_ptr<Reply> reply, const std::string& path);
+  // Room for `choices` if the queue has it, before the request costs anything; none when it
+  // has not (counted as rejected: a 429).
+  std::optional<Admission> Admit(size_t choices);
+  // Hands the choices of `reply` (built) to the scheduler in the room `admitted` holds.
+  std::shared_ptr<Job> Start(std::shared_ptr<Reply> reply, const std::string& path, Admission admitted);
   // When to try again after a 429 or 503: the queue ahead served at the recent pace, 1..300 s.
   int RetryAfterSeconds();
   // Marks `job` as left by its client: the scheduler drops or stops it within a step.
@@ -43,6 +65,7 @@ class JobQueue {
   size_t in_flight() const { return in_flight_; }
 
  private:
+  friend class Admission;
   bool Reserve(size_t n);
   void ChoiceEnded(const std::shared_ptr<Job>& job, const Status& status, const GenerateStats& st, size_t largest_batch,
                    bool last);

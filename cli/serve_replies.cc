@@ -68,15 +68,23 @@ void HandleCompletion(const std::shared_ptr<Server>& server, Api api, const http
   const GuardedServer::Client client = server->http->ConnectionOf(req);
   const std::optional<ojson> body = ReadJsonBody(req, reader, client, res, server->draining);
   if (!body) return;
-  const PreparedReply prepared = Reply::Prepare(api, *body, server->NewId(), server->replies());
-  if (prepared.seed) res.set_header("X-Seed", std::to_string(*prepared.seed));  // the request's, or a fresh one
-  if (!prepared.reply) return SendError(req, res, HttpStatus(prepared.status), prepared.status.message());
-  const std::shared_ptr<Job> job = server->jobs->Start(prepared.reply, req.path);
-  if (!job)
+  const PreparedReply read = Reply::Read(api, *body, server->NewId(), server->replies());
+  if (read.seed) res.set_header("X-Seed", std::to_string(*read.seed));  // the request's, or a fresh one
+  if (!read.reply) return SendError(req, res, HttpStatus(read.status), read.status.message());
+  // Admitted before anything costly (compiling its constraint, rendering its prompts).
+  std::optional<Admission> admitted = server->jobs->Admit(read.reply->choice_count());
+  if (!admitted)
     return SendError(req, res, 429,
                      Str("the server is busy: ", server->args.slots, " requests generating and ",
                          server->args.max_queue, " waiting (--slots, --max-queue); try again later"),
                      server->jobs->RetryAfterSeconds());
+  // A client that leaves meanwhile stops the compilation within ~10 ms.
+  const Status built = read.reply->Build(server->replies(), {.stop = [client] { return client.Gone(); }});
+  if (!built.ok()) {
+    if (client.Gone()) return;  // nobody to answer
+    return SendError(req, res, HttpStatus(built), built.message());
+  }
+  const std::shared_ptr<Job> job = server->jobs->Start(read.reply, req.path, std::move(*admitted));
   if (job->reply->stream()) return WriteStream(server, job, client, res);
   WriteWhole(*server, *job, client, req, res);
 }

@@ -82,6 +82,11 @@ try:
     status, headers, text = s.request("POST", "/v1/chat/completions", short_chat)
     check(status == 429 and int(headers.get("Retry-After", "0")) >= 1 and "--max-queue" in text
           and json.loads(text)["error"]["code"] == "rate_limit_exceeded", f"queue full: {status} {headers} {text}")
+    # Admission comes before any compiling (issue 46): a grammar the server would refuse after
+    # compiling 2,000,000 elements of it gets the 429 first.
+    costly = dict(short_chat, grammar="root ::= " + " ".join(['"w"{10000}'] * 250))
+    status, _, text = s.request("POST", "/v1/chat/completions", costly)
+    check(status == 429 and "--max-queue" in text, f"a costly grammar with the queue full: {status} {text[:200]}")
     queued.close()
     check(s.wait_log("cancelled", 2), f"queued request cancelled: {s.log()[-800:]}")
     # /health and /metrics answer at once while the slot generates and a request waits.

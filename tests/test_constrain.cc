@@ -2,7 +2,6 @@
 // tool-call compilers, masks against a brute-force Accept of every token, the token budget, and
 // random walks over the real vocabulary whose output an independent validator
 // (json_schema_check.h) and the real output parser check.
-#include <chrono>
 #include <random>
 
 #include "constrain/constrain.h"
@@ -579,6 +578,48 @@ TEST_CASE("budgets: compiling any schema, grammar or tool list stays within the 
   const Status start = Matcher(*wide_enum, v.index, {v.end_id}).StartStatus();
   CHECK_THAT(start.message(), Catch::Contains("more than 1,024 parse stacks"));
   CHECK(Matcher(Gbnf("root ::= \"a\" | \"b\""), v.index, {v.end_id}).StartStatus().ok());
+}
+
+TEST_CASE("budgets: a compilation stops at its time limit and when its requester stops it") {
+  // Many long repetitions in one alternative grow the grammar as they are written, so the limit
+  // refuses them (they were sequences held outside it: 300 x 10,000 copies, ~24 MB each time).
+  std::string gbnf = "root ::=";
+  for (int i = 0; i < 300; ++i) gbnf += " \"a\"{10000}";
+  auto repeats = CompileGbnf(gbnf);
+  REQUIRE_FALSE(repeats.ok());
+  CHECK_THAT(repeats.status().message(), Catch::Contains("expands past 2,000,000 grammar elements"));
+  // Under the limit, the same repetitions are one rule each and compile.
+  auto fewer = CompileGbnf("root ::= \"a\"{10000} \"b\"{3}");
+  REQUIRE(fewer.ok());
+  CHECK(Accepts(*fewer, std::string(10000, 'a') + "bbb"));
+  CHECK_FALSE(Accepts(*fewer, std::string(9999, 'a') + "bbb"));
+
+  // A schema that takes a while to compile (a wide object of bounded strings): refused past its
+  // time, by what it is, and stopped at once by its requester.
+  json wide = {{"type", "object"}, {"properties", json::object()}};
+  for (int i = 0; i < 400; ++i)
+    wide["properties"]["p" + std::to_string(i)] = {{"type", "string"}, {"maxLength", 200}};
+  auto slow = CompileJsonSchema(wide, {.seconds = 0.001, .stop = nullptr});
+  REQUIRE_FALSE(slow.ok());
+  CHECK(slow.status().code() == m3::StatusCode::kInvalidArgument);
+  CHECK_THAT(slow.status().message(), Catch::Contains("took longer than 0.001 s"));
+  int polls = 0;
+  auto stopped = CompileJsonSchema(wide, {.stop = [&] { return ++polls >= 1; }});
+  REQUIRE_FALSE(stopped.ok());
+  CHECK(stopped.status().code() == m3::StatusCode::kUnavailable);
+  CHECK(polls == 1);
+  // The same budget through GBNF and tool calls.
+  auto gbnf_slow = CompileGbnf(gbnf.substr(0, 2000), {.stop = [] { return true; }});
+  REQUIRE_FALSE(gbnf_slow.ok());
+  CHECK_THAT(gbnf_slow.status().message(), Catch::StartsWith("GBNF: the request was stopped"));
+  auto tokens = MarkupTokens::From(*TheVocab().tokenizer);
+  REQUIRE(tokens.ok());
+  std::vector<ToolSpec> specs{{"f", wide}};
+  auto calls_slow = CompileToolCalls(specs, *tokens, false, {.seconds = 0.001, .stop = nullptr});
+  REQUIRE_FALSE(calls_slow.ok());
+  CHECK_THAT(calls_slow.status().message(), Catch::StartsWith("tool calls: compiling it took longer than"));
+  // Within the default budget it compiles.
+  CHECK(CompileJsonSchema(wide).ok());
 }
 
 // Masks against Accept on a fresh copy for every token of a sample, on states along a walk,

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "constrain/budget.h"
 #include "text/tokenizer.h"
 
 namespace m3::constrain {
@@ -33,12 +34,12 @@ class Grammar;  // constrain/grammar.h
 // [^a-z\n] classes, `.`, groups, `|`, `*` `+` `?` `{m}` `{m,}` `{m,n}`, `#` comments, rule
 // references, and <[123]> token-id terminals (special tokens, never matched by text).
 // Errors (InvalidArgument) name the line and what is wrong; left recursion is refused.
-StatusOr<std::shared_ptr<const Grammar>> CompileGbnf(std::string_view text);
+StatusOr<std::shared_ptr<const Grammar>> CompileGbnf(std::string_view text, const CompileBudget& budget = {});
 
 // A compact JSON value (no optional whitespace) valid against `schema`; see json_schema.cc for the
 // supported subset. An unsupported keyword that would change validity is refused
 // (InvalidArgument naming the keyword and its JSON path, e.g. "/properties/a/not").
-StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann::json& schema);
+StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann::json& schema, const CompileBudget& budget = {});
 
 // response_format {"type": "json_object"}: any JSON object (compact).
 std::shared_ptr<const Grammar> AnyJsonObject();
@@ -58,7 +59,7 @@ struct MarkupTokens {
   static StatusOr<MarkupTokens> From(const Tokenizer& tokenizer);
 };
 StatusOr<std::shared_ptr<const Grammar>> CompileToolCalls(std::span<const ToolSpec> tools, const MarkupTokens& t,
-                                                          bool single_call = false);
+                                                          bool single_call = false, const CompileBudget& budget = {});
 
 // Each text token's bytes in a byte trie (added and special tokens are left out: only <[id]>
 // terminals match them). Immutable; build once per tokenizer.

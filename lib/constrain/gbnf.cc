@@ -19,7 +19,7 @@ bool IsWordChar(char c) {
 
 class GbnfParser {
  public:
-  explicit GbnfParser(std::string_view text) : t_(text) {}
+  GbnfParser(std::string_view text, const CompileBudget& budget) : t_(text), b_(budget) {}
 
   StatusOr<std::shared_ptr<const Grammar>> Parse() {
     if (t_.size() > kMaxGbnfBytes) {
@@ -33,6 +33,8 @@ class GbnfParser {
       }
     } catch (const GrammarTooLarge& e) {
       Fail("the grammar expands past ", e.what, " (repetitions and rules as compiled)");
+    } catch (const CompileInterrupted& e) {
+      return Status(e.status.code(), "GBNF: " + e.status.message());
     }
     if (!ok()) return error_;
     auto it = std::find(names_.begin(), names_.end(), std::string("root"));
@@ -430,6 +432,8 @@ class GbnfParser {
 
 }  // namespace
 
-StatusOr<std::shared_ptr<const Grammar>> CompileGbnf(std::string_view text) { return GbnfParser(text).Parse(); }
+StatusOr<std::shared_ptr<const Grammar>> CompileGbnf(std::string_view text, const CompileBudget& budget) {
+  return GbnfParser(text, budget).Parse();
+}
 
 }  // namespace m3::constrain

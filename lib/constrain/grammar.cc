@@ -84,12 +84,34 @@ std::string WithCommas(size_t n) {
 
 }  // namespace
 
+GrammarBuilder::GrammarBuilder(const CompileBudget& budget)
+    : budget_(budget),
+      deadline_(std::chrono::steady_clock::now() +
+                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                    std::chrono::duration<double>(budget.seconds))),
+      next_stop_check_(std::chrono::steady_clock::now()) {}
+
+void GrammarBuilder::Poll() {
+  if (++growths_ % kPollEvery != 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now > deadline_) {
+    throw CompileInterrupted{InvalidArgument("compiling it took longer than ", budget_.seconds,
+                                             " s (the limit per request): the grammar is too large or too "
+                                             "repetitive")};
+  }
+  if (budget_.stop && now >= next_stop_check_) {
+    next_stop_check_ = now + std::chrono::milliseconds(10);
+    if (budget_.stop()) throw CompileInterrupted{Status(StatusCode::kUnavailable, "the request was stopped while it compiled")};
+  }
+}
+
 void GrammarBuilder::Charge(size_t more) const {
   if (more > kMaxElements - std::min(elements_, kMaxElements))
     throw GrammarTooLarge{WithCommas(kMaxElements) + " grammar elements"};
 }
 
 uint32_t GrammarBuilder::NewRule(std::string name) {
+  Poll();
   if (alts_.size() >= kMaxRules) throw GrammarTooLarge{WithCommas(kMaxRules) + " rules"};
   const auto id = static_cast<uint32_t>(alts_.size());
   alts_.emplace_back();
@@ -108,6 +130,7 @@ uint32_t GrammarBuilder::NamedRule(const std::string& name) {
 }
 
 void GrammarBuilder::AddAlt(uint32_t rule, Seq alt) {
+  Poll();
   Charge(alt.size() + 1);
   elements_ += alt.size() + 1;
   defined_[rule] = true;
@@ -235,10 +258,13 @@ Seq GrammarBuilder::Repeat(const Seq& x_in, int64_t min, int64_t max) {
   const int64_t uses = min + (max < 0 ? 1 : max - min);
   const Seq x = uses > 1 ? Unit(x_in, "rep") : x_in;
   // The required copies are charged before they are made (the optional ones are rules, each
-  // charged as it is added).
+  // charged as it is added). More than a few become a rule of their own at once, so that what the
+  // callers hold and concatenate before adding it stays small: a thousand `x{10000}` in one
+  // alternative grow the grammar (and are refused past its limit), not a sequence in flight.
   Charge(static_cast<size_t>(min) * x.size());
   Seq s;
   for (int64_t i = 0; i < min; ++i) s.insert(s.end(), x.begin(), x.end());
+  if (s.size() > kMaxInlineCopies) s = Unit(std::move(s), "rep");
   if (max < 0) {
     Seq t = Star(x);
     s.insert(s.end(), t.begin(), t.end());

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "constrain/budget.h"
 
 namespace m3::constrain {
 
@@ -94,11 +97,15 @@ struct GrammarTooLarge {
 
 class GrammarBuilder {
  public:
+  explicit GrammarBuilder(const CompileBudget& budget = {});
+
   // Limits on what one grammar may grow to (a schema's {0,100000} or a huge GBNF is refused), so
   // that compiling any request costs at most ~40 MB and a fraction of a second: every
   // alternative added and every repetition is checked against them as the grammar grows.
   static constexpr size_t kMaxElements = 2'000'000;
   static constexpr size_t kMaxRules = 200'000;
+  // Repeat's required copies longer than this are made a rule (see Repeat).
+  static constexpr size_t kMaxInlineCopies = 16;
 
   uint32_t NewRule(std::string name);
   void AddAlt(uint32_t rule, Seq alt);
@@ -142,6 +149,13 @@ class GrammarBuilder {
   std::vector<ByteSet> sets_;
   std::map<ByteSet, uint32_t> set_index_;
   size_t elements_ = 0;
+
+  // The budget's checks: every kPollEvery growths, the clock; `stop` at most every 10 ms.
+  void Poll();
+  static constexpr unsigned kPollEvery = 256;
+  CompileBudget budget_;
+  std::chrono::steady_clock::time_point deadline_, next_stop_check_;
+  unsigned growths_ = 0;
 };
 
 // Code points as UTF-8 byte-range sequences: each inner vector is one sequence of (lo, hi) byte

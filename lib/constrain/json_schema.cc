@@ -529,9 +529,9 @@ class SchemaCompiler {
 
 }  // namespace
 
-StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann::json& schema) {
+StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann::json& schema, const CompileBudget& budget) {
   try {
-    GrammarBuilder b;
+    GrammarBuilder b(budget);
     SchemaCompiler c(b, schema);
     const uint32_t root = b.NewRule("root");
     b.AddAlt(root, c.Value(schema, "", 0));
@@ -540,6 +540,8 @@ StatusOr<std::shared_ptr<const Grammar>> CompileJsonSchema(const nlohmann::json&
     return Status(e.status.code(), "JSON schema " + e.status.message());
   } catch (const GrammarTooLarge& e) {
     return InvalidArgument("JSON schema: the schema expands past ", e.what);
+  } catch (const CompileInterrupted& e) {
+    return Status(e.status.code(), "JSON schema: " + e.status.message());
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument("JSON schema: ", e.what());
   }

@@ -325,11 +325,11 @@ StatusOr<MarkupTokens> MarkupTokens::From(const Tokenizer& tokenizer) {
 }
 
 StatusOr<std::shared_ptr<const Grammar>> CompileToolCalls(std::span<const ToolSpec> tools, const MarkupTokens& t,
-                                                          bool single_call) {
+                                                          bool single_call, const CompileBudget& budget) {
   if (tools.empty()) return InvalidArgument("tool calls: no tools given");
   if (t.ns < 0 || t.tool_call_open < 0 || t.tool_call_close < 0) return InvalidArgument("tool calls: markup token ids missing");
   try {
-    GrammarBuilder b;
+    GrammarBuilder b(budget);
     MarkupCompiler c(b, t);
     std::vector<Seq> invokes;
     std::set<std::string> seen;
@@ -380,6 +380,8 @@ StatusOr<std::shared_ptr<const Grammar>> CompileToolCalls(std::span<const ToolSp
     return Status(e.status.code(), "tool calls: " + e.status.message());
   } catch (const GrammarTooLarge& e) {
     return InvalidArgument("tool calls: the tools expand past ", e.what);
+  } catch (const CompileInterrupted& e) {
+    return Status(e.status.code(), "tool calls: " + e.status.message());
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgument("tool calls: ", e.what());
   }

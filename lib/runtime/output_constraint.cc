@@ -1,6 +1,7 @@
 #include "runtime/output_constraint.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <utility>
 
@@ -15,8 +16,9 @@ MarkupIds MarkupIds::From(const Tokenizer& tokenizer) {
 }
 
 StatusOr<std::shared_ptr<const constrain::Grammar>> CompileUserGrammar(std::string_view gbnf,
-                                                                       const constrain::VocabIndex& vocab) {
-  M3_ASSIGN_OR_RETURN(auto g, constrain::CompileGbnf(gbnf));
+                                                                       const constrain::VocabIndex& vocab,
+                                                                       const constrain::CompileBudget& budget) {
+  M3_ASSIGN_OR_RETURN(auto g, constrain::CompileGbnf(gbnf, budget));
   M3_RETURN_IF_ERROR(constrain::CheckGrammarTokens(*g, vocab));
   return g;
 }
@@ -36,8 +38,15 @@ Status Followable(const std::shared_ptr<const constrain::Grammar>& g, const Outp
 }  // namespace
 
 StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohmann::ordered_json& tools,
-                                           const ChatText& text) {
+                                           const ChatText& text, const constrain::CompileBudget& budget) {
   using Spec = OutputSpec;
+  // Each grammar compiles within what is left of the request's time.
+  const auto start = std::chrono::steady_clock::now();
+  auto left = [&] {
+    constrain::CompileBudget b = budget;
+    b.seconds -= std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return b;
+  };
   OutputConstraint c;
   const bool forced = spec.tool_choice != Spec::ToolChoice::kAuto;
   bool strict = false;
@@ -61,7 +70,7 @@ StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohman
   c.vocab = text.vocab_index();
   if (forced || strict) {
     M3_ASSIGN_OR_RETURN(const constrain::MarkupTokens markup, constrain::MarkupTokens::From(text.tokenizer()));
-    auto g = constrain::CompileToolCalls(specs, markup, !spec.parallel_tool_calls);
+    auto g = constrain::CompileToolCalls(specs, markup, !spec.parallel_tool_calls, left());
     if (!g.ok()) return InvalidArgument("\"tools\": ", g.status().message());
     M3_RETURN_IF_ERROR(Followable(*g, c, "\"tools\""));
     if (forced) {
@@ -75,7 +84,7 @@ StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohman
     case Spec::Answer::kFree:
       break;
     case Spec::Answer::kGrammar: {
-      auto g = CompileUserGrammar(spec.grammar, *c.vocab);
+      auto g = CompileUserGrammar(spec.grammar, *c.vocab, left());
       if (!g.ok()) return InvalidArgument("\"grammar\": ", g.status().message());
       M3_RETURN_IF_ERROR(Followable(*g, c, "\"grammar\""));
       c.answer = *g;
@@ -85,7 +94,7 @@ StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohman
       c.answer = constrain::AnyJsonObject();
       break;
     case Spec::Answer::kJsonSchema: {
-      auto g = constrain::CompileJsonSchema(nlohmann::json(spec.schema));
+      auto g = constrain::CompileJsonSchema(nlohmann::json(spec.schema), left());
       if (!g.ok()) return InvalidArgument("\"response_format.json_schema.schema\": ", g.status().message());
       M3_RETURN_IF_ERROR(Followable(*g, c, "\"response_format.json_schema.schema\""));
       c.answer = *g;

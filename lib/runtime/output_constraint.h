@@ -58,16 +58,18 @@ struct OutputConstraint {
 // A user's GBNF grammar (a request's "grammar", --grammar) compiled; refused when it names a
 // token id the vocabulary lacks (it could never be finished).
 StatusOr<std::shared_ptr<const constrain::Grammar>> CompileUserGrammar(std::string_view gbnf,
-                                                                       const constrain::VocabIndex& vocab);
+                                                                       const constrain::VocabIndex& vocab,
+                                                                       const constrain::CompileBudget& budget = {});
 
 // The turn's constraint from what its request asks: a forced tool call (tool_choice required or
 // named), a grammar, a JSON answer, and tool calls under their schemas when any tool is strict
 // (then every tool's schema must compile: the model may call any of them). `tools`: the request's
 // tools in the chat template's form ([{"type": "function", "function": {"name", "parameters"?,
 // "strict"?}}], or null). InvalidArgument naming the request field at fault ("tools", "grammar",
-// "response_format.json_schema.schema").
+// "response_format.json_schema.schema"). `budget` is the whole request's: its grammars compile
+// within its time together, and stop when it says (the client left).
 StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohmann::ordered_json& tools,
-                                           const ChatText& text);
+                                           const ChatText& text, const constrain::CompileBudget& budget = {});
 
 // The markup tokens a turn's constraint needs to know (-1 where the vocabulary lacks one).
 struct MarkupIds {

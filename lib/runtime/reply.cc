@@ -40,7 +40,7 @@ const char* IdPrefix(Api api) {
 Reply::Reply(Scheduler& scheduler, std::string id, Request request)
     : scheduler_(scheduler), id_(std::move(id)), request_(std::move(request)) {}
 
-PreparedReply Reply::Prepare(Api api, const ojson& body, const std::string& unique_id, const ReplyContext& context) {
+PreparedReply Reply::Read(Api api, const ojson& body, const std::string& unique_id, const ReplyContext& context) {
   PreparedReply out;
   StatusOr<Request> request = ReadRequest(api, body, context.defaults);
   if (!request.ok()) {
@@ -49,34 +49,45 @@ PreparedReply Reply::Prepare(Api api, const ojson& body, const std::string& uniq
   }
   out.seed = request->sampling.seed;
   std::shared_ptr<Reply> reply(new Reply(context.scheduler, IdPrefix(api) + unique_id, std::move(request).value()));
-  // Every choice is checked here, so that even a stream refuses a bad request before it starts.
+  reply->api_ = api;
   const size_t n = ChoiceCount(reply->request_);
   reply->choices_.resize(n);
   reply->turns_.resize(n);
   reply->ended_.assign(n, 0);
   reply->closed_.assign(n, 0);
   reply->open_ = n;
-  for (size_t c = 0; c < n; ++c) {
-    auto prompt =
-        TurnInputs(context.text, reply->request_, reply->id_, context.scheduler.max_context(), &reply->turns_[c], c,
-                   c > 0 ? &reply->turns_[0].constraint : nullptr);
-    if (prompt.ok()) {
-      // Permanent: a prompt whose cache can never fit the budget is the client's to change (4xx).
-      if (Status fits = context.scheduler.CheckFitsBudget(prompt->size()); !fits.ok()) prompt = fits;
-    }
-    if (!prompt.ok()) {
-      out.status = prompt.status();
-      return out;
-    }
-    reply->choices_[c].prompt = std::move(prompt).value();
-  }
-  if (api == Api::kMessages) {
-    reply->format_ = anthropic::NewReplyFormat(reply->id_, context.model, reply->choices_[0].prompt.size());
-  } else {
-    reply->format_ = openai::NewReplyFormat(context.text.tokenizer(), reply->request_, reply->choices_, reply->id_,
-                                            std::time(nullptr), context.model);
-  }
   out.reply = std::move(reply);
+  return out;
+}
+
+Status Reply::Build(const ReplyContext& context, const constrain::CompileBudget& budget) {
+  // The constraint once for every choice and prompt; every choice is checked here, so that even
+  // a stream refuses a bad request before it starts.
+  M3_ASSIGN_OR_RETURN(const OutputConstraint constraint,
+                      BuildConstraint(request_.output, request_.tools, context.text, budget));
+  for (size_t c = 0; c < choices_.size(); ++c) {
+    M3_ASSIGN_OR_RETURN(std::vector<int32_t> prompt,
+                        TurnInputs(context.text, request_, id_, context.scheduler.max_context(), &turns_[c], c,
+                                   &constraint));
+    // Permanent: a prompt whose cache can never fit the budget is the client's to change (4xx).
+    M3_RETURN_IF_ERROR(context.scheduler.CheckFitsBudget(prompt.size()));
+    choices_[c].prompt = std::move(prompt);
+  }
+  if (api_ == Api::kMessages) {
+    format_ = anthropic::NewReplyFormat(id_, context.model, choices_[0].prompt.size());
+  } else {
+    format_ = openai::NewReplyFormat(context.text.tokenizer(), request_, choices_, id_, std::time(nullptr),
+                                     context.model);
+  }
+  return Status::Ok();
+}
+
+PreparedReply Reply::Prepare(Api api, const ojson& body, const std::string& unique_id, const ReplyContext& context) {
+  PreparedReply out = Read(api, body, unique_id, context);
+  if (out.reply) {
+    out.status = out.reply->Build(context);
+    if (!out.status.ok()) out.reply.reset();
+  }
   return out;
 }
 

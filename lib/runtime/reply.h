@@ -65,9 +65,15 @@ struct PreparedReply {
 
 class Reply : public std::enable_shared_from_this<Reply> {
  public:
-  // Reads `body` as a request of `api`, renders the prompt of each choice and builds its output
-  // constraint, and checks that each fits the context and the scheduler's cache budget.
-  // `unique_id` makes the reply's id (the API's prefix + it) and its tool-call ids unique.
+  // Reads `body` as a request of `api`: its fields only, cheap (what it costs is Build's, which
+  // the server runs once the request is admitted). `unique_id` makes the reply's id (the API's
+  // prefix + it) and its tool-call ids unique.
+  static PreparedReply Read(Api api, const nlohmann::ordered_json& body, const std::string& unique_id,
+                            const ReplyContext& context);
+  // Builds the request's output constraint (once, within `budget`), renders each choice's prompt
+  // and checks that each fits the context and the scheduler's cache budget. Once, before Submit.
+  Status Build(const ReplyContext& context, const constrain::CompileBudget& budget = {});
+  // Read and Build at once (the reply is null when either refuses).
   static PreparedReply Prepare(Api api, const nlohmann::ordered_json& body, const std::string& unique_id,
                                const ReplyContext& context);
   Reply(const Reply&) = delete;
@@ -109,6 +115,7 @@ class Reply : public std::enable_shared_from_this<Reply> {
   Scheduler& scheduler_;
   const std::string id_;
   const Request request_;
+  Api api_ = Api::kChatCompletions;
   std::vector<TurnOptions> turns_;  // of each choice, until Submit
   std::unique_ptr<ReplyFormat> format_;
   const std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);

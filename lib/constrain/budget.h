@@ -1,0 +1,26 @@
+// What compiling one grammar (GBNF, a JSON schema, tool calls) may spend beside its size limits
+// (GrammarBuilder's): docs/CONSTRAIN.md "Limits".
+#pragma once
+
+#include <functional>
+
+#include "base/status.h"
+
+namespace m3::constrain {
+
+// What one compilation may spend beside size: wall-clock time (past it the grammar is refused as
+// too costly to compile), and its requester's interest: `stop`, polled every few milliseconds,
+// ends it at once when it returns true (the client left). Checked where the grammar grows.
+struct CompileBudget {
+  static constexpr double kDefaultSeconds = 2.0;
+  double seconds = kDefaultSeconds;
+  std::function<bool()> stop;
+};
+
+// Thrown by GrammarBuilder when a compilation's budget is spent (the time) or it was stopped;
+// the compilers return `status`.
+struct CompileInterrupted {
+  Status status;
+};
+
+}  // namespace m3::constrain
