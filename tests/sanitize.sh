@@ -31,7 +31,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = asan ]; then
   slow+='|over several prompts|prefilled in chunks|prompt lookup verifies|scored|Session::Score|large flat vocabulary'
   # ASan makes mlock a no-op, so the test of --mlock-dense cannot see locked pages here.
   slow+='|mlock-dense'
-  # Constrained output's long sweeps (200 client replies; every schema with and without reasoning):
+  # Constrained output's long sweeps (80 client replies; every schema with and without reasoning):
   # the engine's own tests, the tight-budget, tool-call and grammar turns and the SDK checks stay.
   slow+='|cli_structured_output|every schema'
   # Expert parallelism's parity sweep (every golden case at -np 2 and 3: ~190 s here): one case and

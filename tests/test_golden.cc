@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <cstdlib>
 #include <map>
@@ -142,8 +143,14 @@ EngineOptions OffloadOptions(const std::string& device) {
 
 TEST_CASE("with the dense part offloaded (--gpu dense) every golden case matches within tolerance",
           "[golden][offload]") {
+  // The host reference device (~9 s a case on 2 cores) on one case of each source dtype (fp32,
+  // bf16, MXFP8 with mixed layers, fp16): what the upload path converts differs by dtype, the
+  // passes it runs do not; a real GPU runs every case.
+  const std::set<std::string> host_cases = {"s1_fp32_basic", "s2_bf16_sharded_init1", "s3_mxfp8_mixed_layers_local2",
+                                            "s6_fp16_mha_top1_sharded3"};
   for (const std::string& device : OffloadDevices())
     for (const auto& [name, dir] : GoldenCases()) {
+      if (device == "host" && !host_cases.count(name)) continue;
       SECTION(device + " " + name) { CheckGoldenCase(name, dir, OffloadOptions(device)); }
     }
 }
