@@ -291,6 +291,9 @@ void AddBenchCommand(CLI::App& app, int* rc) {
           ->check(CLI::IsMember({"off", "distribute", "split"})),
       cmd->add_flag("--mlock-dense", args->engine.mlock_dense,
                     "Lock all weights but the routed experts in memory (as for m3 run)"),
+      cmd->add_option("--verify-weights", args->engine.verify_weights,
+                      "first-load or off: the background check of a packed model's hashes (as for m3 run)")
+          ->check(CLI::IsMember({"first-load", "off"})),
       cmd->add_flag("--tiny", args->tiny, "Generated model at tiny shapes (smoke tests)")->group(""),
   };
   AddGpuOptions(cmd, &args->engine);

@@ -18,6 +18,7 @@ struct EngineArgs {
   int threads = 0;
   std::string numa = "off";
   bool mlock_dense = false;
+  std::string verify_weights = "first-load";
   std::string kernels = "auto";
   std::string kv_cache = "f32", index_cache = "f32";
   size_t prefill_chunk = 0;

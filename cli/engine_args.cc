@@ -48,6 +48,7 @@ StatusOr<EngineOptions> EngineArgs::Options() const {
   o.threads = threads;
   M3_ASSIGN_OR_RETURN(o.numa, ParseNumaMode(numa));
   o.mlock_dense = mlock_dense;
+  o.verify_weights = verify_weights == "first-load";
   o.kernels = kernels;
   o.gpu = gpu;
   o.gpu_device = gpu_device;
@@ -131,6 +132,12 @@ void AddEngineOptions(CLI::App* cmd, EngineArgs* args) {
   cmd->add_flag("--mlock-dense", args->mlock_dense,
                 "lock attention, shared-expert, dense and lm_head weights in memory so that streaming routed "
                 "experts from disk cannot evict them");
+  cmd->add_option("--verify-weights", args->verify_weights,
+                  "first-load: on a packed model's first load on this machine, check its tensor hashes in the "
+                  "background as the engine's reads bring them in (idle priority; a damaged tensor then fails "
+                  "every pass by name; a stamp in ~/.cache/m3/verified skips later loads); off: never")
+      ->default_val("first-load")
+      ->check(CLI::IsMember({"first-load", "off"}));
   cmd->add_option("--kernels", args->kernels,
                   "matmul kernels: auto (this CPU's best), or one implementation to compare (ref, avx2, "
                   "avx512-vnni, ...; a wrong name lists those this CPU runs); m3 inspect names them")

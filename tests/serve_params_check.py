@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Walks the request-parameter table of docs/REQUESTS.md over every endpoint of `m3 serve`
-(issue 46): each `yes` cell is checked for its effect, each `label` for changing nothing, each `no`
+(issue 46), the generation endpoints, count_tokens, /tokenize and /detokenize: each `yes` cell is checked for its effect, each `label` for changing nothing, each `no`
 for a 400 that names the field, each `only V` for both sides. The table's fields and this file's
 checks must be the same set, so neither can grow alone.
 Usage: serve_params_check.py M3_BINARY REAL_VOCAB_MODEL_DIR REQUESTS_MD"""
@@ -13,7 +13,7 @@ from serve_util import Server, check, failures, fixture_env  # noqa: E402
 
 m3, model, doc = sys.argv[1:4]
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "messages": "/v1/messages",
-             "count_tokens": "/v1/messages/count_tokens"}
+             "count_tokens": "/v1/messages/count_tokens", "tokenize": "/tokenize", "detokenize": "/detokenize"}
 
 
 def read_table(path):
@@ -24,7 +24,7 @@ def read_table(path):
     table = {}
     for line in rows[2:]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        table[cells[0].strip("`")] = dict(zip(header[1:5], cells[1:5]))
+        table[cells[0].strip("`")] = dict(zip(header[1:-1], cells[1:-1]))
     return table
 
 
@@ -37,6 +37,8 @@ BASE = {
     "completions": {"prompt": "Once upon a time there was a dragon", "max_tokens": 16, "temperature": 0},
     "messages": {"model": "m3", "max_tokens": 16, "messages": USER, "temperature": 0},
     "count_tokens": {"model": "m3", "messages": USER},
+    "tokenize": {"messages": USER},
+    "detokenize": {"tokens": [1000, 2000, 3000]},
 }
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
           "additionalProperties": False}
@@ -83,6 +85,10 @@ def text_of(ep, r):
         return r["choices"][0]["text"]
     if ep == "messages":
         return "|".join(b.get("text", b.get("thinking", json.dumps(b.get("input")))) for b in r["content"])
+    if ep == "tokenize":
+        return r["tokens"]
+    if ep == "detokenize":
+        return r["content"]
     return r["input_tokens"]
 
 
@@ -91,6 +97,8 @@ def prompt_tokens(ep, r):
         return None
     if ep == "count_tokens":
         return r["input_tokens"]
+    if ep == "tokenize":
+        return r["count"]
     if ep == "messages":  # the tokens not read from the cache, and those read
         return r["usage"]["input_tokens"] + r["usage"]["cache_read_input_tokens"]
     return r["usage"]["prompt_tokens"]
@@ -119,6 +127,14 @@ def greedy_at_t1(ep, **fields):
 def more_prompt(ep, **fields):
     base, more = prompt_tokens(ep, ok(ep)), prompt_tokens(ep, ok(ep, **fields))
     return base is not None and more is not None and more > base, f"prompt tokens {base} -> {more}"
+
+
+def longer_text(ep, field):
+    """A longer text in `field` is more tokens (tokenize: instead of its conversation)."""
+    drop = {"messages": None} if ep == "tokenize" else {}
+    short = prompt_tokens(ep, ok(ep, **drop, **{field: "Once upon a time"}))
+    longer = prompt_tokens(ep, ok(ep, **drop, **{field: "Once upon a time" * 3}))
+    return short is not None and longer is not None and longer > short, f"{short} -> {longer}"
 
 
 def caps_tokens(ep, field):
@@ -197,7 +213,30 @@ def echo(ep):
 
 
 def tools(ep):
-    return more_prompt(ep, tools=OPENAI_TOOLS if ep == "chat" else ANTHROPIC_TOOLS)
+    return more_prompt(ep, tools=OPENAI_TOOLS if ep in ("chat", "tokenize") else ANTHROPIC_TOOLS)
+
+
+def add_generation_prompt(ep):
+    with_opening, without = prompt_tokens(ep, ok(ep)), prompt_tokens(ep, ok(ep, add_generation_prompt=False))
+    return with_opening is not None and without is not None and without < with_opening, f"{with_opening} {without}"
+
+
+def with_pieces(ep):
+    r = ok(ep, with_pieces=True)
+    tokens = r["tokens"] if r else []
+    return bool(tokens) and all(isinstance(t, dict) and {"id", "piece"} <= set(t) for t in tokens), str(tokens)[:200]
+
+
+def return_token_strs(ep):
+    r = ok(ep, return_token_strs=True)
+    return r is not None and len(r.get("token_strs", [])) == r["count"] > 0, str(r)[:200]
+
+
+def tokens(ep):
+    text = "Hello, dragon of the north!"
+    ids = ok("tokenize", messages=None, content=text)
+    r = ok(ep, tokens=ids["tokens"] if ids else [])
+    return r is not None and r["content"] == text, str(r)[:200]
 
 
 def tool_choice(ep):
@@ -253,7 +292,12 @@ def thinking(ep):
 # What each `yes` cell's check is.
 HONOURED = {
     "messages": lambda ep: more_prompt(ep, messages=[{"role": "user", "content": USER[0]["content"] * 3}]),
-    "prompt": lambda ep: more_prompt(ep, prompt=BASE[ep]["prompt"] * 3),
+    "prompt": lambda ep: longer_text(ep, "prompt"),
+    "content": lambda ep: longer_text(ep, "content"),
+    "add_generation_prompt": add_generation_prompt,
+    "with_pieces": with_pieces,
+    "return_token_strs": return_token_strs,
+    "tokens": tokens,
     "system": lambda ep: more_prompt(ep, system="You are a dragon who tells stories."),
     "max_tokens": lambda ep: caps_tokens(ep, "max_tokens"),
     "max_completion_tokens": lambda ep: caps_tokens(ep, "max_completion_tokens"),
@@ -294,11 +338,14 @@ VALUE = {
     "chat_template_kwargs": {"thinking_mode": "enabled"}, "thinking": {"type": "enabled", "budget_tokens": 1024},
     "response_format": {"type": "json_object"}, "grammar": 'root ::= "a"',
     "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}},
+    "content": "Once", "add_generation_prompt": False, "add_special": True, "add_special_tokens": True,
+    "with_pieces": True, "return_token_strs": True, "tokens": [1, 2, 3],
 }
 ONLY = {"null": None, "1": 1, "{}": {}}
 
 # The fields that no endpoint honours: labels, and those accepted with one value only.
-NEVER_HONOURED = {"model", "suffix", "best_of", "logit_bias", "user", "metadata", "service_tier", "cache_control"}
+NEVER_HONOURED = {"model", "suffix", "best_of", "logit_bias", "user", "metadata", "service_tier", "cache_control",
+                  "add_special", "add_special_tokens"}
 check(set(table) == set(HONOURED) | NEVER_HONOURED,
       f"the table's fields and this check's differ: {sorted(set(table) ^ (set(HONOURED) | NEVER_HONOURED))}")
 check(set(table) <= set(VALUE), f"fields without a value: {sorted(set(table) - set(VALUE))}")

@@ -59,10 +59,11 @@ def status_of(reply):
     return int(first[1]) if len(first) >= 2 and first[1].isdigit() else None
 
 
-def exchange(data, kind, ok_statuses, hang_up_after=None, pieces=1, gap=0.0):
+def exchange(data, kind, ok_statuses, hang_up_after=None, pieces=1, gap=0.0, answers=1, expect_text=None):
     """Sends `data` (in `pieces` with `gap` seconds between), then reads the answer; or, with
     hang_up_after, closes after that many seconds. An answer must have one of ok_statuses, 429
-    (queue full, with Retry-After) or 503 (busy); none may hang."""
+    (queue full, with Retry-After) or 503 (busy); none may hang. `answers`: how many replies the
+    connection must carry (pipelined requests); `expect_text`: one of these is in a 200's body."""
     try:
         sock = socket.create_connection(("127.0.0.1", port), timeout=90)
     except OSError as e:
@@ -92,6 +93,11 @@ def exchange(data, kind, ok_statuses, hang_up_after=None, pieces=1, gap=0.0):
         note(kind, "closed")
         return
     note(kind, status)
+    if answers > 1 and status in ok_statuses:
+        check(reply.count(b"HTTP/1.1 ") == answers, f"{kind}: {reply.count(b'HTTP/1.1 ')} replies of {answers}")
+    if expect_text and status == 200:
+        compact = reply.replace(b" ", b"")
+        check(any(t.encode() in compact for t in expect_text), f"{kind}: {reply[-300:]!r}")
     if status == 429:
         check(b"Retry-After: " in reply, f"{kind}: 429 without Retry-After")
     elif status != 503:
@@ -102,7 +108,11 @@ def exchange(data, kind, ok_statuses, hang_up_after=None, pieces=1, gap=0.0):
 
 def one(rng):
     kind = rng.choice(["chat", "chat", "stream", "stream", "hangup_stream", "hangup_wait", "slow", "malformed",
-                       "nested", "oversized", "bomb", "unknown_field", "wrong_method", "trickle"])
+                       "nested", "oversized", "bomb", "unknown_field", "wrong_method", "trickle",
+                       # issue 46: constraints past the compiler's limits, a huge or many-line head,
+                       # bad framing, pipelined requests, a constrained completion.
+                       "schema_bomb", "grammar_bomb", "big_head", "many_headers", "bad_framing", "pipelined",
+                       "grammar_completion"])
     body = dict(chat, max_tokens=rng.randint(1, 12), seed=rng.randint(0, 1 << 30))
     if kind == "chat":
         exchange(post(json.dumps(body).encode()), kind, {200})
@@ -129,6 +139,29 @@ def one(rng):
         exchange(head(method="DELETE") + b"\r\n", kind, {405})
     elif kind == "trickle":  # past --read-timeout: closed (or answered 400 for the half request)
         exchange(head()[:40], kind, {400, 408}, pieces=1, gap=4.0)
+    elif kind == "schema_bomb":  # past 2,000,000 grammar elements: a 400 naming the limit
+        wide = {"type": "array", "prefixItems": [{"type": "string", "minLength": 100000}] * 40}
+        exchange(post(json.dumps(dict(body, response_format={"type": "json_schema", "json_schema": {
+            "name": "w", "schema": wide}})).encode()), kind, {400})
+    elif kind == "grammar_bomb":
+        exchange(post(json.dumps(dict(body, grammar="root ::= " + " ".join(['"w"{10000}'] * 250))).encode()),
+                 kind, {400})
+    elif kind == "big_head":  # past 64 KiB of head: 431 before anything is parsed
+        exchange(head(extra="X-Filler: " + "a" * (80 << 10) + "\r\n") + b"\r\n", kind, {431})
+    elif kind == "many_headers":
+        exchange(head(extra="".join(f"X-H{i}: v\r\n" for i in range(200))) + b"\r\n", kind, {431})
+    elif kind == "bad_framing":
+        exchange(head(extra="Content-Length: -1\r\n") + b"\r\n", kind, {400})
+    elif kind == "pipelined":  # two requests in one write: both answered, in order
+        one_body = json.dumps(dict(body, max_tokens=2)).encode()
+        keep = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(one_body)}\r\n\r\n").encode() + one_body
+        exchange(keep + post(one_body), kind, {200}, answers=2)
+    elif kind == "grammar_completion":
+        completion = {"prompt": "Yes or no?", "max_tokens": 4, "grammar": 'root ::= "yes" | "no"'}
+        data = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Connection: close\r\nContent-Length: {len(json.dumps(completion))}\r\n\r\n{json.dumps(completion)}")
+        exchange(data.encode(), kind, {200}, expect_text=('"text":"yes"', '"text":"no"'))
 
 
 health_latency = []

@@ -78,8 +78,11 @@ void ExpectReported(const std::string& dir, const std::vector<int32_t>& prompt, 
       o.gpu_device = device;
       runs.push_back(o);
     }
-  for (const EngineOptions& options : runs) {
+  for (EngineOptions& options : runs) {
     INFO("--gpu " << (options.gpu.empty() ? "none" : "dense on " + options.gpu_device));
+    // The damage is what the passes must report: the background hash check would name the
+    // tensor first (which test_pack checks), at a moment that depends on the machine.
+    options.verify_weights = false;
     auto engine = Engine::Open(dir, options);
     INFO(engine.status().ToString());
     REQUIRE(engine.ok());

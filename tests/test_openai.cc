@@ -477,7 +477,7 @@ TEST_CASE("openai: token log-probabilities in the chat and completions forms", "
 namespace {
 
 const m3::ChatText& TestChatText() {
-  static const auto text = m3::ChatText::Load(std::string(M3_TEST_DATA_DIR) + "/tokenizer/minimax-m3", true);
+  static const auto text = m3::ChatText::Load(m3::test::TokenizerDir(), true);
   REQUIRE(text.ok());
   return **text;
 }

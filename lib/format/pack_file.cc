@@ -2,6 +2,7 @@
 #include "base/json_guard.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -337,6 +338,7 @@ StatusOr<std::unique_ptr<PackFile>> PackFile::Open(const std::string& path) {
   h.directory_offset = GetU64(base + 24);
   h.directory_bytes = GetU64(base + 32);
   h.directory_hash = GetU64(base + 40);
+  pf->directory_hash_ = h.directory_hash;
   if (h.header_bytes != kPackHeaderBytes)
     return Corrupt(path, ": header size ", h.header_bytes, " is not ", kPackHeaderBytes);
   if (h.file_size != size)
@@ -434,24 +436,44 @@ std::vector<float> PackFile::F32Values(const PackedTensor& t) const {
   return v;
 }
 
+Status PackFile::VerifyTensor(size_t i) const {
+  const PackedTensor& t = tensors_[i];
+  const uint8_t* base = file_->data();
+  const uint64_t got =
+      PackedTensorHash(Hash64(base + t.data.offset, t.data.bytes), Hash64(base + t.scales.offset, t.scales.bytes));
+  if (got != t.hash)
+    return Corrupt(path(), ": tensor '", t.name, "' is damaged (content hash ", HashHex(got), ", directory says ",
+                   HashHex(t.hash), "): the file changed after it was packed; pack or copy it again");
+  return Status::Ok();
+}
+
+bool PackFile::TensorResident(size_t i) const {
+  const PackedTensor& t = tensors_[i];
+  return IsResident(file_->data() + t.data.offset, t.data.bytes) &&
+         IsResident(file_->data() + t.scales.offset, t.scales.bytes);
+}
+
+std::string PackFile::Identity() const {
+  struct stat st {};
+  if (::stat(path().c_str(), &st) != 0) return "";
+  const uint64_t parts[] = {directory_hash_, static_cast<uint64_t>(st.st_size), static_cast<uint64_t>(st.st_dev),
+                            static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_mtim.tv_sec),
+                            static_cast<uint64_t>(st.st_mtim.tv_nsec)};
+  return HashHex(Hash64(parts, sizeof(parts)));
+}
+
 Status PackFile::Verify(const ThreadConfig& tc) const {
-  std::vector<uint64_t> got(tensors_.size());
+  std::vector<Status> got(tensors_.size());
   const int threads = std::max(1, tc.threads);
   // Tensor sizes differ by orders of magnitude: hand them out one at a time.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const PackedTensor& t = tensors_[i];
-    const uint8_t* base = file_->data();
-    const uint64_t data_hash = Hash64(base + t.data.offset, t.data.bytes);
-    const uint64_t scales_hash = Hash64(base + t.scales.offset, t.scales.bytes);
-    got[i] = PackedTensorHash(data_hash, scales_hash);
+    got[i] = VerifyTensor(i);
     file_->DontNeed(t.data.offset, t.data.bytes);
     if (t.scales.bytes) file_->DontNeed(t.scales.offset, t.scales.bytes);
   }
-  for (size_t i = 0; i < tensors_.size(); ++i)
-    if (got[i] != tensors_[i].hash)
-      return Corrupt(path(), ": tensor '", tensors_[i].name, "' is damaged (content hash ", HashHex(got[i]),
-                     ", directory says ", HashHex(tensors_[i].hash), ")");
+  for (const Status& s : got) M3_RETURN_IF_ERROR(s);
   return Status::Ok();
 }
 

@@ -161,10 +161,18 @@ class PackFile {
   // Hashes every tensor's bytes; the error names the first tensor (in directory order) whose
   // hash differs. Pages are dropped from this process after hashing.
   Status Verify(const ThreadConfig& tc = {}) const;
+  // Hashes tensor `i` (directory order); Corrupt naming it when its hash differs.
+  Status VerifyTensor(size_t i) const;
+  // Whether all of tensor `i`'s bytes are in memory now (VerifyTensor then reads no disk).
+  bool TensorResident(size_t i) const;
+  // What identifies this file on this machine as packed: its directory hash, size, modification
+  // time and inode (a stamp of "verified" names this).
+  std::string Identity() const;
 
  private:
   PackFile() = default;
   std::unique_ptr<MappedFile> file_;
+  uint64_t directory_hash_ = 0;
   nlohmann::json directory_;
   std::vector<PackedTensor> tensors_;
   std::map<std::string, size_t> by_name_;

@@ -15,6 +15,10 @@ namespace m3 {
 // ranges whose every page is resident.
 void AdviseWillNeed(const void* p, size_t bytes);
 
+// Whether every page of [p, p + bytes) is in this process's memory now (so reading it touches no
+// disk). ~15 us per 28 MiB: it reads the page tables, not the pages.
+bool IsResident(const void* p, size_t bytes);
+
 // Locks [p, p + bytes) (rounded out to whole pages) in memory, so that streaming other data
 // cannot evict it; the error says how to raise the limit when RLIMIT_MEMLOCK is too low.
 Status LockInMemory(const void* p, size_t bytes);

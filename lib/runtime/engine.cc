@@ -83,11 +83,14 @@ StatusOr<std::unique_ptr<Engine>> Engine::Open(const std::string& model_dir, con
     e->placement_ += ", dense part on " + e->offload_->device().Describe();
   }
   e->cpu_ = std::make_unique<CpuBackend>(e->model_->pass_shape());
+  if (options.verify_weights && e->model_->pack())
+    e->verify_ = BackgroundVerify::Start(*e->model_->pack(), BackgroundVerify::StampFolder());
   return e;
 }
 
 Status Engine::Forward(const OpContext& tc, std::span<const Model::Segment> segments, LogitsMode mode,
                        float* logits, ForwardObserver* observer) const {
+  if (verify_) M3_RETURN_IF_ERROR(verify_->status());
   OpContext ctx = tc;
   ctx.moe_runner = dist_.get();
   Backend& backend = offload_ ? static_cast<Backend&>(*offload_) : *cpu_;

@@ -10,6 +10,7 @@
 
 #include "base/status.h"
 #include "cluster/expert_parallel.h"
+#include "model/background_verify.h"
 #include "model/model.h"
 #include "offload/dense_offload.h"
 #include "ops/context.h"
@@ -24,6 +25,9 @@ struct EngineOptions {
   int threads = 0;                 // 0: all cores; more than the CPUs: capped (ResolveThreadCount)
   NumaMode numa = NumaMode::kOff;  // ops/moe_numa.h
   bool mlock_dense = false;        // lock all weights but the routed experts in memory
+  // A packed model's tensor hashes checked in the background on the file's first load on this
+  // machine (model/background_verify.h); a damaged tensor then fails every pass by name.
+  bool verify_weights = true;
   // The kernels, chosen here once: "" or "auto" for this CPU's best, or one implementation by
   // name (Kernels::Names(): "ref", "avx2", "avx512-vnni", ...) to compare them.
   std::string kernels = "auto";
@@ -76,8 +80,11 @@ class Engine {
   const MoeRunner* moe_runner() const { return dist_.get(); }
   // Slice r of N of the experts (EngineOptions::expert_part): a follower's engine, which runs no pass.
   bool is_expert_part() const { return expert_part_.count > 1; }
+  // The background check of the weights (EngineOptions::verify_weights), or null: none runs
+  // (a checkpoint, a file verified before, or off).
+  const BackgroundVerify* weights_check() const { return verify_.get(); }
   // One forward pass (Model::ForwardBatch) on the engine's backend: the offloaded dense part
-  // when there is one, else the CPU.
+  // when there is one, else the CPU. A tensor the background check found damaged fails it.
   Status Forward(const OpContext& tc, std::span<const Model::Segment> segments, LogitsMode mode, float* logits,
                  ForwardObserver* observer) const;
 
@@ -90,6 +97,7 @@ class Engine {
   std::unique_ptr<CpuBackend> cpu_;
   std::unique_ptr<DenseOffload> offload_;
   std::unique_ptr<cluster::ExpertParallel> dist_;  // before model_ goes: the followers close their part
+  std::unique_ptr<BackgroundVerify> verify_;       // before model_ goes: it reads the mapping
   MoePart expert_part_;
 };
 
