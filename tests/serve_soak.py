@@ -229,7 +229,11 @@ print(f"  /health: {len(health_latency)} probes, slowest {worst * 1000:.1f} ms")
 print(f"  RSS: {rss.get('warm', 0) / 1024:.1f} MiB after the first quarter, {rss['end'] / 1024:.1f} MiB at the end")
 check(sum(sum(v.values()) for v in outcomes.values()) == total, f"every request accounted for: {outcomes}")
 check(open_connections is not None and open_connections <= 1, f"connections left open: {open_connections}")
-check(rss["end"] - rss.get("warm", rss["end"]) < 32 * 1024, f"RSS grew: {rss}")
+# Under the sanitizers (tests/sanitize.sh sets their options) freed memory is held by their own
+# allocators (ASan's quarantine, TSan's per-thread caches: +61 MiB over 80 requests with the
+# constraint bombs' transient grammars): RSS is bounded in the regular build's soak only.
+if not ("ASAN_OPTIONS" in os.environ or "TSAN_OPTIONS" in os.environ):
+    check(rss["end"] - rss.get("warm", rss["end"]) < 32 * 1024, f"RSS grew: {rss}")
 check(rc == 0, f"exit code after SIGTERM: {rc}: {server.log()[-1500:]}")
 sanitizer = [l for l in server.log().splitlines() if "Sanitizer" in l or "runtime error" in l]
 check(not sanitizer, "sanitizer reports: " + "\n".join(sanitizer[:20]))
