@@ -9,7 +9,6 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <limits>
 #include <map>
 #include <memory>

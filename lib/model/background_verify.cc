@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <vector>
 
 namespace m3 {
@@ -66,7 +67,7 @@ Status BackgroundVerify::status() const {
 void BackgroundVerify::Run() {
   LowestPriority();
   std::vector<size_t> pending(pack_.tensors().size());
-  for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
+  std::iota(pending.begin(), pending.end(), size_t{0});
   // Sweeps over what is not checked yet: every tensor whose bytes are all resident is hashed.
   // The wait between sweeps doubles while nothing new is resident (0.25 s .. 30 s), so an idle
   // server costs a page-table walk now and then.

@@ -37,8 +37,8 @@ const char* IdPrefix(Api api) {
 
 }  // namespace
 
-Reply::Reply(Scheduler& scheduler, std::string id, Request request)
-    : scheduler_(scheduler), id_(std::move(id)), request_(std::move(request)) {}
+Reply::Reply(Scheduler& scheduler, Api api, std::string id, Request request)
+    : scheduler_(scheduler), id_(std::move(id)), api_(api), request_(std::move(request)) {}
 
 PreparedReply Reply::Read(Api api, const ojson& body, const std::string& unique_id, const ReplyContext& context) {
   PreparedReply out;
@@ -48,8 +48,8 @@ PreparedReply Reply::Read(Api api, const ojson& body, const std::string& unique_
     return out;
   }
   out.seed = request->sampling.seed;
-  std::shared_ptr<Reply> reply(new Reply(context.scheduler, IdPrefix(api) + unique_id, std::move(request).value()));
-  reply->api_ = api;
+  std::shared_ptr<Reply> reply(
+      new Reply(context.scheduler, api, IdPrefix(api) + unique_id, std::move(request).value()));
   const size_t n = ChoiceCount(reply->request_);
   reply->choices_.resize(n);
   reply->turns_.resize(n);

@@ -106,7 +106,7 @@ class Reply : public std::enable_shared_from_this<Reply> {
   StatusOr<std::string> Whole();
 
  private:
-  Reply(Scheduler& scheduler, std::string id, Request request);
+  Reply(Scheduler& scheduler, Api api, std::string id, Request request);
   // Takes what the scheduler handed over since the last call: the choices' new pieces and which
   // choices ended; false after `guard` with nothing.
   bool TakeReady(std::chrono::milliseconds guard, std::vector<std::vector<TurnDelta>>* pieces, std::vector<char>* ended,
@@ -114,8 +114,8 @@ class Reply : public std::enable_shared_from_this<Reply> {
 
   Scheduler& scheduler_;
   const std::string id_;
+  const Api api_;
   const Request request_;
-  Api api_ = Api::kChatCompletions;
   std::vector<TurnOptions> turns_;  // of each choice, until Submit
   std::unique_ptr<ReplyFormat> format_;
   const std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
