@@ -147,7 +147,7 @@ struct TileArgs {
 // AVX-512BW without VNNI. q8: signed weight s = code ^ 0x80 = code - 128, so that
 // maddubs(|s|, a * sign(s)) never saturates (2 * 128 * 127 < 2^15) and gives (code - 128) * a
 // directly (bias 0). q4: nibbles are unsigned (2 * 15 * 127 fits), bias -8 * sum.
-constexpr int kTok = 6, kTokQ4 = kTok;
+constexpr int kTok = 6;
 constexpr bool kSignedQ8 = true;
 inline int32_t Load32(const int8_t* p) {
   int32_t v;
@@ -210,29 +210,34 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
 
 #elif HWY_TARGET == HWY_AVX2
 
-// As AVX3, at 256 bits, half a row tile at a time: a 64-byte chunk is rows 0-7 and rows 8-15,
-// and one pass over a group takes one half for up to 8 tokens, whose accumulators, the half's
-// codes (q8: s and |s|; q4: low and high nibbles) and the broadcasts fit the 16 registers (the
-// whole tile for 3 tokens spilled an accumulator to the stack in the inner loop: the q8 GEMM ran
-// at ~0.5 of the int8 peak on Zen 3). The second half follows at once and finds the group's codes
-// in L1. _mm256_sign_epi8 applies the weight's sign to the activation.
-constexpr int kTok = 8, kTokQ4 = 4;
+// As AVX3, at 256 bits: a 64-byte chunk is rows 0-7 and rows 8-15, a block is the whole tile for
+// 4 tokens. Each token's step on a chunk is one asm block (below): written as intrinsics, GCC 12
+// issued every token's broadcast first and spilled accumulators to the stack (a load and a store
+// per token and chunk; the q8 GEMM ran at ~0.45 of the int8 peak on Zen 3, now ~0.5-0.55). As
+// blocks, each token's temporaries are dead at its end and the 8 accumulators, the chunk's codes
+// (q8: s and |s| of both halves; q4: low and high nibbles) and two temporaries fit the 16
+// registers. _mm256_sign_epi8 applies the weight's sign to the activation: on Zen 3 it shares the
+// multiply pipes with maddubs and madd, which bounds this q8 step at ~0.7 of the peak.
+constexpr int kTok = 4;
 constexpr bool kSignedQ8 = true;
-// One token's step on one chunk half, each as one asm block: written as intrinsics, GCC 12
-// issued all 8 tokens' broadcasts first and spilled three accumulators to the stack (a load and
-// a store per token and chunk). As blocks, each token's temporaries are dead at its end.
 using Quad = int32_t __attribute__((may_alias));
-// q8: acc += madd(maddubs(|s|, sign(a, s)), 1) for the activation quad a at q (s = code - 128).
-inline __m256i Q8Step(__m256i acc, const int8_t* q, __m256i s, __m256i mag, __m256i ones) {
-  __m256i t;
-  asm("vpbroadcastd %[q], %[t]\n\t"
-      "vpsignb %[s], %[t], %[t]\n\t"
-      "vpmaddubsw %[t], %[mag], %[t]\n\t"
+// q8, both halves of a chunk: acc_h += madd(maddubs(|s_h|, sign(a, s_h)), 1) for the activation
+// quad a at q (s = code - 128; one broadcast serves both halves).
+inline void Q8Step2(__m256i& acc0, __m256i& acc1, const int8_t* q, const __m256i& s0, const __m256i& m0,
+                    const __m256i& s1, const __m256i& m1, const __m256i& ones) {
+  __m256i a, t;
+  asm("vpbroadcastd %[q], %[a]\n\t"
+      "vpsignb %[s0], %[a], %[t]\n\t"
+      "vpmaddubsw %[t], %[m0], %[t]\n\t"
       "vpmaddwd %[ones], %[t], %[t]\n\t"
-      "vpaddd %[t], %[acc], %[acc]"
-      : [acc] "+x"(acc), [t] "=&x"(t)
-      : [q] "m"(*reinterpret_cast<const Quad*>(q)), [s] "x"(s), [mag] "x"(mag), [ones] "x"(ones));
-  return acc;
+      "vpaddd %[t], %[acc0], %[acc0]\n\t"
+      "vpsignb %[s1], %[a], %[t]\n\t"
+      "vpmaddubsw %[t], %[m1], %[t]\n\t"
+      "vpmaddwd %[ones], %[t], %[t]\n\t"
+      "vpaddd %[t], %[acc1], %[acc1]"
+      : [acc0] "+x"(acc0), [acc1] "+x"(acc1), [a] "=&x"(a), [t] "=&x"(t)
+      : [q] "m"(*reinterpret_cast<const Quad*>(q)), [s0] "x"(s0), [m0] "x"(m0), [s1] "x"(s1), [m1] "x"(m1),
+        [ones] "xm"(ones));
 }
 // q4, both halves of a chunk: acc_h += madd(maddubs(lo_h, a) + maddubs(hi_h, a'), 1) for the
 // quads a at q and a' at q_hi (the two broadcasts serve both halves).
@@ -293,29 +298,31 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
       }
       continue;
     }
-#pragma GCC unroll 1
-    for (size_t half = 0; half < 2; ++half) {
-      __m256i acc[T];
+    __m256i acc0[T], acc1[T];
 #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) acc[t] = _mm256_set1_epi32(b.bias[g * T + t]);
-      for (size_t v = 0; v < chunks; ++v) {
-        const __m256i s = _mm256_xor_si256(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + v * 64 + half * 32)), flip);
-        const __m256i m = _mm256_abs_epi8(s);
+    for (int t = 0; t < T; ++t) acc0[t] = acc1[t] = _mm256_set1_epi32(b.bias[g * T + t]);
+    for (size_t v = 0; v < chunks; ++v) {
+      const __m256i s0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + v * 64)), flip);
+      const __m256i s1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wg + v * 64 + 32)), flip);
+      const __m256i m0 = _mm256_abs_epi8(s0), m1 = _mm256_abs_epi8(s1);
 #pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) acc[t] = Q8Step(acc[t], qg + t * b.ldq + 4 * v, s, m, ones);
-      }
-      const __m256i ew = _mm256_min_epu32(
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.ew + g * kTileRows + half * 8))),
-          _mm256_set1_epi32(kQ8MaxShift));
+      for (int t = 0; t < T; ++t) Q8Step2(acc0[t], acc1[t], qg + t * b.ldq + 4 * v, s0, m0, s1, m1, ones);
+    }
+    const __m128i ew8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.ew + g * kTileRows));
+    const __m256i cap = _mm256_set1_epi32(kQ8MaxShift);
+    const __m256i ew0 = _mm256_min_epu32(_mm256_cvtepu8_epi32(ew8), cap);
+    const __m256i ew1 = _mm256_min_epu32(_mm256_cvtepu8_epi32(_mm_srli_si128(ew8, 8)), cap);
+    // 2^-(e_w + e_a) built in the exponent field (e <= 126: a normal float); the multiply is exact.
+    auto pow2 = [](__m256i ew, int32_t ea) HWY_ATTR {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127 - ea), ew), 23));
+    };
 #pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) {
-        // 2^-(e_w + e_a) built in the exponent field (e <= 126: a normal float); the multiply is exact.
-        const int32_t ea = static_cast<int32_t>(-b.da[g * T + t]);
-        const __m256 pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127 - ea), ew), 23));
-        float* y = yacc[t] + half * 8;
-        _mm256_storeu_ps(y, _mm256_add_ps(_mm256_loadu_ps(y), _mm256_mul_ps(_mm256_cvtepi32_ps(acc[t]), pow2)));
-      }
+    for (int t = 0; t < T; ++t) {
+      const int32_t ea = static_cast<int32_t>(-b.da[g * T + t]);
+      _mm256_storeu_ps(yacc[t], _mm256_add_ps(_mm256_loadu_ps(yacc[t]),
+                                              _mm256_mul_ps(_mm256_cvtepi32_ps(acc0[t]), pow2(ew0, ea))));
+      _mm256_storeu_ps(yacc[t] + 8, _mm256_add_ps(_mm256_loadu_ps(yacc[t] + 8),
+                                                  _mm256_mul_ps(_mm256_cvtepi32_ps(acc1[t]), pow2(ew1, ea))));
     }
   }
 }
@@ -324,7 +331,7 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
 
 // Portable: each 16-byte (or wider) slice of a chunk holds 4 bytes of N rows as int32 lanes;
 // bytes are extracted with shifts (codes unsigned, bias -Z * sum) and multiplied in int32.
-constexpr int kTok = 4, kTokQ4 = kTok;
+constexpr int kTok = 4;
 constexpr bool kSignedQ8 = false;
 
 template <int T, bool kQ4>
@@ -411,7 +418,7 @@ void QuantMatMulTokens(const WeightRef& w, const QuantizedActivations& a, size_t
   const bool q4 = w.format == WeightFormat::kQ4;
   const size_t n = a.n_tok, groups = w.groups();
   const int32_t zero = q4 ? kQ4Zero : (kSignedQ8 ? 0 : kQ8Zero);
-  const detail::TokenBlocks blocks(n, q4 ? kTokQ4 : kTok);
+  const detail::TokenBlocks blocks(n, kTok);
   detail::FillQuantTables(a, blocks, zero, bias, da);
   const auto* data = static_cast<const uint8_t*>(w.data);
   for (size_t tile = tile_begin; tile < tile_end; ++tile) {
@@ -436,8 +443,6 @@ void QuantMatMulTokens(const WeightRef& w, const QuantizedActivations& a, size_t
         case 4: if constexpr (kTok >= 4) TileBlockT<kTok >= 4 ? 4 : 1>(q4, b, yacc); break;
         case 5: if constexpr (kTok >= 5) TileBlockT<kTok >= 5 ? 5 : 1>(q4, b, yacc); break;
         case 6: if constexpr (kTok >= 6) TileBlockT<kTok >= 6 ? 6 : 1>(q4, b, yacc); break;
-        case 7: if constexpr (kTok >= 7) TileBlockT<kTok >= 7 ? 7 : 1>(q4, b, yacc); break;
-        case 8: if constexpr (kTok >= 8) TileBlockT<kTok >= 8 ? 8 : 1>(q4, b, yacc); break;
         default: break;
       }
       if (!q4) detail::ApplyQ8RowScales(w.q8_row_scales(tile), a.scale + t0, nt, yacc);
