@@ -73,6 +73,7 @@ struct Footprint {
   int64_t lm_head_params = 0;
   int64_t embed_row_params = 0;
   int64_t last_layer_kv_params = 0;  // the last layer's k, v and index-key projections
+  int64_t routed_params = 0, moe_params = 0;  // per token: the top-k routed experts; they and the shared ones
   std::vector<std::vector<uint64_t>> expert_bytes;  // [layer][expert]
   std::vector<std::pair<const uint8_t*, size_t>> ranges;  // every matrix's bytes (to read them in)
   uint64_t range_bytes = 0;
@@ -123,14 +124,20 @@ Footprint MeasureFootprint(const Model& model) {
     per_token(L.moe.router);
     per_token_vector(L.moe.router_bias);
     if (L.moe.has_shared)
-      for (const WeightRef* m : {&L.moe.shared.gate, &L.moe.shared.up, &L.moe.shared.down}) per_token(*m);
+      for (const WeightRef* m : {&L.moe.shared.gate, &L.moe.shared.up, &L.moe.shared.down}) {
+        per_token(*m);
+        f.moe_params += Params(*m);
+      }
     for (const MlpWeights& e : L.moe.experts) {
       f.expert_bytes[l].push_back(MatrixBytes(e.gate) + MatrixBytes(e.up) + MatrixBytes(e.down));
       for (const WeightRef* m : {&e.gate, &e.up, &e.down}) keep(*m);
     }
     if (!L.moe.experts.empty()) {
       const MlpWeights& e = L.moe.experts[0];  // all experts of a layer have one shape
-      f.layer_params += c.experts_per_token * (Params(e.gate) + Params(e.up) + Params(e.down));
+      const int64_t routed = c.experts_per_token * (Params(e.gate) + Params(e.up) + Params(e.down));
+      f.layer_params += routed;
+      f.routed_params += routed;
+      f.moe_params += routed;
     }
   }
   f.fixed_bytes += f.layers_fixed_bytes + f.lm_head_bytes;
@@ -152,6 +159,7 @@ class RoutedExpertBytes : public ForwardObserver {
       if (id >= 0 && static_cast<size_t>(id) < sizes.size()) total_ += sizes[static_cast<size_t>(id)];
   }
   uint64_t Take() { return std::exchange(total_, 0); }
+  uint64_t Peek() const { return total_; }
 
  private:
   const std::vector<std::vector<uint64_t>>& bytes_;
@@ -223,28 +231,44 @@ double Rms(const std::vector<float>& v) {
 class LayerClock : public ForwardObserver {
  public:
   LayerClock(int layers, const std::vector<std::vector<uint64_t>>& expert_bytes)
-      : layer_s_(static_cast<size_t>(layers)), routed_(expert_bytes) {}
+      : layer_s_(static_cast<size_t>(layers)), attention_s_(static_cast<size_t>(layers)), routed_(expert_bytes) {}
   bool SeesEveryRow() const override { return false; }
   void Start() {
     std::fill(layer_s_.begin(), layer_s_.end(), 0.0);
+    std::fill(attention_s_.begin(), attention_s_.end(), 0.0);
     last_ = Clock::now();
+    layer_start_ = last_;
+  }
+  // The attention part of a layer: from its start (the previous layer's end) to here; the rest
+  // of the layer is its MoE (or MLP) block.
+  void OnAttentionEnd(int layer) override {
+    if (layer >= 0 && static_cast<size_t>(layer) < attention_s_.size())
+      attention_s_[static_cast<size_t>(layer)] += Seconds(layer_start_, Clock::now());
   }
   void OnLayerEnd(int layer, size_t) override {
     const auto now = Clock::now();
     if (layer >= 0 && static_cast<size_t>(layer) < layer_s_.size()) layer_s_[static_cast<size_t>(layer)] += Seconds(last_, now);
     last_ = now;
+    layer_start_ = now;
   }
   double Stop() const { return Seconds(last_, Clock::now()); }
   const std::vector<double>& layer_s() const { return layer_s_; }
+  const std::vector<double>& attention_s() const { return attention_s_; }
   void OnRouting(int layer, int64_t pos0, size_t n, int top_k, const int32_t* ids) override {
+    const uint64_t before = routed_.Peek();
     routed_.OnRouting(layer, pos0, n, top_k, ids);
+    if (layer + 1 < static_cast<int>(layer_s_.size())) full_layers_routed_ += routed_.Peek() - before;
   }
   uint64_t TakeRouted() { return routed_.Take(); }
+  // The routed experts' bytes of the layers but the last since the last call (the last layer
+  // routes only the rows that give logits).
+  uint64_t TakeFullLayersRouted() { return std::exchange(full_layers_routed_, 0); }
 
  private:
-  std::vector<double> layer_s_;
-  Clock::time_point last_;
+  std::vector<double> layer_s_, attention_s_;
+  Clock::time_point last_, layer_start_;
   RoutedExpertBytes routed_;
+  uint64_t full_layers_routed_ = 0;
 };
 
 double Mean(const std::vector<double>& v, size_t begin, size_t end) {
@@ -317,6 +341,7 @@ class PairedWeightReads {
 
 struct Plan {
   int threads = 0;                // -t, or all cores
+  std::vector<int> prompt_threads;  // the prompt again at each of these counts (-t with several)
   std::string model_dir;          // -m; empty: the synthetic model
   SyntheticModelOptions synthetic;
   std::string model_kind, pack_type;  // as Result reports them (pack_type: the generated model's)
@@ -351,6 +376,12 @@ StatusOr<Plan> PlanRun(const ModelBenchOptions& o) {
   Plan p;
   // Under mpirun each rank takes its node's share of the CPUs unless -t says (cluster/expert_parallel.h).
   p.threads = EngineThreads(o.engine);
+  for (const int t : o.prompt_threads) {
+    if (t < 1) return InvalidArgument("-t must be >= 1 thread, got ", t);
+    p.prompt_threads.push_back(ResolveThreadCount(t));
+  }
+  std::sort(p.prompt_threads.begin(), p.prompt_threads.end());
+  p.prompt_threads.erase(std::unique(p.prompt_threads.begin(), p.prompt_threads.end()), p.prompt_threads.end());
   // The model: given, or the synthetic one (generated once).
   if (!o.model_dir.empty()) {
     if (o.layers || o.tiny || !o.cache_dir.empty() || o.type_given)
@@ -511,7 +542,7 @@ Status MeasurePrefill(const Plan& p, Bench* b, Result* r, FILE* log) {
   M3_RETURN_IF_ERROR(b->session->Rewind(0));
   b->clock = std::make_unique<LayerClock>(r->layers, b->fp.expert_bytes);
   LayerClock& clock = *b->clock;
-  std::vector<double> full_layer_s, last_layer_s, prefill_rest_s;  // per run
+  std::vector<double> full_layer_s, full_attention_s, last_layer_s, prefill_rest_s, routed_bytes;  // per run
   auto prefill_run = [&](Session& target, std::vector<float>* out) {
     clock.Start();
     const auto t0 = Clock::now();
@@ -519,10 +550,14 @@ Status MeasurePrefill(const Plan& p, Bench* b, Result* r, FILE* log) {
     const double rest = clock.Stop();
     r->prefill_s.push_back(Seconds(t0, Clock::now()));
     const std::vector<double>& ls = clock.layer_s();
-    if (ls.size() > 1) full_layer_s.push_back(Mean(ls, 0, ls.size() - 1));
+    if (ls.size() > 1) {
+      full_layer_s.push_back(Mean(ls, 0, ls.size() - 1));
+      full_attention_s.push_back(Mean(clock.attention_s(), 0, ls.size() - 1));
+    }
     last_layer_s.push_back(ls.back());
     prefill_rest_s.push_back(rest);
     clock.TakeRouted();
+    routed_bytes.push_back(static_cast<double>(clock.TakeFullLayersRouted()));
     return Status::Ok();
   };
   M3_RETURN_IF_ERROR(prefill_run(*b->session, &b->logits));
@@ -547,6 +582,7 @@ Status MeasurePrefill(const Plan& p, Bench* b, Result* r, FILE* log) {
     return sum / static_cast<double>(middle.size());
   };
   r->t_layer_prefill_s = of_middle(full_layer_s);  // 0 with one layer: no full layer was run
+  r->t_layer_prefill_attention_s = of_middle(full_attention_s);
   r->t_last_layer_prefill_s = of_middle(last_layer_s);
   r->t_rest_prefill_s = of_middle(prefill_rest_s);
   r->prefill_tok_s = p.prompt_tokens / r->ttft_s;
@@ -559,6 +595,23 @@ Status MeasurePrefill(const Plan& p, Bench* b, Result* r, FILE* log) {
                           static_cast<double>(fp.last_layer_kv_params) * (p.prompt_tokens - 1) + per_layer_params +
                           static_cast<double>(fp.lm_head_params));
   r->prefill_gops = r->prefill_ops / r->ttft_s / 1e9;
+  // The chunks and what one reads: each full layer's fixed matrices once a chunk and the experts
+  // its tokens routed to (the union over the chunk's tokens, as the MoE block reads them).
+  const size_t chunk = b->session->ChunkFor(static_cast<size_t>(p.prompt_tokens));
+  r->prefill_chunk = static_cast<int>(std::min<size_t>(static_cast<size_t>(p.prompt_tokens), chunk));
+  // What the engine chooses for long prompts (probing its rates now, after the timed runs, when
+  // this prompt was short enough to run whole).
+  r->prefill_chunk_why = static_cast<size_t>(p.prompt_tokens) > kDefaultPrefillChunk
+                             ? b->engine->PromptChunk().why
+                             : Str("whole (up to ", kDefaultPrefillChunk,
+                                   " tokens); longer prompts: ", b->engine->PromptChunk().why);
+  r->prefill_chunks = (p.prompt_tokens + r->prefill_chunk - 1) / r->prefill_chunk;
+  if (r->layers > 1) {
+    const double full_layers = r->layers - 1, chunks = r->prefill_chunks;
+    r->layer_bytes_per_chunk = static_cast<double>(fp.layers_fixed_bytes) / r->layers + Median(routed_bytes) / full_layers / chunks;
+  }
+  r->layer_params_per_token = per_layer_params;
+  r->moe_routed_share = fp.moe_params > 0 ? static_cast<double>(fp.routed_params) / static_cast<double>(fp.moe_params) : 0;
   return Status::Ok();
 }
 
@@ -910,6 +963,31 @@ Status MeasureOffload(const Plan& p, Result* r, FILE* log) {
   return Status::Ok();
 }
 
+// The prompt again at each thread count of -t's list (prompt_threads), each on an engine of its
+// own (the same mapping's pages; no background check), with the int8 peak probed at that count
+// right before it: how the prefill scales and where its time goes at each count.
+Status MeasurePromptScaling(const Plan& p, const Bench& main, Result* r, FILE* log) {
+  for (const int t : p.prompt_threads) {
+    if (log) std::fprintf(log, "m3 bench: prompt scaling: %d threads\n", t);
+    Plan q = p;
+    q.engine.threads = t;
+    q.engine.verify_weights = false;
+    Bench b;
+    Result o;
+    o.threads = t;
+    o.model_dir = r->model_dir;
+    M3_RETURN_IF_ERROR(OpenEngine(q, &b, &o));
+    b.fp = main.fp;
+    const ProbeResult peak = ProbeInt8Peak(t, p.peak_seconds, p.probe_reps);
+    M3_RETURN_IF_ERROR(MeasurePrefill(q, &b, &o, nullptr));
+    Project(q, b.fp, {0.0}, {0.0}, &o);
+    r->prompt_scaling.push_back({t, o.ttft_s, o.prefill_tok_s, o.prefill_gops, peak.best, o.t_layer_prefill_s,
+                                 o.t_layer_prefill_attention_s, o.projected_prefill_tok_s});
+    r->logits_finite = r->logits_finite && o.logits_finite;
+  }
+  return Status::Ok();
+}
+
 // The limits again, same threads as the run.
 void ProbeLimitsAgain(const Plan& p, Result* r, FILE* log) {
   if (log) std::fprintf(log, "m3 bench: probing the machine limits again\n");
@@ -935,6 +1013,7 @@ StatusOr<Result> Measure(const Plan& p, FILE* log) {
   M3_RETURN_IF_ERROR(MeasureDist(b.fp, layer_mean_s, &b, &r, log));
   M3_RETURN_IF_ERROR(MeasureBatch(p, &b, &r, log));
   M3_RETURN_IF_ERROR(MeasureLookup(p, &b, &r, log));
+  M3_RETURN_IF_ERROR(MeasurePromptScaling(p, b, &r, log));
   if (p.offload) {
     b.session.reset();  // the CPU run's caches and engine give their memory back first
     b.engine.reset();

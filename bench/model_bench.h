@@ -20,6 +20,9 @@
 //                the same context: the cost of a verify step in single steps, by time and by bytes
 //                read (projected to 60 layers), which is the accepted guesses per step it needs
 //                to pay off (plus one)
+//   scaling      with prompt_threads (-t 1,4,16): the prefill again at each count, on an engine of
+//                its own: tok/s, share of the int8 peak probed at that count, a layer's attention
+//                and MoE parts, speedup over the first count and the 60-layer projection
 //   projection   decode tok/s of the full 60-layer model: per step, the step minus an lm_head
 //                matmul timed right after it is the layers' time; medians, x 60 / layers + lm_head
 // Weights are read once before timing when they fit in available memory (a server keeps them
@@ -30,6 +33,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "model/packer.h"
 #include "runtime/engine.h"
@@ -48,6 +52,7 @@ struct ModelBenchOptions {
   int batch = 4;              // sequences of the batched decode (1: no batched phase)
   int lookup = 3;             // guesses of the prompt-lookup verify steps (0: no such phase)
   EngineOptions engine;       // threads (0: all cores), NUMA mode, mlock; limits probed on as many threads
+  std::vector<int> prompt_threads;  // the prompt again at each of these thread counts (none: not)
   bool json = false;          // one JSON object instead of the table
 };
 

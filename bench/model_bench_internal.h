@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench/limits.h"
+#include "bench/shapes.h"
 
 namespace m3::bench {
 
@@ -93,6 +94,35 @@ struct Result {
   double layer_gbps() const { return t_layer_s > 0 ? layer_bytes_per_token / t_layer_s / 1e9 : 0; }
   double lm_head_gbps() const { return t_rest_s > 0 ? lm_head_bytes / t_rest_s / 1e9 : 0; }
   double layer_prefill_gops = 0;  // a layer's int8 work per prefill over its time
+  // A full layer's attention part (from the layer's start to its attention block's end: norm,
+  // q/k/v and indexer projections, block selection, attention, o) in the median run; the rest of
+  // the layer is its MoE block, of whose int8 work the routed experts do this share (the shared
+  // expert the rest: both run in the block's same phases).
+  double t_layer_prefill_attention_s = 0, moe_routed_share = 0;
+  // The prompt's forward passes (each at most the session's prefill chunk of tokens) and the
+  // weight bytes a full layer reads per chunk: its fixed matrices and the experts the chunk's
+  // tokens routed to (their union), as measured.
+  int prefill_chunk = 0, prefill_chunks = 0;
+  std::string prefill_chunk_why;  // how the session chose it
+  double layer_bytes_per_chunk = 0;
+  double layer_params_per_token = 0;  // a layer's active parameters (top-k experts) per token
+  // A chunk of the 60-layer model (every layer a full one): its bytes, the floors they and its
+  // int8 work set at the run's best read sample and int8 peak, and its time as measured here.
+  double chunk_bytes_full() const { return layer_bytes_per_chunk * static_cast<double>(shapes::kLayers); }
+  double chunk_bandwidth_floor_s() const { return read_bw.best > 0 ? chunk_bytes_full() / read_bw.best / 1e9 : 0; }
+  double chunk_compute_floor_s() const {
+    return int8_peak.best > 0 ? 2.0 * layer_params_per_token * prefill_chunk * static_cast<double>(shapes::kLayers) / int8_peak.best / 1e9 : 0;
+  }
+  double chunk_s_full() const {
+    return prefill_chunks > 0 ? t_layer_prefill_s / prefill_chunks * static_cast<double>(shapes::kLayers) : 0;
+  }
+  // -t with several counts: the prompt again at each (its own engine; the int8 peak probed at
+  // that count right before it).
+  struct PromptRow {
+    int threads;
+    double ttft_s, tok_s, gops, peak_gops, layer_s, attention_s, projected_tok_s;
+  };
+  std::vector<PromptRow> prompt_scaling;
   // Batched decode (batch > 1): medians of batched steps and of the single steps paired with them.
   int batch = 1, batch_steps = 0, batch_context = 0;
   double batch_step_s = 0, batch_single_step_s = 0, batch_bytes_per_step = 0;

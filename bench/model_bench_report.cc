@@ -155,6 +155,17 @@ nlohmann::json LayersJson(const Result& r, const LimitRatios& lr) {
       {"t_rest_prefill_s", r.t_rest_prefill_s},
       {"layer_prefill_gops", r.layer_prefill_gops},
       {"layer_prefill_peak_ratio", RatioJson(lr.layer_prefill)},
+      {"t_layer_prefill_attention_s", r.t_layer_prefill_attention_s},
+      {"t_layer_prefill_moe_s", r.t_layer_prefill_s - r.t_layer_prefill_attention_s},
+      {"moe_routed_share_of_work", r.moe_routed_share},
+      {"prefill_chunk", r.prefill_chunk},
+      {"prefill_chunks", r.prefill_chunks},
+      {"prefill_chunk_choice", r.prefill_chunk_why},
+      {"layer_bytes_per_chunk", r.layer_bytes_per_chunk},
+      {"full_model_chunk_bytes", r.chunk_bytes_full()},
+      {"full_model_chunk_bandwidth_floor_s", r.chunk_bandwidth_floor_s()},
+      {"full_model_chunk_compute_floor_s", r.chunk_compute_floor_s()},
+      {"full_model_chunk_s", r.chunk_s_full()},
       {"projected_full_model_tok_s", r.projected_tok_s},
       {"projected_full_model_prefill_tok_s",
        r.projected_prefill_tok_s > 0 ? nlohmann::json(r.projected_prefill_tok_s) : nlohmann::json(nullptr)},
@@ -251,6 +262,18 @@ nlohmann::json ToJson(const Result& r, const std::string& simd_target) {
   j.update(DistJson(r));
   for (const nlohmann::json& part : {PrefillJson(r, lr), DecodeJson(r, lr), LayersJson(r, lr), PhasesJson(r, lr)})
     j.update(part);
+  nlohmann::json scaling = nlohmann::json::array();
+  for (const Result::PromptRow& row : r.prompt_scaling)
+    scaling.push_back({{"threads", row.threads},
+                       {"ttft_s", row.ttft_s},
+                       {"prefill_tok_s", row.tok_s},
+                       {"prefill_gops", row.gops},
+                       {"int8_peak_gops", row.peak_gops},
+                       {"peak_ratio", Ratio(row.gops, row.peak_gops)},
+                       {"t_layer_s", row.layer_s},
+                       {"t_layer_attention_s", row.attention_s},
+                       {"projected_full_model_prefill_tok_s", row.projected_tok_s}});
+  j["prompt_scaling"] = scaling;
   return j;
 }
 
@@ -301,9 +324,45 @@ void PrintPrefillRows(const Result& r, const LimitRatios& lr, FILE* out) {
     PrintRow(out, "  one layer compute", r.layer_prefill_gops, "GOP/s", r.int8_peak.best, "int8_peak", "",
              &lr.layer_prefill);
   }
+  if (r.t_layer_prefill_s > 0) {
+    const double moe_s = r.t_layer_prefill_s - r.t_layer_prefill_attention_s;
+    PrintRow(out, "    attention", r.t_layer_prefill_attention_s * 1e3, "ms", 0, "",
+             Str(Num(100 * r.t_layer_prefill_attention_s / r.t_layer_prefill_s), "% of the layer: projections, indexer, attention"));
+    PrintRow(out, "    MoE block", moe_s * 1e3, "ms", 0, "",
+             Str(Num(100 * moe_s / r.t_layer_prefill_s), "% of the layer; routed experts ", Num(100 * r.moe_routed_share),
+                 "% of its work, the shared expert the rest"));
+  }
   PrintRow(out, "  last layer", r.t_last_layer_prefill_s * 1e3, "ms", 0, "",
            "keys and values of every row, the rest of one");
   PrintRow(out, "  lm_head and after", r.t_rest_prefill_s * 1e3, "ms", 0, "", "");
+  if (r.layer_bytes_per_chunk > 0) {
+    PrintRow(out, "prompt chunk", r.prefill_chunk, "tokens", 0, "",
+             Str(r.prefill_chunks, " chunk(s); a layer reads ", Bytes(r.layer_bytes_per_chunk), " per chunk; ",
+                 r.prefill_chunk_why));
+    PrintRow(out, "  60-layer chunk", r.chunk_s_full(), "s", 0, "",
+             Str("reads ", Bytes(r.chunk_bytes_full()), ": bandwidth floor ", Num(r.chunk_bandwidth_floor_s()),
+                 " s (read_bw), compute floor ", Num(r.chunk_compute_floor_s()), " s (int8_peak)"));
+  }
+}
+
+// -t with several counts: the prompt at each, its share of the int8 peak at that count, a full
+// layer's parts, and the speedup over the first count against the threads' ratio.
+void PrintPromptScaling(const Result& r, FILE* out) {
+  if (r.prompt_scaling.empty()) return;
+  std::fprintf(out, "\nprompt of %d tokens by threads (each count on its own engine; int8 peak probed at that count)\n",
+               r.prompt_tokens);
+  std::fprintf(out, "%7s %9s %9s %9s %7s %9s %9s %9s %8s %6s %12s\n", "threads", "tok/s", "GOP/s", "peak", "ratio",
+               "layer ms", "attn ms", "MoE ms", "speedup", "eff", "60-layer t/s");
+  const Result::PromptRow& first = r.prompt_scaling.front();
+  for (const Result::PromptRow& row : r.prompt_scaling) {
+    const double speedup = Ratio(row.tok_s, first.tok_s);
+    const double eff = speedup / (static_cast<double>(row.threads) / first.threads);
+    std::fprintf(out, "%7d %9s %9s %9s %7.3f %9s %9s %9s %8.2f %6.2f %12s\n", row.threads, Num(row.tok_s).c_str(),
+                 Num(row.gops).c_str(), Num(row.peak_gops).c_str(), Ratio(row.gops, row.peak_gops),
+                 Num(row.layer_s * 1e3).c_str(), Num(row.attention_s * 1e3).c_str(),
+                 Num((row.layer_s - row.attention_s) * 1e3).c_str(), speedup, eff,
+                 row.projected_tok_s > 0 ? Num(row.projected_tok_s).c_str() : "-");
+  }
 }
 
 // Decode: throughput, bytes per token and their bandwidth against the read limits; one layer and
@@ -474,6 +533,7 @@ void PrintTable(const Result& r, const std::string& simd_target, FILE* out) {
   PrintProjectionRows(r, out);
   PrintOffloadRows(r, out);
   PrintDistRows(r, out);
+  PrintPromptScaling(r, out);
   PrintNotes(r, lr, out);
 }
 

@@ -9,6 +9,7 @@
 //   --constrain constrained decoding: the token-mask cost per step over the real vocabulary, cold and
 //               cached, for an agent tool schema as JSON and as tool-call markup (bench/constrain_bench.h)
 // A new mode is one flag in BenchArgs and one entry in kModes.
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -148,12 +149,14 @@ int RunEndToEnd(const BenchArgs& args) {
                  "m3 bench: --quick applies to --kernels and --attention only (use --tiny for a small end-to-end run)\n");
     return 2;
   }
-  if (args.threads.size() > 1)
-    std::fprintf(stderr, "m3 bench: the end-to-end run uses one thread count: -t %d\n", args.threads[0]);
-  const std::optional<EngineOptions> engine_options = BenchEngineOptions(args);
+  // Several counts: the whole run on the largest, and the prompt again at each.
+  BenchArgs main_args = args;
+  if (args.threads.size() > 1) main_args.threads = {*std::max_element(args.threads.begin(), args.threads.end())};
+  const std::optional<EngineOptions> engine_options = BenchEngineOptions(main_args);
   if (!engine_options) return 2;
   bench::ModelBenchOptions opts;
   opts.engine = *engine_options;
+  if (args.threads.size() > 1) opts.prompt_threads = args.threads;
   opts.model_dir = args.model;
   opts.layers = args.layers;
   if (args.type) {
@@ -259,7 +262,8 @@ void AddBenchCommand(CLI::App& app, int* rc) {
   cmd->add_flag("--quick", args->quick,
                 "--kernels, --attention: tiny sizes and few repetitions (a smoke test; figures are not meaningful)");
   cmd->add_option("-t,--threads", args->threads,
-                  "Threads (default: all cores); --kernels takes a list, e.g. -t 1,8 (default: 1 and all cores)")
+                  "Threads (default: all cores); --kernels takes a list, e.g. -t 1,8 (default: 1 and all cores); so does the "
+                  "end-to-end run: the whole run on the largest, and the prompt again at each count (its scaling)")
       ->delimiter(',')
       ->check(CLI::Validator(
           [](std::string& value) -> std::string {  // CLI::PositiveNumber's message quotes DBL_MAX

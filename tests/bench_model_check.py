@@ -3,7 +3,7 @@
 twice in a fresh cache folder (the second run must reuse the cached model, not regenerate it), one
 JSON object with every report field (the batched decode's and the lookup verify steps' included), finite values, positive where
 they must be, ratios equal to value / limit. Bad input fails with a message: a missing model folder, -p 0, --layers 0, a damaged
-cached model is regenerated. No timing assertions.
+cached model is regenerated. -t with several counts adds the prompt at each (prompt_scaling). No timing assertions.
 Usage: bench_model_check.py M3_BINARY"""
 import json
 import math
@@ -33,11 +33,13 @@ POSITIVE = ["prefill_tok_s", "decode_tok_s", "decode_tok_s_mean", "ttft_s", "byt
             "batch_tok_s", "batch_single_tok_s", "batch_speedup", "batch_bytes_per_step", "batch_gbps",
             "batch_projected_full_model_bytes_per_step", "batch_projected_full_model_speedup",
             "lookup_step_ms", "lookup_single_step_ms", "lookup_step_cost", "lookup_bytes_per_step",
-            "lookup_projected_full_model_step_cost"]
+            "lookup_projected_full_model_step_cost", "prefill_chunk", "prefill_chunks", "layer_bytes_per_chunk",
+            "full_model_chunk_bytes", "full_model_chunk_bandwidth_floor_s", "full_model_chunk_compute_floor_s",
+            "full_model_chunk_s", "t_layer_prefill_attention_s", "moe_routed_share_of_work"]
 NON_NEGATIVE = ["disk_read_mbps", "disk_read_bytes", "t_rest_s", "load_s", "routed_expert_bytes_per_token",
                 "read_gbps_paired", "read_gbps_best", "t_layer_prefill_s", "layer_prefill_gops",
-                "decode_pair_ratio_median", "fast_regime_steps", "fast_regime_ratio"]
-STRINGS = ["simd_target", "model_dir", "cpu", "commit", "projection_note", "quant_kernels"]
+                "decode_pair_ratio_median", "fast_regime_steps", "fast_regime_ratio", "t_layer_prefill_moe_s"]
+STRINGS = ["simd_target", "model_dir", "cpu", "commit", "projection_note", "quant_kernels", "prefill_chunk_choice"]
 # Ratios to a machine limit: a number in (0, 1], or null with a note in limit_notes (never above 1).
 LIMIT_RATIOS = [("decode_bw_ratio", "decode_gbps", "read_gbps"),
                 ("decode_bw_ratio_paired", "decode_gbps", "read_gbps_paired"),
@@ -121,6 +123,13 @@ def check_report(p, label):
             check(isinstance(proj, (int, float)) and math.isclose(proj, want, rel_tol=1e-6), f"{label}: projected prefill {proj} != {want}")
         else:
             check(proj is None, f"{label}: a 1-layer model gives no prefill projection, got {proj!r}")
+    check(r.get("prefill_chunk") == 16 and r.get("prefill_chunks") == 1,
+          f"{label}: a 16-token prompt is one chunk of 16: {r.get('prefill_chunk')} x {r.get('prefill_chunks')}")
+    if all(isinstance(r.get(k), (int, float)) for k in ("t_layer_prefill_attention_s", "t_layer_prefill_s", "t_layer_prefill_moe_s")):
+        check(math.isclose(r["t_layer_prefill_attention_s"] + r["t_layer_prefill_moe_s"], r["t_layer_prefill_s"], rel_tol=1e-9),
+              f"{label}: a layer's attention and MoE parts do not add up to it")
+    check(0 < r.get("moe_routed_share_of_work", 0) < 1, f"{label}: routed share {r.get('moe_routed_share_of_work')!r}")
+    check(r.get("prompt_scaling") == [], f"{label}: one thread count gives no prompt scaling rows: {r.get('prompt_scaling')!r}")
     if all(isinstance(r.get(k), (int, float)) for k in ("t_layer_s", "t_rest_s", "decode_step_s_median", "layers")):
         total = r["t_layer_s"] * r["layers"] + r["t_rest_s"]
         check(0.5 * r["decode_step_s_median"] <= total <= 1.5 * r["decode_step_s_median"],
@@ -165,6 +174,28 @@ with tempfile.TemporaryDirectory() as cache:
                        env=dict(os.environ, M3_FAKE_NUMA="2"))
     r5 = check_report(p, "--numa split run")
     check("split" in str(r5.get("numa", "")), f"--numa split run: numa field {r5.get('numa')!r}")
+
+    # Several thread counts: the whole run on the largest, the prompt again at each.
+    p = run(["--tiny", "--json", "-p", "16", "-n", "4", "-t", "2,1", "--cache-dir", cache])
+    check(p.returncode == 0, f"-t 2,1 run: exit code {p.returncode}; {p.stderr.strip()[-1000:]}")
+    try:
+        rs = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
+    except (json.JSONDecodeError, IndexError):
+        rs = {}
+        check(False, "-t 2,1 run: no JSON")
+    rows = rs.get("prompt_scaling", [])
+    check(rs.get("threads") == 2 and [row.get("threads") for row in rows] == [1, 2],
+          f"-t 2,1 run: threads {rs.get('threads')}, rows {[row.get('threads') for row in rows]}")
+    for row in rows:
+        for k in ("ttft_s", "prefill_tok_s", "prefill_gops", "int8_peak_gops", "t_layer_s", "t_layer_attention_s",
+                  "projected_full_model_prefill_tok_s"):
+            check(isinstance(row.get(k), (int, float)) and row[k] > 0, f"-t 2,1 run: row {row.get('threads')}: {k} = {row.get(k)!r}")
+        if all(isinstance(row.get(k), (int, float)) for k in ("prefill_gops", "int8_peak_gops", "peak_ratio")):
+            check(math.isclose(row["peak_ratio"], row["prefill_gops"] / row["int8_peak_gops"], rel_tol=1e-9),
+                  f"-t 2,1 run: row {row.get('threads')}: peak_ratio")
+    p = run(["--tiny", "-p", "16", "-n", "4", "-t", "1,2", "--cache-dir", cache])
+    check(p.returncode == 0 and "prompt of 16 tokens by threads" in p.stdout and "attention" in p.stdout,
+          f"-t 1,2 table: rc {p.returncode}, {p.stdout[-800:]!r}")
 
     # Other pack types: their own cached models, the type in the report.
     for t in ("q4", "q8"):

@@ -226,6 +226,7 @@ Status Model::ForwardBatch(const OpContext& tc, Backend& backend, std::span<cons
       M3_RETURN_IF_ERROR(AttentionBlock(*pass, l, x, segments, positions.data(), h, observer));
     }
     M3_RETURN_IF_ERROR(pass->CheckFinite(h, rows, H, {"attention", l, pos}));
+    if (observer) observer->OnAttentionEnd(l);
 
     pass->Norm(h, rows, L.post_norm, x);
     if (L.is_moe) {

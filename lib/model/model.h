@@ -33,6 +33,8 @@ class ForwardObserver {
  public:
   virtual ~ForwardObserver() = default;
   virtual bool SeesEveryRow() const { return true; }
+  // Layer `layer`'s attention block is done (its MLP or MoE block follows).
+  virtual void OnAttentionEnd(int layer) {}
   // Layer `layer` is done (its rows' residual stream complete), `rows` of them.
   virtual void OnLayerEnd(int layer, size_t rows) {}
   // Blocks chosen for queries at positions pos0..pos0+n-1 of a sparse layer.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "simd/kernel_table.h"
 #include "simd/kernels.h"
 #include "simd/quant_kernels.h"
+#include "simd/weight_pack.h"
 
 namespace m3 {
 namespace {
@@ -136,6 +138,31 @@ void MatMulSameInput(const OpContext& tc, std::span<const MatMulTarget> targets,
       inputs[sc.input_of[i]].Multiply(*targets[i].w, tile_begin, tile_end, targets[i].y, targets[i].ldy, thread);
     });
   });
+}
+
+double MeasurePromptMatMulGops(const OpContext& tc) {
+  const size_t cols = 6144, tokens = 128;
+  const size_t rows = simd::kTileRows * static_cast<size_t>(std::max(32, 4 * tc.threads));
+  simd::WeightRef w = simd::TiledShape(simd::WeightFormat::kQ4, rows, cols);
+  std::vector<float> values(std::max(rows, tokens) * cols);
+  uint32_t s = 0x9E3779B9u;
+  for (float& v : values) {  // deterministic values in [-1, 1)
+    s = s * 1664525u + 1013904223u;
+    v = static_cast<float>(s >> 8) / static_cast<float>(1u << 23) - 1.0f;
+  }
+  std::vector<uint8_t> codes(w.row_tiles() * w.tile_bytes()), scales(w.row_tiles() * w.tile_scale_bytes());
+  if (!simd::PackRowTiles(w, values.data(), 0, w.row_tiles(), codes.data(), scales.data())) return 0;
+  w.data = codes.data();
+  w.scales = scales.data();
+  AlignedBuffer<float> y(tokens * rows);
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    MatMul(tc, w, values.data(), cols, tokens, y.data(), rows);
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (sec > 0) best = std::max(best, 2.0 * static_cast<double>(rows * cols * tokens) / sec / 1e9);
+  }
+  return best;
 }
 
 void GatherRows(const simd::WeightRef& w, const int32_t* ids, size_t n, float* out) {

@@ -16,6 +16,11 @@
 
 namespace m3 {
 
+// The rate in GOP/s of what a long prompt's passes mostly run: a q4 matmul of a routed expert's
+// width (6144 inputs, 4 row tiles per thread) for 128 tokens, on tc's threads and kernels; the
+// best of 3 calls (~10-50 ms in all). Sizes the prompt chunk (runtime/prefill_chunk.h).
+double MeasurePromptMatMulGops(const OpContext& tc);
+
 void MatMul(const OpContext& tc, const simd::WeightRef& w, const float* x, size_t ldx, size_t n_tok,
             float* y, size_t ldy);
 

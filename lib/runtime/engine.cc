@@ -104,7 +104,23 @@ Session::Session(const Engine& engine, const SessionOptions& options)
       max_context_(options.max_context ? options.max_context
                                        : static_cast<size_t>(engine.model().config().max_position_embeddings)),
       prefill_chunk_(options.prefill_chunk ? options.prefill_chunk : kDefaultPrefillChunk),
+      chunk_given_(options.prefill_chunk != 0),
       memory_budget_(options.memory_budget_bytes) {}
+
+size_t Session::ChunkFor(size_t tokens) const {
+  if (chunk_given_ || tokens <= prefill_chunk_) return prefill_chunk_;
+  return engine_.PromptChunk().tokens;
+}
+
+const ChunkChoice& Engine::PromptChunk() const {
+  std::call_once(prompt_chunk_once_, [&] {
+    ChunkInputs in = ModelChunkInputs(*model_);
+    ProbeChunkRates(threads_, kernels_, &in);
+    in.memory_available = AvailableMemoryBytes().value_or(0);
+    prompt_chunk_ = ChoosePrefillChunk(in, kDefaultPrefillChunk);
+  });
+  return prompt_chunk_;
+}
 
 OpContext Session::Context() const {
   OpContext tc(engine_.threads(), &engine_.kernels(), workspace_.get());
@@ -197,8 +213,9 @@ Status Session::Eval(std::span<const int32_t> ids, LogitsMode mode, std::vector<
         if (!engine_.offload()) cache_.Reserve(before + ids.size());  // the whole context before any work
         // Chunks of the prompt in order: each appends its positions to the cache, which the next
         // attends to, so the result is the one of a single pass up to float rounding.
-        for (size_t i = 0; i < ids.size(); i += prefill_chunk_) {
-          const size_t n = std::min(prefill_chunk_, ids.size() - i);
+        const size_t chunk = ChunkFor(ids.size());
+        for (size_t i = 0; i < ids.size(); i += chunk) {
+          const size_t n = std::min(chunk, ids.size() - i);
           const bool last = i + n == ids.size();
           const LogitsMode chunk_mode = mode == LogitsMode::kAllRows || last ? mode : LogitsMode::kNone;
           float* out = mode == LogitsMode::kAllRows ? logits->data() + i * vocab : logits ? logits->data() : nullptr;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "ops/cpu_backend.h"
 #include "ops/moe_numa.h"
 #include "ops/workspace.h"
+#include "runtime/prefill_chunk.h"
 #include "runtime/prefix_cache.h"
 
 namespace m3 {
@@ -83,6 +85,10 @@ class Engine {
   // The background check of the weights (EngineOptions::verify_weights), or null: none runs
   // (a checkpoint, a file verified before, or off).
   const BackgroundVerify* weights_check() const { return verify_.get(); }
+  // The chunk of long prompts for sessions that were not given one (runtime/prefill_chunk.h):
+  // this machine's rates are probed at the first call (~0.1-0.3 s), which a prompt longer than
+  // kDefaultPrefillChunk makes.
+  const ChunkChoice& PromptChunk() const;
   // One forward pass (Model::ForwardBatch) on the engine's backend: the offloaded dense part
   // when there is one, else the CPU. A tensor the background check found damaged fails it.
   Status Forward(const OpContext& tc, std::span<const Model::Segment> segments, LogitsMode mode, float* logits,
@@ -99,13 +105,17 @@ class Engine {
   std::unique_ptr<cluster::ExpertParallel> dist_;  // before model_ goes: the followers close their part
   std::unique_ptr<BackgroundVerify> verify_;       // before model_ goes: it reads the mapping
   MoePart expert_part_;
+  mutable std::once_flag prompt_chunk_once_;
+  mutable ChunkChoice prompt_chunk_;
 };
 
 struct SessionOptions {
   size_t max_context = 0;  // 0: max_position_embeddings of the model
   CacheOptions cache;      // storage types of the KV and index-key caches
-  // Most tokens per forward pass of a prompt (0: kDefaultPrefillChunk). The activations of a pass
-  // grow with its tokens (hidden states, q/k/v, MoE buffers), the cache with the whole context.
+  // Most tokens per forward pass of a prompt. 0: chosen for the model and machine (Engine::
+  // PromptChunk) for prompts longer than kDefaultPrefillChunk, which shorter ones take whole.
+  // The activations of a pass grow with its tokens (hidden states, q/k/v, MoE buffers), the cache
+  // with the whole context.
   size_t prefill_chunk = 0;
   // Most bytes the caches may hold (0: what this process can still get, see CheckContextFits).
   uint64_t memory_budget_bytes = 0;
@@ -150,6 +160,9 @@ class Session {
   size_t position() const { return cache_.length(); }
   size_t max_context() const { return max_context_; }
   size_t prefill_chunk() const { return prefill_chunk_; }
+  // The tokens per pass of a prompt of `tokens` (Eval's chunks): the given prefill_chunk, else
+  // the engine's PromptChunk for prompts longer than kDefaultPrefillChunk.
+  size_t ChunkFor(size_t tokens) const;
   // Forgets positions >= n (n <= position()).
   Status Rewind(size_t n);
   // Forgets every position and gives the caches' memory back (Rewind keeps it for reuse).
@@ -187,6 +200,7 @@ class Session {
   std::vector<int32_t> tokens_;
   size_t max_context_;
   size_t prefill_chunk_;
+  bool chunk_given_;  // SessionOptions::prefill_chunk was set
   uint64_t memory_budget_;
   PrefixCache* prefix_cache_ = nullptr;
 };
