@@ -150,7 +150,8 @@ void AddEngineOptions(CLI::App* cmd, EngineArgs* args) {
                   "storage of the sparse-attention indexer keys: f32 (exact), bf16 or int8")
       ->default_val("f32");
   cmd->add_option("--prefill-chunk", args->prefill_chunk,
-                  "most prompt tokens per forward pass (0 = 2048; scoring passes at most 512): bounds the activation memory of "
+                  "most prompt tokens per forward pass (0: 2048, and for longer prompts a chunk sized for the model and "
+                  "this machine, see docs/KERNELS.md; scoring passes at most 512): bounds the activation memory of "
                   "long prompts")
       ->default_val(0);
   AddGpuOptions(cmd, args);
