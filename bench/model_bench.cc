@@ -599,12 +599,6 @@ Status MeasurePrefill(const Plan& p, Bench* b, Result* r, FILE* log) {
   // its tokens routed to (the union over the chunk's tokens, as the MoE block reads them).
   const size_t chunk = b->session->ChunkFor(static_cast<size_t>(p.prompt_tokens));
   r->prefill_chunk = static_cast<int>(std::min<size_t>(static_cast<size_t>(p.prompt_tokens), chunk));
-  // What the engine chooses for long prompts (probing its rates now, after the timed runs, when
-  // this prompt was short enough to run whole).
-  r->prefill_chunk_why = static_cast<size_t>(p.prompt_tokens) > kDefaultPrefillChunk
-                             ? b->engine->PromptChunk().why
-                             : Str("whole (up to ", kDefaultPrefillChunk,
-                                   " tokens); longer prompts: ", b->engine->PromptChunk().why);
   r->prefill_chunks = (p.prompt_tokens + r->prefill_chunk - 1) / r->prefill_chunk;
   if (r->layers > 1) {
     const double full_layers = r->layers - 1, chunks = r->prefill_chunks;
@@ -1007,6 +1001,12 @@ StatusOr<Result> Measure(const Plan& p, FILE* log) {
   ProbeLimits(p, &r, log);
   ReadWeightsIn(&b, &r, log);
   M3_RETURN_IF_ERROR(MeasurePrefill(p, &b, &r, log));
+  // What the engine chooses for long prompts (its rates probed now, after the timed runs, when
+  // this prompt was short enough to run whole); the scaling runs' engines are not asked.
+  const std::string& why = b.engine->PromptChunk().why;
+  r.prefill_chunk_why = static_cast<size_t>(p.prompt_tokens) > kDefaultPrefillChunk
+                            ? why
+                            : Str("whole (up to ", kDefaultPrefillChunk, " tokens); longer prompts: ", why);
   std::vector<double> rest_s, layer_mean_s;  // per decode step: after the last layer, a layer's mean
   M3_RETURN_IF_ERROR(MeasureDecode(p, &b, &r, &rest_s, &layer_mean_s, log));
   Project(p, b.fp, rest_s, layer_mean_s, &r);

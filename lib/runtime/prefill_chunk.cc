@@ -16,21 +16,22 @@
 namespace m3 {
 namespace {
 
+// A matrix's stored bytes (codes and scales), as the kernels read them.
 double StoredBytes(const simd::WeightRef& w) {
   if (!w.data) return 0;
-  if (simd::IsTiled(w.format)) return static_cast<double>(simd::TiledCodeBytes(w) + simd::TiledScaleBytes(w));
-  const double scales = w.format == simd::WeightFormat::kE4M3Mx32 ? static_cast<double>(w.rows * w.scale_cols()) : 0;
-  return static_cast<double>(w.rows * w.cols * simd::ElementBytes(w.format)) + scales;
+  const simd::StoredSpan span = simd::RowTileSpan(w, 0, (w.rows + simd::kTileRows - 1) / simd::kTileRows);
+  return static_cast<double>(span.data_bytes + span.scale_bytes);
 }
+double Params(const simd::WeightRef& w) { return w.data ? static_cast<double>(w.rows * w.cols) : 0; }
 
-volatile uint64_t g_read_sink;
+volatile uint64_t g_read_sink;  // keeps the probe's reads
 
 // Three significant digits.
 std::string Num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3g", v);
   return buf;
-}  // keeps the probe's reads
+}
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -76,33 +77,27 @@ ChunkInputs ModelChunkInputs(const Model& model) {
   const ModelWeights& w = model.weights();
   ChunkInputs in;
   double params = 0;  // per token, in the layers
+  // A matrix every token of a pass reads.
+  auto per_token = [&](const simd::WeightRef& m) {
+    in.pass_weight_bytes += StoredBytes(m);
+    params += Params(m);
+  };
   for (const LayerWeights& L : w.layers) {
     const AttentionWeights& a = L.attn;
-    for (const simd::WeightRef* m : {&a.q, &a.k, &a.v, &a.o, &a.index_q, &a.index_k}) {
-      in.pass_weight_bytes += StoredBytes(*m);
-      params += static_cast<double>(m->data ? m->rows * m->cols : 0);
-    }
+    for (const simd::WeightRef* m : {&a.q, &a.k, &a.v, &a.o, &a.index_q, &a.index_k}) per_token(*m);
     if (!L.is_moe) {
-      for (const simd::WeightRef* m : {&L.mlp.gate, &L.mlp.up, &L.mlp.down}) {
-        in.pass_weight_bytes += StoredBytes(*m);
-        params += static_cast<double>(m->rows * m->cols);
-      }
+      for (const simd::WeightRef* m : {&L.mlp.gate, &L.mlp.up, &L.mlp.down}) per_token(*m);
       continue;
     }
     const MoeWeights& moe = L.moe;
-    in.pass_weight_bytes += StoredBytes(moe.router);
-    params += static_cast<double>(moe.router.rows * moe.router.cols);
+    per_token(moe.router);
     if (moe.has_shared)
-      for (const simd::WeightRef* m : {&moe.shared.gate, &moe.shared.up, &moe.shared.down}) {
-        in.pass_weight_bytes += StoredBytes(*m);
-        params += static_cast<double>(m->rows * m->cols);
-      }
-    for (const MlpWeights& e : moe.experts)
+      for (const simd::WeightRef* m : {&moe.shared.gate, &moe.shared.up, &moe.shared.down}) per_token(*m);
+    for (const MlpWeights& e : moe.experts)  // a long prompt's pass reads them all
       for (const simd::WeightRef* m : {&e.gate, &e.up, &e.down}) in.pass_weight_bytes += StoredBytes(*m);
     if (!moe.experts.empty()) {
-      const MlpWeights& e = moe.experts.front();
-      params += cfg.experts_per_token * static_cast<double>(e.gate.rows * e.gate.cols + e.up.rows * e.up.cols +
-                                                           e.down.rows * e.down.cols);
+      const MlpWeights& e = moe.experts.front();  // all experts of a layer have one shape
+      params += cfg.experts_per_token * (Params(e.gate) + Params(e.up) + Params(e.down));
     }
   }
   in.ops_per_token = 2 * params;
