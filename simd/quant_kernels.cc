@@ -216,8 +216,9 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
 // per token and chunk; the q8 GEMM ran at ~0.45 of the int8 peak on Zen 3, now ~0.5-0.55). As
 // blocks, each token's temporaries are dead at its end and the 8 accumulators, the chunk's codes
 // (q8: s and |s| of both halves; q4: low and high nibbles) and two temporaries fit the 16
-// registers. _mm256_sign_epi8 applies the weight's sign to the activation: on Zen 3 it shares the
-// multiply pipes with maddubs and madd, which bounds this q8 step at ~0.7 of the peak.
+// registers. _mm256_sign_epi8 applies the weight's sign to the activation: a 4th vector operation
+// per 32 products where the peak loop has 3, which bounds this q8 step at ~0.67 of the peak on
+// Zen 3 (3 vector operations a cycle; docs/KERNELS.md has the measurements and what was tried).
 constexpr int kTok = 4;
 constexpr bool kSignedQ8 = true;
 using Quad = int32_t __attribute__((may_alias));
