@@ -233,7 +233,9 @@ try:
     ]
     for name, (status, text, seconds), says in refused:
         print(f"  refused {name}: {status} in {seconds:.2f} s")
-        check(status == 400 and says in text, f"{name}: {status} {text[:300]}")
+        # On a loaded machine (a sanitizer build) the per-request compile time limit can refuse
+        # it first: as good a refusal.
+        check(status == 400 and (says in text or "(the limit per request)" in text), f"{name}: {status} {text[:300]}")
         check(seconds < 30, f"{name}: {seconds:.1f} s")
     grown_mib = (s.rss_kib() - rss0) / 1024
     print(f"  server RSS after the refused requests: +{grown_mib:.1f} MiB")

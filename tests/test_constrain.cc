@@ -603,6 +603,10 @@ TEST_CASE("budgets: a compilation stops at its time limit and when its requester
   REQUIRE_FALSE(slow.ok());
   CHECK(slow.status().code() == m3::StatusCode::kInvalidArgument);
   CHECK_THAT(slow.status().message(), Catch::Contains("took longer than 0.001 s"));
+  // A later grammar of a request whose time is already spent names the request's limit.
+  auto spent = CompileJsonSchema(wide, {.seconds = -0.5, .request_seconds = 2.0, .stop = nullptr});
+  REQUIRE_FALSE(spent.ok());
+  CHECK_THAT(spent.status().message(), Catch::Contains("took longer than 2 s (the limit per request)"));
   int polls = 0;
   auto stopped = CompileJsonSchema(wide, {.stop = [&] { return ++polls >= 1; }});
   REQUIRE_FALSE(stopped.ok());

@@ -13,6 +13,7 @@
 #include "runtime/chat.h"
 #include "runtime/engine.h"
 #include "runtime/openai.h"
+#include "runtime/output_constraint.h"
 
 namespace {
 
@@ -51,7 +52,12 @@ Reply Turn(const ojson& request, uint64_t seed, int reasoning_budget = 0) {
   REQUIRE(r.ok());
   r->output.reasoning_budget = reasoning_budget;  // the Anthropic endpoint's thinking.budget_tokens
   m3::TurnOptions turn;
-  auto prompt = m3::TurnInputs(*f.text, *r, "t", f.session->max_context(), &turn);
+  // Compiled with time to spare: these turns test what constraints hold, not the time limit,
+  // and a sanitizer build on a loaded 2-core machine can spend the default 2 s.
+  auto built = m3::BuildConstraint(r->output, r->tools, *f.text, m3::constrain::CompileBudget{.seconds = 60.0, .request_seconds = 0, .stop = nullptr});
+  INFO(built.status().ToString());
+  REQUIRE(built.ok());
+  auto prompt = m3::TurnInputs(*f.text, *r, "t", f.session->max_context(), &turn, 0, &*built);
   INFO(prompt.status().ToString());
   REQUIRE(prompt.ok());
   m3::SamplingParams sp{.temperature = 1.0f, .seed = seed};

@@ -13,7 +13,10 @@ namespace m3::constrain {
 // ends it at once when it returns true (the client left). Checked where the grammar grows.
 struct CompileBudget {
   static constexpr double kDefaultSeconds = 2.0;
-  double seconds = kDefaultSeconds;
+  double seconds = kDefaultSeconds;  // what this compilation may take
+  // The request's whole limit when `seconds` is what is left of it (several grammars in one
+  // request), for the refusal's message; 0: `seconds` is the limit.
+  double request_seconds = 0;
   std::function<bool()> stop;
 };
 

@@ -95,7 +95,8 @@ void GrammarBuilder::Poll() {
   if (++growths_ % kPollEvery != 0) return;
   const auto now = std::chrono::steady_clock::now();
   if (now > deadline_) {
-    throw CompileInterrupted{InvalidArgument("compiling it took longer than ", budget_.seconds,
+    const double limit = budget_.request_seconds > 0 ? budget_.request_seconds : budget_.seconds;
+    throw CompileInterrupted{InvalidArgument("compiling it took longer than ", limit,
                                              " s (the limit per request): the grammar is too large or too "
                                              "repetitive")};
   }

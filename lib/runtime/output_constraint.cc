@@ -44,6 +44,7 @@ StatusOr<OutputConstraint> BuildConstraint(const OutputSpec& spec, const nlohman
   const auto start = std::chrono::steady_clock::now();
   auto left = [&] {
     constrain::CompileBudget b = budget;
+    if (b.request_seconds <= 0) b.request_seconds = budget.seconds;
     b.seconds -= std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return b;
   };
