@@ -1,6 +1,7 @@
-// Packs each golden checkpoint as q8, q4 and q4-mixed and reports, per case and type, the weight
-// reconstruction error (q4 against llama.cpp Q4_0 at the same 4.5 bits per weight) and the KL
-// divergence / top-1 agreement of the packed model's logits against the unpacked fp32 engine.
+// Packs each golden checkpoint as q8, q4-mixed, q4, q3-mixed and q2-mixed and reports, per case and
+// type, the weight reconstruction error (q4 against llama.cpp Q4_0 at the same 4.5 bits per weight;
+// q3/q2 over their expert tensors) and the KL divergence / top-1 agreement of the packed model's
+// logits against the unpacked fp32 engine.
 //
 //   bench_pack_quality [--json] [--check] GOLDEN_CASE_DIR...
 //
@@ -34,6 +35,8 @@ Bar BarFor(m3::PackType t) {
     case m3::PackType::kQ8: return {0.25, 0.65};
     case m3::PackType::kQ4Mixed: return {0.3, 0.55};
     case m3::PackType::kQ4: return {1.2, 0.25};
+    case m3::PackType::kQ3Mixed: return {0.5, 0.4};
+    case m3::PackType::kQ2Mixed: return {1.0, 0.25};
   }
   return {0, 0};
 }
@@ -55,8 +58,8 @@ int main(int argc, char** argv) {
   const auto tmp = std::filesystem::temp_directory_path() / ("m3_pack_quality_" + std::to_string(getpid()));
   int failures = 0;
   if (!json)
-    std::printf("%-40s %-9s %6s %10s %10s %6s %11s %11s %11s\n", "case", "type", "rows", "KL mean", "KL max", "top1",
-                "q8 relMSE", "q4 relMSE", "Q4_0 relMSE");
+    std::printf("%-40s %-9s %6s %10s %10s %6s %11s %11s %11s %11s\n", "case", "type", "rows", "KL mean", "KL max",
+                "top1", "q8 relMSE", "q4 relMSE", "Q4_0 relMSE", "q3/q2 rMSE");
   for (const auto& dir : cases) {
     const auto golden = m3::ReadGoldenCase(dir);
     if (!golden.ok()) {
@@ -64,7 +67,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     const std::string& name = golden->name;
-    for (m3::PackType type : {m3::PackType::kQ8, m3::PackType::kQ4Mixed, m3::PackType::kQ4}) {
+    for (m3::PackType type : {m3::PackType::kQ8, m3::PackType::kQ4Mixed, m3::PackType::kQ4, m3::PackType::kQ3Mixed,
+                              m3::PackType::kQ2Mixed}) {
       m3::PackOptions opt;
       opt.source_dir = dir;
       opt.output_dir = (tmp / (name + "_" + m3::PackTypeName(type))).string();
@@ -87,12 +91,13 @@ int main(int argc, char** argv) {
                               {"kl_mean", q->kl_mean}, {"kl_max", q->kl_max}, {"top1", q->top1},
                               {"q8_rel_mse", q->q8_rel_mse}, {"q4_rel_mse", q->q4_rel_mse},
                               {"q4_0_rel_mse", q->q4_0_rel_mse}, {"q4_weights", q->q4_weights},
+                              {"sub4_rel_mse", q->sub4_rel_mse}, {"sub4_weights", q->sub4_weights},
                               {"bits_per_weight", packed->bits_per_weight()}, {"within_bars", ok}};
         std::printf("%s\n", row.dump().c_str());
       } else {
-        std::printf("%-40s %-9s %6zu %10.2e %10.2e %6.3f %11.2e %11.2e %11.2e%s\n", name.c_str(),
+        std::printf("%-40s %-9s %6zu %10.2e %10.2e %6.3f %11.2e %11.2e %11.2e %11.2e%s\n", name.c_str(),
                     m3::PackTypeName(type), q->rows, q->kl_mean, q->kl_max, q->top1, q->q8_rel_mse, q->q4_rel_mse,
-                    q->q4_0_rel_mse, ok ? "" : "  <-- outside the bars");
+                    q->q4_0_rel_mse, q->sub4_rel_mse, ok ? "" : "  <-- outside the bars");
       }
     }
   }

@@ -1,6 +1,6 @@
 // `m3 bench --kernels` (kernel_bench.h).
 //
-// Weights are random packed matrices: uniform codes (q8 1..255, q4 0..15), fp16 scales in
+// Weights are random packed matrices: uniform codes (q8 1..255, q4 0..15, q3/q2 any), fp16 scales in
 // [2^-9, 2^-7), bf16 values of magnitude 2^-10..2^-3. They are written directly in the tiled layout
 // rather than through PackRowTiles, whose q4 scale search costs ~250 ns per weight (minutes for the
 // 300 MB a cold GEMV needs); no kernel's time depends on the values. Every buffer is mapped with a
@@ -556,7 +556,8 @@ const char* PeakKind(WeightFormat f, bool bf16_dot, const std::string& impl) {
 }
 
 const char* TypeName(WeightFormat f) {
-  return f == WeightFormat::kQ8 ? "q8" : f == WeightFormat::kQ4 ? "q4" : "bf16";
+  if (simd::IsSuperBlock(f) || f == WeightFormat::kQ8 || f == WeightFormat::kQ4) return simd::WeightFormatName(f);
+  return "bf16";
 }
 std::string ShapeName(size_t rows, size_t cols) { return std::to_string(rows) + "x" + std::to_string(cols); }
 
@@ -838,7 +839,8 @@ Measured Measure(const Plan& plan, FILE* log) {
   // 2. GEMV and GEMM per shape and type; 3. oneDNN's on the shape, where it is built in.
   const bool bf16_dot = std::string(simd::BestKernels().bf16_name.c_str()).find("bf16") != std::string::npos;
   for (const shapes::MatShape& ms : plan.shapes) {
-    for (WeightFormat f : {WeightFormat::kQ4, WeightFormat::kQ8, WeightFormat::kBF16Tiled}) {
+    for (WeightFormat f :
+         {WeightFormat::kQ4, WeightFormat::kQ8, WeightFormat::kQ3, WeightFormat::kQ2, WeightFormat::kBF16Tiled}) {
       TypeBench b(plan, ms, f, max_threads);
       CheckAgainstReference(plan, max_threads, &b, &m.status, log);
       MeasureGemv(plan, max_threads, bf16_dot, &b, &probes, &m.report);

@@ -22,7 +22,7 @@ std::vector<const simd::WeightRef*> Matrices(const Model& m, ModelWeights* copy)
 }
 
 void AddWeightErrors(const simd::WeightRef& src, const simd::WeightRef& packed, PackQuality* q, double* ref_q4,
-                     double* ref_q8) {
+                     double* ref_q8, double* ref_sub4) {
   const size_t cols = src.cols, padded = (cols + 31) / 32 * 32;
   std::vector<float> a(padded, 0.0f), b(cols), q40(padded);
   for (size_t r = 0; r < src.rows; ++r) {
@@ -41,6 +41,10 @@ void AddWeightErrors(const simd::WeightRef& src, const simd::WeightRef& packed, 
     } else if (packed.format == simd::WeightFormat::kQ8) {
       q->q8_rel_mse += err;
       *ref_q8 += ref;
+    } else if (simd::IsSuperBlock(packed.format)) {
+      q->sub4_rel_mse += err;
+      *ref_sub4 += ref;
+      q->sub4_weights += cols;
     }
   }
 }
@@ -59,10 +63,11 @@ StatusOr<PackQuality> MeasurePackQuality(const std::string& source_dir, const st
   ModelWeights wa, wb;
   const auto ma = Matrices(source->model(), &wa), mb = Matrices(packed->model(), &wb);
   if (ma.size() != mb.size()) return InvalidArgument(packed_dir, ": tensor lists differ from ", source_dir);
-  double ref_q4 = 0, ref_q8 = 0;
-  for (size_t i = 0; i < ma.size(); ++i) AddWeightErrors(*ma[i], *mb[i], &q, &ref_q4, &ref_q8);
+  double ref_q4 = 0, ref_q8 = 0, ref_sub4 = 0;
+  for (size_t i = 0; i < ma.size(); ++i) AddWeightErrors(*ma[i], *mb[i], &q, &ref_q4, &ref_q8, &ref_sub4);
   if (ref_q4 > 0) q.q4_rel_mse /= ref_q4, q.q4_0_rel_mse /= ref_q4;
   if (ref_q8 > 0) q.q8_rel_mse /= ref_q8;
+  if (ref_sub4 > 0) q.sub4_rel_mse /= ref_sub4;
 
   const size_t vocab = cfg.vocab_size;
   Session sa(*source), sb(*packed);

@@ -21,6 +21,8 @@ struct PackQuality {
   double q4_rel_mse = 0;    // m3 q4
   double q4_0_rel_mse = 0;  // llama.cpp Q4_0 on the same rows
   double q8_rel_mse = 0;    // over tensors stored as q8
+  size_t sub4_weights = 0;  // over tensors stored as q3 or q2 (0 when none)
+  double sub4_rel_mse = 0;
 };
 
 // Runs `prompt` through both models (all rows), then `decode_steps` tokens chosen greedily by the

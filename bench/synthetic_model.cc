@@ -122,7 +122,7 @@ uint64_t Q4Codes(uint64_t v) {
 const double kQ8CodeRms = std::sqrt(2.0 * 127 * 128 * 255 / 6 / 256);
 const double kQ4CodeRms = std::sqrt(2.0 * 140 / 16);
 
-enum class FillKind { kZero, kQ8Codes, kQ4Codes, kF16Scales, kQ8Scales, kF32Uniform };
+enum class FillKind { kZero, kQ8Codes, kQ4Codes, kAnyCodes, kF16Scales, kQ8Scales, kSuperBlockScales, kF32Uniform };
 
 // How one byte range (a tensor's data or its scales) is filled.
 struct RegionFill {
@@ -130,6 +130,7 @@ struct RegionFill {
   float amplitude = 0;  // k*Scales: mean scale (each is x [0.75, 1.25)); kF32Uniform: values in [-a, a)
   uint64_t seed = 0;
   size_t tile_scale_bytes = 0;  // kQ8Scales: per row tile 16 fp32 row scales, then u8 group shifts
+  float mid = 0;                 // kSuperBlockScales: the code at value 0 (L / 2)
 };
 
 // q8 group shifts are 0 or 1 at random: a group's scale is its row's or half of it, so the mean
@@ -144,8 +145,10 @@ void FillBlock(const RegionFill& f, uint64_t block, uint8_t* out, size_t n) {
       return;
     case FillKind::kQ8Codes:
     case FillKind::kQ4Codes:
+    case FillKind::kAnyCodes:
       for (size_t j = 0; j < n; j += 8) {
-        const uint64_t v = f.kind == FillKind::kQ8Codes ? Q8Codes(rng.Next()) : Q4Codes(rng.Next());
+        const uint64_t r = rng.Next();
+        const uint64_t v = f.kind == FillKind::kQ8Codes ? Q8Codes(r) : f.kind == FillKind::kQ4Codes ? Q4Codes(r) : r;
         std::memcpy(out + j, &v, std::min<size_t>(8, n - j));
       }
       return;
@@ -164,6 +167,26 @@ void FillBlock(const RegionFill& f, uint64_t block, uint8_t* out, size_t n) {
           j += 4;
         } else {
           out[j++] = static_cast<uint8_t>(rng.Next() & 1);
+        }
+      }
+      return;
+    }
+    case FillKind::kSuperBlockScales: {
+      // Per row tile: fp16 d [groups][16] around the amplitude, fp16 dmin [groups][16] = the
+      // amplitude's 8 * mid, sub-blocks sc = mn = 8: W = 8 d c - 8 mid amplitude, mean ~0.
+      const uint64_t start = block * kBlockBytes;
+      const size_t groups = f.tile_scale_bytes / (simd::kTileRows * (4 + simd::kSubGroups));
+      const uint16_t dmin = simd::F32ToF16(f.amplitude * f.mid);
+      for (size_t j = 0; j < n;) {
+        const size_t at = (start + j) % f.tile_scale_bytes;
+        if (at < groups * simd::kTileRows * 4) {
+          const uint16_t h = at < groups * simd::kTileRows * 2
+                                 ? simd::F32ToF16(f.amplitude * (0.75f + 0.5f * rng.Uniform()))
+                                 : dmin;
+          std::memcpy(out + j, &h, std::min<size_t>(2, n - j));
+          j += 2;
+        } else {
+          out[j++] = 0x88;
         }
       }
       return;
@@ -193,6 +216,17 @@ std::pair<RegionFill, RegionFill> FillsFor(const PackedTensor& t, size_t index) 
       data.kind = FillKind::kF32Uniform;
       data.amplitude = static_cast<float>(std::sqrt(3.0 / static_cast<double>(t.cols)));
     }
+    return {data, scales};
+  }
+  // Unit-variance embedding rows; every other matrix keeps unit variance from input to output.
+  const double fan = t.name == "model.embed_tokens.weight" ? 1.0 : static_cast<double>(t.cols);
+  if (simd::IsSuperBlock(t.format)) {  // uniform codes 0..L: rms about L/2 is sqrt(L (L + 2) / 12)
+    const double L = (1 << simd::SuperBlockBits(t.format)) - 1;
+    data.kind = FillKind::kAnyCodes;
+    scales.kind = FillKind::kSuperBlockScales;
+    scales.mid = static_cast<float>(L / 2);
+    scales.amplitude = static_cast<float>(1.0 / (8.0 * std::sqrt(L * (L + 2) / 12.0) * std::sqrt(fan)));
+    scales.tile_scale_bytes = t.Shape().tile_scale_bytes();
     return {data, scales};
   }
   const bool q8 = t.format == WeightFormat::kQ8;
@@ -371,6 +405,19 @@ nlohmann::json SyntheticConfigJson(int layers, bool tiny) {
       {"torch_dtype", "bfloat16"},
       {"m3_synthetic", {{"generator", kGeneratorName}, {"version", kGeneratorVersion}, {"weights", "random"}}},
   };
+}
+
+uint64_t ReleasedModelPayloadBytes(PackType type) {
+  // The released structure: dense MLP and full attention in the first kDenseLayers layers, MoE
+  // and sparse attention in the rest; no MTP.
+  nlohmann::json j = SyntheticConfigJson(static_cast<int>(shapes::kLayers), false);
+  std::vector<int> moe(shapes::kLayers, 1);
+  for (size_t l = 0; l < shapes::kDenseLayers; ++l) moe[l] = 0;
+  j["moe_layer_freq"] = moe;
+  j["sparse_attention_config"]["sparse_attention_freq"] = moe;
+  j["sparse_attention_config"]["sparse_disable_index_value"] = moe;
+  auto cfg = ParseModelConfig(j);
+  return cfg.ok() ? PlanPackLayout(*cfg, 0, type).data_end() : 0;
 }
 
 uint64_t SyntheticModelBytes(int layers, bool tiny, PackType type) {

@@ -41,6 +41,9 @@ struct SyntheticModel {
 
 // config.json of the generated model (flat MiniMax-M3 layout, parsed by lib/model/config.cc).
 nlohmann::json SyntheticConfigJson(int layers, bool tiny);
+// Bytes of the released MiniMax-M3 (60 layers, 3 of them dense, no MTP) packed as `type`: what
+// `m3 pack` and `m3 inspect` print as the full model's footprint.
+uint64_t ReleasedModelPayloadBytes(PackType type);
 // Size of model.m3w for `layers` layers (header, payload and directory estimate).
 uint64_t SyntheticModelBytes(int layers, bool tiny, PackType type);
 

@@ -25,9 +25,26 @@
 #include "bench/constrain_bench.h"
 #include "bench/kernel_bench.h"
 #include "bench/model_bench.h"
+#include "bench/synthetic_model.h"
 #endif
 
 namespace m3::cli {
+
+std::string ReleasedFootprint(const std::string& pack_type) {
+#if M3_HAVE_BENCH
+  const std::optional<PackType> type = ParsePackType(pack_type);
+  const uint64_t bytes = type ? bench::ReleasedModelPayloadBytes(*type) : 0;
+  if (bytes == 0) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%.1f GB (MiniMax-M3 as released, 60 layers, at %s)", static_cast<double>(bytes) / 1e9,
+                pack_type.c_str());
+  return buf;
+#else
+  (void)pack_type;
+  return "";
+#endif
+}
+
 namespace {
 
 struct BenchArgs {
@@ -162,7 +179,7 @@ int RunEndToEnd(const BenchArgs& args) {
   if (args.type) {
     const std::optional<PackType> type = ParsePackType(*args.type);
     if (!type) {
-      std::fprintf(stderr, "m3 bench: --type: unknown pack type '%s' (q8, q4 or q4-mixed)\n", args.type->c_str());
+      std::fprintf(stderr, "m3 bench: --type: unknown pack type '%s' (q8, q4, q4-mixed, q3-mixed or q2-mixed)\n", args.type->c_str());
       return 2;
     }
     opts.type = *type;
@@ -281,7 +298,8 @@ void AddBenchCommand(CLI::App& app, int* rc) {
                       "Layers of the generated model (default: the fewest whose MoE layers read 2/3 of a decode "
                       "token's bytes, as in the 60-layer model, capped at what fits in 2/3 of RAM)"),
       cmd->add_option("--type", args->type,
-                      "Pack type of the generated model: q4-mixed (default; routed experts q4, the rest q8), q4 or q8"),
+                      "Pack type of the generated model: q4-mixed (default; routed experts q4, the rest q8), q4, q8, q3-mixed or "
+                      "q2-mixed"),
       cmd->add_option("-p,--prompt-tokens", args->prompt_tokens, "Prompt tokens of the prefill (default 512)"),
       cmd->add_option("-n,--decode-tokens", args->decode_tokens, "Tokens to decode (default 128)"),
       cmd->add_option("--batch", args->batch,

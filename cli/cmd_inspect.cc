@@ -67,6 +67,8 @@ int RunInspect(const std::string& dir, bool verify) {
     std::printf("packed           %s by m3 %s from %s\n", pack->pack_type().c_str(), version.c_str(), source.c_str());
     std::printf("tensors          %zu in %s (%s), %zu expert ranges\n", tensors, kPackFileName,
                 Human(static_cast<double>(pack->file().size()), "B").c_str(), pack->expert_ranges().size());
+    if (const std::string full = ReleasedFootprint(pack->pack_type()); !full.empty())
+      std::printf("full model       %s\n", full.c_str());
   } else {
     for (const auto& [name, t] : m.checkpoint()->text_tensors()) {
       auto& e = by_dtype[DTypeName(t->dtype)];

@@ -24,7 +24,7 @@ double Mb(uint64_t bytes) { return static_cast<double>(bytes) / 1e6; }
 int RunPack(const PackArgs& a) {
   const auto type = ParsePackType(a.type);
   if (!type) {
-    std::fprintf(stderr, "m3 pack: unknown --type '%s' (q8, q4 or q4-mixed)\n", a.type.c_str());
+    std::fprintf(stderr, "m3 pack: unknown --type '%s' (q8, q4, q4-mixed, q3-mixed or q2-mixed)\n", a.type.c_str());
     return 2;
   }
   std::unique_ptr<ProgressMeter> meter;  // made at the first report, which gives the total
@@ -53,6 +53,7 @@ int RunPack(const PackArgs& a) {
   std::printf("bits per weight  %.3f overall", s.bits_per_weight());
   if (s.expert_params) std::printf(", %.3f routed experts", s.expert_bits_per_weight());
   std::printf(" (%lld weights)\n", static_cast<long long>(s.params));
+  if (const std::string full = ReleasedFootprint(a.type); !full.empty()) std::printf("full model       %s\n", full.c_str());
   std::printf("time             %.2f s (%.1f MB/s written)\n", s.seconds,
               s.seconds > 0 ? Mb(s.payload_bytes) / s.seconds : 0.0);
   return 0;
@@ -65,8 +66,9 @@ void AddPackCommand(CLI::App& app, int* rc) {
   auto a = std::make_shared<PackArgs>();
   cmd->add_option("-m,--model", a->model, "HuggingFace checkpoint folder (F32, BF16, F16 or MXFP8)")->required();
   cmd->add_option("-o,--output", a->output, "output folder (model.m3w, config.json, tokenizer files)")->required();
-  cmd->add_option("--type", a->type, "q8 | q4 | q4-mixed (routed experts q4, the rest q8)")
-      ->check(CLI::IsMember({"q8", "q4", "q4-mixed"}))
+  cmd->add_option("--type", a->type, "q8 | q4 | q4-mixed (routed experts q4, the rest q8) | q3-mixed, q2-mixed (routed experts "
+                  "3.375 / 2.375 bits a weight but the first and last MoE layers' at q4, the rest q8)")
+      ->check(CLI::IsMember({"q8", "q4", "q4-mixed", "q3-mixed", "q2-mixed"}))
       ->capture_default_str();
   cmd->add_flag("--force", a->force,
                 "replace the pack in the output folder (in one step, once the new one is complete)");

@@ -41,6 +41,9 @@ void AddSamplingOptions(CLI::App* cmd, SamplingParams* p);
 void AddLookupOption(CLI::App* cmd, LookupOptions* o);
 // --literal-content of serve and batch (RequestDefaults::literal_content).
 void AddLiteralContentOption(CLI::App* cmd, bool* literal_content);
+// "the released MiniMax-M3 (60 layers) at TYPE: X GB" for m3 pack and m3 inspect; "" for an
+// unknown type or without the benchmarks (their generator holds the released shapes).
+std::string ReleasedFootprint(const std::string& pack_type);
 // " | lookup: A of D guesses accepted" when lookup guessed any, else "".
 std::string LookupSummary(const GenerateStats& st);
 // Says on stderr when -t asks for more threads than the CPUs this process may run on (the

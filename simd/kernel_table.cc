@@ -73,7 +73,8 @@ KernelTable HighwayTable(int64_t target) {
   k.target = hwy::TargetName(target);
   k.quantize_activations = quant.quantize_activations;
   k.quant_matmul = quant.quant_matmul;
-  k.quant_name = HighwayKernelName(target);
+  k.super_block_matmul = detail::SuperBlockMatMulForTarget(target);
+  k.quant_name = k.super_block_name = HighwayKernelName(target);
   k.bf16_tiled_matmul = quant.bf16_tiled_matmul;
   k.bf16_name = k.quant_name;
   k.matmul_f32 = detail::MatMulF32ForTarget(target);
@@ -106,9 +107,9 @@ KernelTable Best() {
 
 KernelTable Reference() {
   KernelTable k;
-  k.name = k.quant_name = k.bf16_name = k.target = "ref";
+  k.name = k.quant_name = k.super_block_name = k.bf16_name = k.target = "ref";
   k.quantize_activations = ref::QuantizeActivations;
-  k.quant_matmul = ref::QuantMatMul;
+  k.quant_matmul = k.super_block_matmul = ref::QuantMatMul;
   k.bf16_tiled_matmul = ref::Bf16TiledMatMul;
   k.matmul_f32 = ref::MatMulF32;
   return k;
@@ -117,6 +118,7 @@ KernelTable Reference() {
 }  // namespace
 
 const char* KernelTable::QuantName(const WeightRef& w, size_t n_tok) const {
+  if (IsSuperBlock(w.format)) return super_block_name.c_str();
   if (UsesAmx(w, n_tok)) return "amx-int8";
   if (quant_name == "avx512-vnni-4streams" && n_tok > x86::kFourStreamMaxTokens) return "avx512-vnni";
   return quant_name.c_str();

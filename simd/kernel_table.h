@@ -39,6 +39,8 @@ struct KernelTable {
   std::string target;       // the Highway target of the fp32 kernels (e.g. "AVX3_ZEN4")
   QuantizeActivationsFn quantize_activations = nullptr;
   QuantMatMulFn quant_matmul = nullptr;     // q8 / q4, any token count
+  QuantMatMulFn super_block_matmul = nullptr;  // q3 / q2 (Highway's or the reference), any token count
+  std::string super_block_name;                // its name, e.g. "avx2"
   std::string quant_name;                   // its name, e.g. "avx512-vnni"
   QuantMatMulFn quant_matmul_amx = nullptr;  // Intel AMX, or null; prompts of amx_min_tokens_* tokens
   size_t amx_min_tokens_q8 = 0;
@@ -59,7 +61,9 @@ struct KernelTable {
   }
   void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
                    size_t ldy, KernelScratch& scratch) const {
-    (UsesAmx(w, a.n_tok) ? quant_matmul_amx : quant_matmul)(w, a, tile_begin, tile_end, y, ldy, scratch);
+    (IsSuperBlock(w.format) ? super_block_matmul
+     : UsesAmx(w, a.n_tok)  ? quant_matmul_amx
+                            : quant_matmul)(w, a, tile_begin, tile_end, y, ldy, scratch);
   }
   // The implementation QuantMatMul runs for w with n_tok tokens (for benchmark reports).
   const char* QuantName(const WeightRef& w, size_t n_tok) const;
@@ -87,6 +91,7 @@ struct HighwayQuantKernels {
   bool exact;  // KernelTable::quant_exact
 };
 HighwayQuantKernels HighwayQuantKernelsForTarget(int64_t target);
+KernelTable::QuantMatMulFn SuperBlockMatMulForTarget(int64_t target);  // superblock_kernels.cc's
 }  // namespace detail
 
 }  // namespace m3::simd

@@ -7,6 +7,10 @@
 // accumulated over groups in ascending g, in fp32:
 //   q4: y[t, r] = sum_g fma(float(I_g), d_w[r, g] * d_a[t, g])     (fp16 weight scales)
 //   q8: y[t, r] = (s_w[r] * s_a[t]) * sum_g float(I_g) * 2^-(e_w[r, g] + e_a[t, g])
+//   q3/q2 (groups of 256, the super-blocks; activations quantized per 256 as for q4):
+//     I1_g = sum_j sc[r, j] * sum_{c in j} code * q_a,  I2_g = sum_j mn[r, j] * sum_{c in j} q_a
+//     over the 8 sub-blocks j of g, and y[t, r] = sum_g of, in turn,
+//     fma(float(I1_g), d[r, g] * d_a[t, g]) and fma(float(I2_g), -(dmin[r, g] * d_a[t, g]))
 // q8 scales are one fp32 scale per row / token times a power of two per group, so its per-group
 // epilogue is a convert, an exponent add and an add (no multiply competing with the dot
 // products for the multiply ports). All paths (1..8 tokens "GEMV", many tokens "GEMM", every
@@ -148,7 +152,8 @@ inline float MulPow2(float x, int e) {
 // The matmuls (KernelTable::quant_matmul and bf16_tiled_matmul, simd/kernel_table.h; the ref::
 // twins below have the signatures):
 // - quant: y[t * ldy + r] for rows r of row tiles [tile_begin, tile_end) (clipped to w.rows) and
-//   all a.n_tok tokens; w is kQ8 or kQ4 with w.group == a.group and w.padded_cols() == a.padded_cols.
+//   all a.n_tok tokens; w is kQ8, kQ4, kQ3 or kQ2 with w.group == a.group and
+//   w.padded_cols() == a.padded_cols (q3/q2: group kSuperGroup).
 // - bf16: y[t * ldy + r] = sum_c W[r, c] * x[t * ldx + c] for rows of row tiles
 //   [tile_begin, tile_end) of a kBF16Tiled weight, t < n_tok.
 // Both work in `scratch` (the calling thread's; the references leave it alone).

@@ -53,8 +53,47 @@ void QuantizeActivations(const float* x, size_t ldx, size_t n_tok, size_t cols, 
   }
 }
 
+namespace {
+
+void SuperBlockMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
+                      size_t ldy) {
+  const size_t row_end = std::min(w.rows, tile_end * kTileRows), groups = w.groups();
+  const size_t sb_bytes = kTileRows * kSuperGroup / 8 * SuperBlockBits(w.format);
+  std::vector<int> codes(w.padded_cols());
+  for (size_t r = tile_begin * kTileRows; r < row_end; ++r) {
+    const size_t tile = r / kTileRows, tr = r % kTileRows;
+    const uint8_t* t0 = static_cast<const uint8_t*>(w.data) + tile * w.tile_bytes();
+    for (size_t g = 0; g < groups; ++g)
+      for (size_t in = 0; in < kSuperGroup; ++in)
+        codes[g * kSuperGroup + in] = SuperBlockCode(w.format, t0 + g * sb_bytes, tr, in);
+    for (size_t t = 0; t < a.n_tok; ++t) {
+      const int8_t* qt = a.q + t * a.padded_cols;
+      float acc = 0.0f;
+      for (size_t g = 0; g < groups; ++g) {
+        int32_t i1 = 0, i2 = 0;
+        for (size_t j = 0; j < kSubGroups; ++j) {
+          const uint8_t sub = w.sb_sub(tile)[(g * kSubGroups + j) * kTileRows + tr];
+          int32_t dot = 0, sum = 0;
+          for (size_t i = g * kSuperGroup + j * kSubGroup; i < g * kSuperGroup + (j + 1) * kSubGroup; ++i)
+            dot += codes[i] * qt[i], sum += qt[i];
+          i1 += (sub & 0xF) * dot;
+          i2 += (sub >> 4) * sum;
+        }
+        const float da = a.scale[t * groups + g];
+        const float d = F16ToF32(w.sb_d(tile)[g * kTileRows + tr]), dmin = F16ToF32(w.sb_dmin(tile)[g * kTileRows + tr]);
+        acc = std::fma(static_cast<float>(i1), d * da, acc);
+        acc = std::fma(static_cast<float>(i2), -(dmin * da), acc);
+      }
+      y[t * ldy + r] = acc;
+    }
+  }
+}
+
+}  // namespace
+
 void QuantMatMul(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
                  size_t ldy, KernelScratch& /*scratch*/) {
+  if (IsSuperBlock(w.format)) return SuperBlockMatMul(w, a, tile_begin, tile_end, y, ldy);
   const size_t row_end = std::min(w.rows, tile_end * kTileRows), groups = w.groups(), G = w.group;
   const int zero = w.format == WeightFormat::kQ8 ? kQ8Zero : kQ4Zero;
   const auto* data = static_cast<const uint8_t*>(w.data);

@@ -30,6 +30,15 @@ enum class WeightFormat : uint8_t {
   // q4 scales: fp16, one per (row, group), laid out [row_tile][group][16].
   kQ4 = 5,         // 4-bit code c in 0..15: W = (c - 8) * scale
   kBF16Tiled = 6,  // bf16 values, 16 rows x 2 inputs per 64 bytes; no scales (group pads only)
+  // Super-block formats for routed experts (groups of kSuperGroup = 256 inputs, sub-blocks of
+  // kSubGroup = 32): a b-bit code c in 0..2^b-1, per (row, sub-block) a 4-bit scale sc and a 4-bit
+  // min mn, per (row, super-block) fp16 d and dmin:
+  //   W = d * sc * c - dmin * mn
+  // Scales per row tile: fp16 d [groups][16], fp16 dmin [groups][16], u8 sc | mn << 4
+  // [groups][8][16]. The kernels sum c * a in int16 within a sub-block and scale by sc in the
+  // same madd that widens to int32, so small groups cost no float work.
+  kQ3 = 7,  // 3-bit codes (3.375 bits per weight)
+  kQ2 = 8,  // 2-bit codes (2.375 bits per weight)
 };
 
 inline constexpr size_t kMxGroup = 32;
@@ -39,13 +48,20 @@ inline constexpr int kQ4Zero = 8;
 // Largest q8 group shift (weights and activations alike): 2^-(e_w + e_a) >= 2^-126 stays a normal
 // float, so scaling an exact int32 group sum by it is exact.
 inline constexpr int kQ8MaxShift = 63;
+inline constexpr size_t kSuperGroup = 256;  // q3 / q2: inputs per fp16 d and dmin (the format's group)
+inline constexpr size_t kSubGroup = 32;     // q3 / q2: inputs per 4-bit scale and min
+inline constexpr size_t kSubGroups = kSuperGroup / kSubGroup;
+
+// The super-block formats (q3, q2) and their code widths.
+inline constexpr bool IsSuperBlock(WeightFormat f) { return f == WeightFormat::kQ3 || f == WeightFormat::kQ2; }
+inline constexpr int SuperBlockBits(WeightFormat f) { return f == WeightFormat::kQ3 ? 3 : 2; }
 
 // Weights whose matmuls take int8-quantized activations.
-inline constexpr bool IsQuantized(WeightFormat f) { return f == WeightFormat::kQ8 || f == WeightFormat::kQ4; }
-
-inline constexpr bool IsTiled(WeightFormat f) {
-  return f == WeightFormat::kQ8 || f == WeightFormat::kQ4 || f == WeightFormat::kBF16Tiled;
+inline constexpr bool IsQuantized(WeightFormat f) {
+  return f == WeightFormat::kQ8 || f == WeightFormat::kQ4 || IsSuperBlock(f);
 }
+
+inline constexpr bool IsTiled(WeightFormat f) { return IsQuantized(f) || f == WeightFormat::kBF16Tiled; }
 
 inline const char* WeightFormatName(WeightFormat f) {
   switch (f) {
@@ -56,6 +72,8 @@ inline const char* WeightFormatName(WeightFormat f) {
     case WeightFormat::kQ8: return "q8";
     case WeightFormat::kQ4: return "q4";
     case WeightFormat::kBF16Tiled: return "bf16t";
+    case WeightFormat::kQ3: return "q3";
+    case WeightFormat::kQ2: return "q2";
   }
   return "?";
 }
@@ -70,7 +88,7 @@ struct WeightRef {
   WeightFormat format = WeightFormat::kF32;
   const void* data = nullptr;     // [rows, cols] elements
   const uint8_t* scales = nullptr;  // kE4M3Mx32: [rows, ceil(cols/32)] E8M0 codes;
-                                    // kQ8/kQ4: tile_scale_bytes() per row tile (see WeightFormat)
+                                    // kQ8/kQ4/kQ3/kQ2: tile_scale_bytes() per row tile (see WeightFormat)
   size_t rows = 0;
   size_t cols = 0;
   size_t group = 0;  // tiled formats: inputs per scale (multiple of 32); cols pad to a multiple
@@ -86,14 +104,20 @@ struct WeightRef {
   // Bytes of codes (or bf16 values) in one row tile; tile t starts at data + t * tile_bytes().
   size_t tile_bytes() const {
     const size_t p = padded_cols();
+    if (IsSuperBlock(format)) return kTileRows * p / 8 * SuperBlockBits(format);
     return format == WeightFormat::kQ4 ? kTileRows * p / 2 : format == WeightFormat::kQ8 ? kTileRows * p : kTileRows * p * 2;
   }
   // Scale bytes of one row tile: q8 16 fp32 row scales + groups x 16 u8 shifts, q4 groups x 16
-  // fp16, bf16 none.
+  // fp16, q3/q2 groups x 16 x (two fp16 + 8 u8), bf16 none.
   size_t tile_scale_bytes() const {
+    if (IsSuperBlock(format)) return groups() * kTileRows * (4 + kSubGroups);
     return format == WeightFormat::kQ8 ? kTileRows * 4 + groups() * kTileRows
            : format == WeightFormat::kQ4 ? groups() * kTileRows * 2 : 0;
   }
+  // q3/q2, per row tile: fp16 d [groups][16], fp16 dmin [groups][16], u8 sc | mn << 4 [groups][8][16].
+  const uint16_t* sb_d(size_t tile) const { return reinterpret_cast<const uint16_t*>(scales + tile * tile_scale_bytes()); }
+  const uint16_t* sb_dmin(size_t tile) const { return sb_d(tile) + groups() * kTileRows; }
+  const uint8_t* sb_sub(size_t tile) const { return scales + tile * tile_scale_bytes() + groups() * kTileRows * 4; }
   const uint16_t* tile_scales(size_t tile) const {  // q4: fp16 [groups][16]
     return reinterpret_cast<const uint16_t*>(scales + tile * tile_scale_bytes());
   }
@@ -177,6 +201,32 @@ inline float E8M0ToF32(uint8_t code) {
   return std::ldexp(1.0f, static_cast<int>(code) - 127);
 }
 
+// q3/q2 codes: a super-block's row tile is 16 chunks, chunk k covering quads 4k..4k+3 (inputs
+// 16k..16k+15). Its 64 bytes hold 16 rows x 4 inputs (byte row * 4 + input % 4), 2 low bits of
+// quad 4k+f in bits 2f..2f+1. q3 follows each chunk with 32 bytes of high bits: byte b, bit f is
+// the high bit of field f of chunk byte b, bit 4 + f that of chunk byte b + 32.
+inline int SuperBlockCode(WeightFormat f, const uint8_t* super_block, size_t tr, size_t in) {
+  const size_t chunk = in / 16, field = (in / 4) % 4, byte = tr * 4 + in % 4;
+  const size_t chunk_bytes = f == WeightFormat::kQ3 ? 96 : 64;
+  const uint8_t* ch = super_block + chunk * chunk_bytes;
+  int code = (ch[byte] >> (2 * field)) & 3;
+  if (f == WeightFormat::kQ3) code |= ((ch[64 + byte % 32] >> (field + 4 * (byte / 32))) & 1) << 2;
+  return code;
+}
+
+// Element (tile row tr, input in) of super-block g of row tile `tile`: d * sc * c - dmin * mn.
+inline float SuperBlockWeightAt(const WeightRef& w, size_t tile, size_t tr, size_t g, size_t in) {
+  const uint8_t* sb = static_cast<const uint8_t*>(w.data) + tile * w.tile_bytes() +
+                      g * kTileRows * kSuperGroup / 8 * SuperBlockBits(w.format);
+  uint16_t d, dmin;
+  std::memcpy(&d, w.sb_d(tile) + g * kTileRows + tr, 2);
+  std::memcpy(&dmin, w.sb_dmin(tile) + g * kTileRows + tr, 2);
+  const uint8_t sub = w.sb_sub(tile)[(g * kSubGroups + in / kSubGroup) * kTileRows + tr];
+  const float scale = F16ToF32(d) * static_cast<float>(sub & 0xF);
+  const float min = F16ToF32(dmin) * static_cast<float>(sub >> 4);
+  return scale * static_cast<float>(SuperBlockCode(w.format, sb, tr, in)) - min;
+}
+
 // Exact value of element (r, c) of a tiled matrix (see the layout in docs/PACKED_FORMAT.md).
 inline float TiledWeightAt(const WeightRef& w, size_t r, size_t c) {
   const size_t tile = r / kTileRows, tr = r % kTileRows;
@@ -187,6 +237,7 @@ inline float TiledWeightAt(const WeightRef& w, size_t r, size_t c) {
     return Bf16ToF32(h);
   }
   const size_t g = c / w.group, in = c % w.group;  // input within the group
+  if (IsSuperBlock(w.format)) return SuperBlockWeightAt(w, tile, tr, g, in);
   if (w.format == WeightFormat::kQ8) {
     const uint8_t code = t[g * w.group * kTileRows + (in / 4) * 64 + tr * 4 + in % 4];
     float row_scale;
@@ -221,6 +272,10 @@ inline void DecodeTiledRow(const WeightRef& w, size_t r, float* out) {
   for (size_t g = 0; g * G < w.cols; ++g) {
     const size_t n = std::min(G, w.cols - g * G);
     float* o = out + g * G;
+    if (IsSuperBlock(w.format)) {
+      for (size_t in = 0; in < n; ++in) o[in] = SuperBlockWeightAt(w, tile, tr, g, in);
+      continue;
+    }
     if (w.format == WeightFormat::kQ8) {
       float row_scale;
       std::memcpy(&row_scale, w.q8_row_scales(tile) + tr * 4, 4);
@@ -297,8 +352,11 @@ inline WeightRef TiledShape(WeightFormat format, size_t rows, size_t cols, size_
   w.format = format;
   w.rows = rows;
   w.cols = cols;
-  w.group = group ? group
-                  : (format == WeightFormat::kQ8 ? kQ8Group : format == WeightFormat::kQ4 ? kQ4Group : kBf16TiledGroup);
+  w.group = group                  ? group
+            : IsSuperBlock(format)  ? kSuperGroup
+            : format == WeightFormat::kQ8 ? kQ8Group
+            : format == WeightFormat::kQ4 ? kQ4Group
+                                          : kBf16TiledGroup;
   return w;
 }
 

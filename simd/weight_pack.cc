@@ -85,7 +85,86 @@ float Q8RowScale(const std::vector<double>& group_amax) {
   return best;
 }
 
+// One sub-block's float scale and min for codes 0..L: W = s * c - m with m >= 0 (the sub-block's
+// offset is never above zero, so a format's min is unsigned). Starts from the range [min(x, 0),
+// max(x)] and a few shrunken ones, refining each by least squares on its codes; keeps the best.
+void FitSubBlock(const float* x, size_t n, int levels, float* s_out, float* m_out) {
+  float lo = 0, hi = 0;
+  for (size_t i = 0; i < n; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+  *s_out = 0, *m_out = 0;
+  if (hi <= lo) return;
+  double best_err = std::numeric_limits<double>::infinity();
+  const double L = levels;
+  for (int step = 0; step < 8; ++step) {
+    double s = (hi - lo) / L * (1.0 - 0.04 * step), m = -lo;
+    for (int iter = 0; iter < 2; ++iter) {
+      // codes for (s, m), then least squares for s and m on them (m >= 0)
+      double sc = 0, scc = 0, sx = 0, scx = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double c = std::clamp(std::nearbyint((x[i] + m) / s), 0.0, L);
+        sc += c, scc += c * c, sx += x[i], scx += c * x[i];
+      }
+      const double det = n * scc - sc * sc;
+      if (det <= 0) break;
+      double ns = (n * scx - sc * sx) / det, nm = -(sx - ns * sc) / n;
+      if (nm < 0) nm = 0, ns = scc > 0 ? scx / scc : 0;
+      if (!(ns > 0)) break;
+      s = ns, m = nm;
+    }
+    double err = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double c = std::clamp(std::nearbyint((x[i] + m) / s), 0.0, L);
+      err += (s * c - m - x[i]) * (s * c - m - x[i]);
+    }
+    if (err < best_err) best_err = err, *s_out = static_cast<float>(s), *m_out = static_cast<float>(m);
+  }
+}
+
 }  // namespace
+
+double QuantizeSuperBlock(const float* x, size_t valid, int bits, uint8_t* codes, uint16_t* d_bits,
+                          uint16_t* dmin_bits, uint8_t* sub) {
+  const int levels = (1 << bits) - 1;
+  float s[kSubGroups], m[kSubGroups], smax = 0, mmax = 0;
+  for (size_t j = 0; j < kSubGroups; ++j) {
+    const size_t n = std::min(kSubGroup, valid - std::min(valid, j * kSubGroup));
+    FitSubBlock(x + j * kSubGroup, n, levels, &s[j], &m[j]);
+    smax = std::max(smax, s[j]), mmax = std::max(mmax, m[j]);
+  }
+  // The 4-bit scales and mins: the best of a few super-scales near max / 15 (fp16-rounded).
+  double best_err = std::numeric_limits<double>::infinity();
+  uint8_t cand_codes[kSuperGroup], cand_sub[kSubGroups];
+  for (int k = 0; k < 6; ++k) {
+    const uint16_t db = F32ToF16(smax / (15.0f - 0.5f * k)), mb = F32ToF16(mmax / 15.0f);
+    const float d = F16ToF32(db), dmin = F16ToF32(mb);
+    if (!std::isfinite(d) || !std::isfinite(dmin)) continue;
+    double err = 0;
+    for (size_t j = 0; j < kSubGroups; ++j) {
+      const int sc = d > 0 ? std::clamp(RoundToInt(s[j] / d), 0, 15) : 0;
+      const int mn = dmin > 0 ? std::clamp(RoundToInt(m[j] / dmin), 0, 15) : 0;
+      cand_sub[j] = static_cast<uint8_t>(sc | mn << 4);
+      const float scale = d * static_cast<float>(sc), min = dmin * static_cast<float>(mn);
+      for (size_t i = j * kSubGroup; i < (j + 1) * kSubGroup; ++i) {
+        const int c = scale > 0 ? std::clamp(RoundToInt((x[i] + min) / scale), 0, levels) : 0;
+        cand_codes[i] = static_cast<uint8_t>(c);
+        const double e = static_cast<double>(scale * static_cast<float>(c) - min) - x[i];
+        if (i < valid) err += e * e;
+      }
+    }
+    if (err < best_err) {
+      best_err = err;
+      std::memcpy(codes, cand_codes, kSuperGroup);
+      std::memcpy(sub, cand_sub, kSubGroups);
+      *d_bits = db, *dmin_bits = mb;
+    }
+    if (smax == 0) break;
+  }
+  if (!std::isfinite(best_err)) {  // a scale overflowed fp16
+    *d_bits = *dmin_bits = 0x7C00u;
+    return best_err;
+  }
+  return best_err;
+}
 
 // Squared error of codes round_half_even(clamp(x / d16, lo, hi)) for a candidate fp16 scale, in
 // float with 8 partial sums so the loop vectorizes (the search runs over every packed weight).
@@ -147,6 +226,16 @@ void ReconstructQ4_0(const float* x, size_t n, float* out) {
   }
 }
 
+void PlaceSuperBlockCodes(WeightFormat f, const uint8_t* c, size_t tr, uint8_t* super_block) {
+  const size_t chunk_bytes = f == WeightFormat::kQ3 ? 96 : 64;
+  for (size_t in = 0; in < kSuperGroup; ++in) {
+    const size_t chunk = in / 16, field = (in / 4) % 4, byte = tr * 4 + in % 4;
+    uint8_t* ch = super_block + chunk * chunk_bytes;
+    ch[byte] |= static_cast<uint8_t>((c[in] & 3) << (2 * field));
+    if (f == WeightFormat::kQ3) ch[64 + byte % 32] |= static_cast<uint8_t>(((c[in] >> 2) & 1) << (field + 4 * (byte / 32)));
+  }
+}
+
 bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t n_tiles, uint8_t* codes,
                   uint8_t* scales) {
   const size_t cols = shape.cols, group = shape.group, groups = shape.groups();
@@ -196,6 +285,19 @@ bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t
             tile[g * group * kTileRows + (i / 4) * 64 + tr * 4 + i % 4] = static_cast<uint8_t>(v + kQ8Zero);
           }
           tile_scales[kTileRows * 4 + g * kTileRows + tr] = static_cast<uint8_t>(shift);
+          continue;
+        }
+        if (IsSuperBlock(shape.format)) {
+          uint8_t c[kSuperGroup], sub[kSubGroups];
+          uint16_t d = 0, dmin = 0;
+          const size_t valid = present ? std::min(group, cols - std::min(cols, g * group)) : 0;
+          QuantizeSuperBlock(x.data(), valid, SuperBlockBits(shape.format), c, &d, &dmin, sub);
+          if ((d & 0x7C00u) == 0x7C00u || (dmin & 0x7C00u) == 0x7C00u) return false;  // fp16 overflow
+          PlaceSuperBlockCodes(shape.format, c, tr, tile + g * shape.tile_bytes() / groups);
+          std::memcpy(tile_scales + (g * kTileRows + tr) * 2, &d, 2);
+          std::memcpy(tile_scales + (groups + g) * kTileRows * 2 + tr * 2, &dmin, 2);
+          for (size_t j = 0; j < kSubGroups; ++j)
+            tile_scales[groups * kTileRows * 4 + (g * kSubGroups + j) * kTileRows + tr] = sub[j];
           continue;
         }
         uint16_t bits = 0;

@@ -7,6 +7,10 @@
 // q4: per (row, group of 32 inputs) one fp16 scale chosen by a small search that minimises the
 //     squared reconstruction error of the group; the candidates include llama.cpp's Q4_0 choice
 //     (d = max / -8), so the error is never larger than Q4_0's at the same 4.5 bits per weight.
+// q3 / q2: per sub-block of 32 a float scale and min fitted by least squares on its codes (from
+//     the range and a few shrunken ones), then per super-block of 256 fp16 d and dmin and the
+//     4-bit scales and mins, the best of a few d near max / 15; codes recomputed with the
+//     quantized scales.
 // bf16 (tiled): round to nearest even.
 #pragma once
 
@@ -31,5 +35,14 @@ void ReconstructQ4_0(const float* x, size_t n, float* out);
 
 // The q4 choice for one group: codes in -8..7 and the fp16 scale bits; returns the squared error.
 double QuantizeQ4Group(const float* x, size_t n, int8_t* q, uint16_t* scale_bits);
+
+// The q3/q2 choice for one super-block of kSuperGroup values, the first `valid` of them real (the
+// rest padding, zero, fitted by nothing and coded nearest zero): codes 0..2^bits-1, fp16 d and
+// dmin bits, sub-block bytes sc | mn << 4; returns the squared error over the valid values (d or
+// dmin 0x7C00 when fp16 overflowed).
+double QuantizeSuperBlock(const float* x, size_t valid, int bits, uint8_t* codes, uint16_t* d_bits,
+                          uint16_t* dmin_bits, uint8_t* sub);
+// ORs super-block codes c[kSuperGroup] of tile row tr into a zeroed super-block of a row tile.
+void PlaceSuperBlockCodes(WeightFormat f, const uint8_t* c, size_t tr, uint8_t* super_block);
 
 }  // namespace m3::simd

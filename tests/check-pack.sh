@@ -77,9 +77,26 @@ EOF
   echo "PASS damaged q8: logits and verify refuse it"
 }
 
-for c in "s1_fp32_basic q8" "s5_realprop_mxfp8_vl q4-mixed" "s6_fp16_mha_top1_sharded3 q4"; do
+# The released model's footprint at the sub-4-bit mixes (printed by m3 pack and m3 inspect when
+# m3 was built with the benchmarks, which hold the released shapes): q3-mixed <= 190 GB, q2-mixed
+# <= 140 GB.
+check_footprint() {  # name type max_gb
+  local log="$out/$1-$2.inspect"
+  "$m3" inspect -m "$out/$1-$2" >"$log" 2>&1 || { cat "$log"; echo "FAIL $1 $2: inspect"; return 1; }
+  grep -q "full model" "$log" || { echo "SKIP $2 footprint: m3 built without benchmarks"; return 0; }
+  local gb
+  gb=$(sed -n 's/^full model *\([0-9.]*\) GB.*/\1/p' "$log")
+  $py -c "import sys; sys.exit(0 if float('$gb') <= $3 else 1)" ||
+    { grep "full model" "$log"; echo "FAIL $2: the released model takes $gb GB (at most $3)"; return 1; }
+  echo "PASS $2 footprint: $gb GB"
+}
+
+for c in "s1_fp32_basic q8" "s5_realprop_mxfp8_vl q4-mixed" "s6_fp16_mha_top1_sharded3 q4" "s2_bf16_sharded_init1 q3-mixed" \
+         "s3_mxfp8_mixed_layers_local2 q2-mixed"; do
   # shellcheck disable=SC2086
   check $c || fail=1
 done
+check_footprint s2_bf16_sharded_init1 q3-mixed 190 || fail=1
+check_footprint s3_mxfp8_mixed_layers_local2 q2-mixed 140 || fail=1
 check_damaged || fail=1
 exit $fail

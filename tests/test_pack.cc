@@ -156,10 +156,14 @@ void CheckPackedAgainstSource(const std::string& src_dir, const fs::path& out, m
     CHECK(t->scales.offset % 64 == 0);
     const bool router = s.name.find("block_sparse_moe.gate.weight") != std::string::npos;
     WeightFormat want = WeightFormat::kF32;
+    // Routed experts of q3-/q2-mixed: q3 / q2 in these models (fewer than 4 MoE layers).
+    const WeightFormat expert_format = type == m3::PackType::kQ3Mixed   ? WeightFormat::kQ3
+                                       : type == m3::PackType::kQ2Mixed ? WeightFormat::kQ2
+                                                                        : WeightFormat::kQ4;
     if (!s.vector && !router)
       want = type == m3::PackType::kQ8 ? WeightFormat::kQ8
              : type == m3::PackType::kQ4 ? WeightFormat::kQ4
-             : s.is_routed_expert ? WeightFormat::kQ4 : WeightFormat::kQ8;
+             : s.is_routed_expert ? expert_format : WeightFormat::kQ8;
     REQUIRE(t->format == want);
     if (s.vector) {  // raw values, before any (1 + w)
       CHECK(t->rows == 1);
@@ -350,9 +354,10 @@ TEST_CASE("Hash64 is XXH64, incremental in any split", "[pack]") {
   CHECK(m3::Hash64(data.data(), 64, 0) != m3::Hash64(data.data(), 64, 1));
 }
 
-TEST_CASE("every golden checkpoint packs as q8, q4 and q4-mixed, exactly", "[pack]") {
+TEST_CASE("every golden checkpoint packs as q8, q4, q4-mixed, q3-mixed and q2-mixed, exactly", "[pack]") {
   for (const char* name : kGoldenCases) {
-    for (m3::PackType type : {m3::PackType::kQ8, m3::PackType::kQ4, m3::PackType::kQ4Mixed}) {
+    for (m3::PackType type : {m3::PackType::kQ8, m3::PackType::kQ4, m3::PackType::kQ4Mixed, m3::PackType::kQ3Mixed,
+                              m3::PackType::kQ2Mixed}) {
       DYNAMIC_SECTION(name << " " << m3::PackTypeName(type)) {
         m3::test::TempDir tmp;
         const fs::path out = tmp.path() / "packed";
@@ -365,7 +370,9 @@ TEST_CASE("every golden checkpoint packs as q8, q4 and q4-mixed, exactly", "[pac
         CheckPackedAgainstSource(m3::test::GoldenDir(name), out, type);
         const double expert_bpw = summary.value().expert_bits_per_weight();
         if (type == m3::PackType::kQ8) CHECK(expert_bpw >= 8.0);
-        if (type != m3::PackType::kQ8) CHECK(expert_bpw < 5.0);
+        // (q3 / q2 pad the tiny experts' 32-128 inputs to 256: their rate here says nothing; the
+        // released model's footprints are checked in test_bench_limits.)
+        if (type == m3::PackType::kQ4 || type == m3::PackType::kQ4Mixed) CHECK(expert_bpw < 5.0);
       }
     }
   }
@@ -375,7 +382,7 @@ TEST_CASE("every golden checkpoint packs as q8, q4 and q4-mixed, exactly", "[pac
 // it gets decoded alone (they are, bit for bit: integer dot products, per-token scales).
 TEST_CASE("packed models decode a batch of sequences as each alone", "[pack][batch]") {
   for (const char* name : {"s2_bf16_sharded_init1", "s5_realprop_mxfp8_vl"}) {
-    for (m3::PackType type : {m3::PackType::kQ8, m3::PackType::kQ4Mixed}) {
+    for (m3::PackType type : {m3::PackType::kQ8, m3::PackType::kQ4Mixed, m3::PackType::kQ2Mixed}) {
       for (const std::string& kernel : m3::Kernels::Names())
       DYNAMIC_SECTION(name << " " << m3::PackTypeName(type) << " " << kernel) {
         m3::test::TempDir tmp;

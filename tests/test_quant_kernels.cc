@@ -366,7 +366,7 @@ void CheckQuantMatMul(const Packed& p, const Acts& acts, bool check_split_tokens
 }
 
 TEST_CASE("QuantMatMul matches the reference over shapes, tokens and tile ranges", "[quant]") {
-  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kQ3, WeightFormat::kQ2}) {
     for (size_t rows : {1, 5, 16, 17, 33, 70}) {
       for (size_t cols : {1, 31, 32, 33, 100, 128, 129, 300, 1000}) {
         const auto src = RandomVec(rows * cols, static_cast<uint32_t>(rows * 1000 + cols), 0.3f);
@@ -385,7 +385,7 @@ TEST_CASE("QuantMatMul matches the reference over shapes, tokens and tile ranges
 }
 
 TEST_CASE("QuantMatMul on large token counts and GEMV/GEMM identity", "[quant]") {
-  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kQ3, WeightFormat::kQ2}) {
     using Shape = std::tuple<size_t, size_t, size_t>;
     // 800 tokens: more than one internal token batch.
     for (auto [rows, cols, n_tok] :
@@ -476,12 +476,62 @@ TEST_CASE("QuantMatMul with extreme codes, zero scales and other groups", "[quan
   }
 }
 
+TEST_CASE("q3/q2 QuantMatMul with extreme codes, sub-scales and super-scales", "[quant]") {
+  std::mt19937 rng(11);
+  for (WeightFormat f : {WeightFormat::kQ3, WeightFormat::kQ2}) {
+    const int top = (1 << SuperBlockBits(f)) - 1;
+    for (int pattern = 0; pattern < 4; ++pattern) {
+      const size_t rows = 37, cols = 600, n_tok = pattern == 3 ? 11 : 5;
+      INFO(WeightFormatName(f) << " pattern " << pattern);
+      Packed p;
+      p.w = TiledShape(f, rows, cols);
+      p.codes.assign(TiledCodeBytes(p.w), 0);
+      p.scales.assign(TiledScaleBytes(p.w), 0);
+      const size_t groups = p.w.groups(), sb_bytes = p.w.tile_bytes() / groups;
+      auto scale = [&](size_t r, size_t g) -> uint16_t {
+        if ((r + g) % 5 == 0) return 0;       // zero
+        if ((r + g) % 7 == 0) return 0x8000;  // negative zero
+        return F32ToF16(std::ldexp(1.0f + static_cast<float>(rng() % 100) / 100.0f, -static_cast<int>(rng() % 12)));
+      };
+      for (size_t tile = 0; tile < p.w.row_tiles(); ++tile) {
+        uint8_t* sc = p.scales.data() + tile * p.w.tile_scale_bytes();
+        for (size_t tr = 0; tr < kTileRows; ++tr) {
+          const size_t r = tile * kTileRows + tr;
+          for (size_t g = 0; g < groups; ++g) {
+            const uint16_t d = scale(r, g), dmin = scale(r + 1, g);
+            std::memcpy(sc + (g * kTileRows + tr) * 2, &d, 2);
+            std::memcpy(sc + ((groups + g) * kTileRows + tr) * 2, &dmin, 2);
+            uint8_t c[kSuperGroup];
+            for (size_t i = 0; i < kSuperGroup; ++i)  // every stored code, padding included
+              c[i] = static_cast<uint8_t>(pattern == 0   ? top
+                                          : pattern == 1 ? 0
+                                          : pattern == 2 ? ((r + i) % 2 ? top : 0)
+                                                         : static_cast<int>(rng() % (top + 1)));
+            PlaceSuperBlockCodes(f, c, tr, p.codes.data() + tile * p.w.tile_bytes() + g * sb_bytes);
+            for (size_t j = 0; j < kSubGroups; ++j)  // 15 | 15 << 4 at full scale, else any byte
+              sc[groups * kTileRows * 4 + (g * kSubGroups + j) * kTileRows + tr] =
+                  static_cast<uint8_t>(pattern < 3 ? 0xFF : rng() % 256);
+          }
+        }
+      }
+      Attach(p);
+      // Activations at full scale (+-127) in every group, one all-zero token, one spanning scales.
+      std::vector<float> x(n_tok * cols);
+      for (size_t i = 0; i < x.size(); ++i) x[i] = pattern == 1 ? -1.0f : (i % 3 == 0 ? 1.0f : -1.0f);
+      for (size_t c = 0; c < cols; ++c) x[2 * cols + c] = 0.0f;
+      for (size_t c = 0; c < cols; ++c) x[3 * cols + c] = std::ldexp(c % 2 ? 1.0f : -1.0f, -static_cast<int>(c / 256) * 20);
+      CheckQuantMatMul(p, Quantize(f, x, cols, n_tok, cols, p.w.group), true);
+    }
+  }
+}
+
 TEST_CASE("the matmul kernels read nothing an earlier call left in their scratch", "[quant]") {
   // The same bits from a fresh scratch and from one that larger calls grew and that holds
   // garbage, on every path (GEMV, GEMM, AMX where present, bf16).
   const size_t rows = 70, cols = 300, ldy = rows + 1;
   constexpr size_t kPoisonBytes = size_t{1} << 20;  // more than any call below takes
-  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kBF16Tiled}) {
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kQ3, WeightFormat::kQ2,
+                         WeightFormat::kBF16Tiled}) {
     const Packed p = PackFloats(f, rows, cols, RandomVec(rows * cols, 41, 0.2f));
     ForEachImpl([&](const KernelTable& K) {
       KernelScratch used;
@@ -508,7 +558,7 @@ TEST_CASE("the matmul kernels read nothing an earlier call left in their scratch
 }
 
 TEST_CASE("QuantMatMul is close to the fp32 product of the dequantized weights", "[quant]") {
-  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4}) {
+  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kQ3, WeightFormat::kQ2}) {
     const size_t rows = 48, cols = 512, n_tok = 10;
     const Packed p = PackFloats(f, rows, cols, RandomVec(rows * cols, 21, 0.05f));
     const auto x = RandomVec(n_tok * cols, 22);

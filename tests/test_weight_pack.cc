@@ -48,7 +48,8 @@ TEST_CASE("F32ToF16 rounds to nearest even and round-trips every fp16 value") {
 }
 
 TEST_CASE("Tiled formats decode to the quantized values, with zero padding, for odd shapes") {
-  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kBF16Tiled}) {
+  for (WeightFormat f :
+       {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kQ3, WeightFormat::kQ2, WeightFormat::kBF16Tiled}) {
     for (auto [rows, cols] : {std::pair<size_t, size_t>{1, 1}, {5, 33}, {16, 128}, {17, 200}, {40, 96}, {33, 257}}) {
       INFO(WeightFormatName(f) << " " << rows << "x" << cols);
       const auto src = test::RandomVec(rows * cols, 7 + static_cast<uint32_t>(rows * cols), 0.5f);
@@ -62,12 +63,28 @@ TEST_CASE("Tiled formats decode to the quantized values, with zero padding, for 
           ref += x * x;
         }
       const double rel = std::sqrt(err / ref);
-      CHECK(rel < (f == WeightFormat::kQ4 ? 0.12 : f == WeightFormat::kQ8 ? 0.01 : 0.004));
+      const double bound = f == WeightFormat::kQ2   ? 0.4
+                           : f == WeightFormat::kQ3 ? 0.2
+                           : f == WeightFormat::kQ4 ? 0.12
+                           : f == WeightFormat::kQ8 ? 0.01
+                                                    : 0.004;
+      CHECK(rel < bound);
+      // DecodeTiledRow gives WeightAt's values.
+      std::vector<float> row(cols);
+      for (size_t r = 0; r < rows; ++r) {
+        DecodeTiledRow(p.w, r, row.data());
+        for (size_t c = 0; c < cols; ++c) REQUIRE(row[c] == WeightAt(p.w, r, c));
+      }
       // Padding rows and inputs decode to zero.
       for (size_t r = rows; r < p.w.row_tiles() * kTileRows; ++r)
         for (size_t c = 0; c < p.w.padded_cols(); ++c) REQUIRE(TiledWeightAt(p.w, r, c) == 0.0f);
+      // Padding inputs: zero, but for q3/q2 within a sub-block that has real inputs: its code
+      // nearest zero (activations are zero there, so matmuls see nothing of it).
       for (size_t r = 0; r < rows; ++r)
-        for (size_t c = cols; c < p.w.padded_cols(); ++c) REQUIRE(TiledWeightAt(p.w, r, c) == 0.0f);
+        for (size_t c = cols; c < p.w.padded_cols(); ++c) {
+          if (IsSuperBlock(f) && c / kSubGroup == (cols - 1) / kSubGroup) continue;
+          REQUIRE(TiledWeightAt(p.w, r, c) == 0.0f);
+        }
     }
   }
 }
@@ -162,8 +179,37 @@ TEST_CASE("q4 reconstruction error is never above llama.cpp Q4_0 on any group") 
   }
 }
 
+TEST_CASE("q3/q2 reconstruction error is at most that of float per-32 min/max steps on Gaussian rows") {
+  // The baseline keeps each sub-block's scale and min in fp32 (what 4-bit sub-scales must
+  // approximate): step (max - min) / L from min(x, 0). The fitted scales win back more than the
+  // 4-bit rounding loses.
+  const size_t rows = 32, cols = 3072;
+  const auto src = test::RandomVec(rows * cols, 12, 1.0f);
+  for (WeightFormat f : {WeightFormat::kQ3, WeightFormat::kQ2}) {
+    const Packed p = Pack(f, rows, cols, src);
+    const double L = (1 << SuperBlockBits(f)) - 1;
+    double err = 0, err_base = 0;
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t j = 0; j < cols / kSubGroup; ++j) {
+        const float* x = src.data() + r * cols + j * kSubGroup;
+        double lo = 0, hi = 0;
+        for (size_t i = 0; i < kSubGroup; ++i) lo = std::min<double>(lo, x[i]), hi = std::max<double>(hi, x[i]);
+        const double step = (hi - lo) / L;
+        for (size_t i = 0; i < kSubGroup; ++i) {
+          const double b = step > 0 ? std::clamp(std::nearbyint((x[i] - lo) / step), 0.0, L) * step + lo : 0.0;
+          const double v = WeightAt(p.w, r, j * kSubGroup + i);
+          err_base += (x[i] - b) * (x[i] - b);
+          err += (x[i] - v) * (x[i] - v);
+        }
+      }
+    INFO(WeightFormatName(f) << " rms ratio " << std::sqrt(err / err_base));
+    CHECK(std::sqrt(err / err_base) < 1.0);
+  }
+}
+
 TEST_CASE("Packing refuses non-finite values") {
-  for (WeightFormat f : {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kBF16Tiled}) {
+  for (WeightFormat f :
+       {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kQ3, WeightFormat::kQ2, WeightFormat::kBF16Tiled}) {
     WeightRef w = TiledShape(f, 3, 40);
     std::vector<float> src(16 * 40, 1.0f);
     src[77] = NAN;
@@ -171,11 +217,12 @@ TEST_CASE("Packing refuses non-finite values") {
     std::vector<uint8_t> scales(TiledScaleBytes(w) + 1);
     CHECK_FALSE(PackRowTiles(w, src.data(), 0, 1, codes.data(), scales.data()));
   }
-  // q4 scales are fp16: values beyond its range are refused; q8's fp32 row scales take them.
-  std::vector<float> big(16 * 128, 0.0f);
+  // q4, q3 and q2 scales are fp16: values beyond its range are refused; q8's fp32 row scales take them.
+  std::vector<float> big(16 * 256, 0.0f);
   big[3] = 1e9f;
-  for (WeightFormat f : {WeightFormat::kQ4, WeightFormat::kQ8}) {
-    WeightRef w = TiledShape(f, 1, 128);
+  for (WeightFormat f : {WeightFormat::kQ4, WeightFormat::kQ8, WeightFormat::kQ3, WeightFormat::kQ2}) {
+    INFO(WeightFormatName(f));
+    WeightRef w = TiledShape(f, 1, 256);
     std::vector<uint8_t> codes(TiledCodeBytes(w));
     std::vector<uint8_t> scales(TiledScaleBytes(w));
     CHECK(PackRowTiles(w, big.data(), 0, 1, codes.data(), scales.data()) == (f == WeightFormat::kQ8));

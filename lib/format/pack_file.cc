@@ -103,12 +103,15 @@ const char* PackedFormatName(WeightFormat f) {
     case WeightFormat::kQ8: return "q8";
     case WeightFormat::kQ4: return "q4";
     case WeightFormat::kBF16Tiled: return "bf16t";
+    case WeightFormat::kQ3: return "q3";
+    case WeightFormat::kQ2: return "q2";
     default: return "?";
   }
 }
 
 std::optional<WeightFormat> ParsePackedFormat(const std::string& name) {
-  for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kBF16Tiled})
+  for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kBF16Tiled,
+                         WeightFormat::kQ3, WeightFormat::kQ2})
     if (name == PackedFormatName(f)) return f;
   return std::nullopt;
 }
@@ -281,6 +284,8 @@ Status ParseTensor(const std::string& path, const nlohmann::json& e, size_t inde
   if (simd::IsTiled(t->format)) {
     if (t->group == 0 || t->group % 32 != 0 || t->group > kMaxGroup)
       return Corrupt(where, ": group ", t->group, " must be a positive multiple of 32");
+    if (simd::IsSuperBlock(t->format) && t->group != simd::kSuperGroup)
+      return Corrupt(where, ": ", PackedFormatName(t->format), " group ", t->group, " must be ", simd::kSuperGroup);
   } else if (t->group != 0) {
     return Corrupt(where, ": group ", t->group, " given for an f32 tensor");
   }

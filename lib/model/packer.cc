@@ -55,7 +55,7 @@ struct SourceTensor {
 };
 
 void AddToLayout(const ModelConfig& cfg, const TensorSlot& s, PackType type, PackLayout* layout) {
-  const WeightFormat f = PackedFormatFor(s, type);
+  const WeightFormat f = PackedFormatFor(cfg, s, type);
   const uint64_t rows = s.vector ? 1 : static_cast<uint64_t>(s.shape[0]);
   const uint64_t cols = static_cast<uint64_t>(s.vector ? s.shape[0] : s.shape[1]);
   const uint64_t group = simd::IsTiled(f) ? simd::TiledShape(f, rows, cols).group : 0;
@@ -209,22 +209,38 @@ const char* PackTypeName(PackType t) {
     case PackType::kQ8: return "q8";
     case PackType::kQ4: return "q4";
     case PackType::kQ4Mixed: return "q4-mixed";
+    case PackType::kQ3Mixed: return "q3-mixed";
+    case PackType::kQ2Mixed: return "q2-mixed";
   }
   return "?";
 }
 
 std::optional<PackType> ParsePackType(const std::string& name) {
-  for (PackType t : {PackType::kQ8, PackType::kQ4, PackType::kQ4Mixed})
+  for (PackType t : {PackType::kQ8, PackType::kQ4, PackType::kQ4Mixed, PackType::kQ3Mixed, PackType::kQ2Mixed})
     if (name == PackTypeName(t)) return t;
   return std::nullopt;
 }
 
-WeightFormat PackedFormatFor(const TensorSlot& slot, PackType type) {
+WeightFormat PackedFormatFor(const ModelConfig& cfg, const TensorSlot& slot, PackType type) {
   if (slot.vector || IsRouter(slot.name)) return WeightFormat::kF32;
   switch (type) {
     case PackType::kQ8: return WeightFormat::kQ8;
     case PackType::kQ4: return WeightFormat::kQ4;
     case PackType::kQ4Mixed: return slot.is_routed_expert ? WeightFormat::kQ4 : WeightFormat::kQ8;
+    case PackType::kQ3Mixed:
+    case PackType::kQ2Mixed: {
+      if (!slot.is_routed_expert) return WeightFormat::kQ8;
+      // In a stack of 4 or more MoE layers the first and last (and MTP's) keep q4: the ends of
+      // the stack are the most sensitive to error, and two layers of 57 cost ~4 GB. (Smaller
+      // stacks, the test models, are all q3 / q2.)
+      int layer = -1, expert = -1;
+      if (!RoutedExpertOf(cfg, slot.name, &layer, &expert) || layer >= cfg.num_layers) return WeightFormat::kQ4;
+      int first = -1, last = -1, moe = 0;
+      for (int l = 0; l < cfg.num_layers && l < static_cast<int>(cfg.moe_layer.size()); ++l)
+        if (cfg.moe_layer[l]) last = l, first = first < 0 ? l : first, ++moe;
+      if (moe >= 4 && (layer == first || layer == last)) return WeightFormat::kQ4;
+      return type == PackType::kQ3Mixed ? WeightFormat::kQ3 : WeightFormat::kQ2;
+    }
   }
   return WeightFormat::kQ8;
 }

@@ -3,7 +3,8 @@
 //
 // Formats: vectors (norms, router bias) and the MoE router [E, H] are f32 (tiny and precision
 // sensitive); every other matrix is q8 (type q8), q4 (type q4), or q4 for routed experts and q8
-// for the rest (type q4-mixed). The source is streamed a chunk of row tiles at a time, so memory
+// for the rest (type q4-mixed); q3-mixed and q2-mixed store the routed experts as q3 / q2 but
+// those of the first and last MoE layers (and MTP's) as q4, the rest as q4-mixed does. The source is streamed a chunk of row tiles at a time, so memory
 // stays bounded whatever the model size; the output is written to model.m3w.partial and renamed
 // only once complete.
 #pragma once
@@ -28,9 +29,9 @@ inline constexpr const char* kPackSideFiles[] = {
     "special_tokens_map.json", "added_tokens.json",     "vocab.json",        "merges.txt",
     "tokenizer.model",       "chat_template.jinja",     "chat_template.json"};
 
-enum class PackType { kQ8, kQ4, kQ4Mixed };
+enum class PackType { kQ8, kQ4, kQ4Mixed, kQ3Mixed, kQ2Mixed };
 
-const char* PackTypeName(PackType t);  // "q8" | "q4" | "q4-mixed"
+const char* PackTypeName(PackType t);  // "q8" | "q4" | "q4-mixed" | "q3-mixed" | "q2-mixed"
 std::optional<PackType> ParsePackType(const std::string& name);
 
 struct PackOptions {
@@ -65,7 +66,7 @@ struct PackSummary {
 StatusOr<PackSummary> PackModel(const PackOptions& options);
 
 // The stored format of one tensor under a pack type.
-simd::WeightFormat PackedFormatFor(const TensorSlot& slot, PackType type);
+simd::WeightFormat PackedFormatFor(const ModelConfig& cfg, const TensorSlot& slot, PackType type);
 
 // Layer index of a routed expert's tensor (main layer l, or num_layers + d for MTP depth d) and
 // the expert id; false for any other tensor.

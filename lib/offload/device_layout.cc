@@ -1,6 +1,7 @@
 #include "offload/device_layout.h"
 
 #include <cstring>
+#include <vector>
 
 namespace m3 {
 
@@ -28,6 +29,8 @@ DeviceLayout DeviceLayoutFor(const simd::WeightRef& w) {
   DeviceLayout l;
   switch (w.format) {
     case WeightFormat::kF32:
+    case WeightFormat::kQ3:  // routed experts' formats: decoded exactly (sub-4-bit codes have no device kernel)
+    case WeightFormat::kQ2:
       l.format = DeviceFormat::kF32;
       break;
     case WeightFormat::kBF16:
@@ -78,6 +81,7 @@ bool IsDeviceVerbatim(const simd::WeightRef& w) {
 
 void ConvertRows(const simd::WeightRef& w, const DeviceLayout& l, size_t r0, size_t r1, uint8_t* codes, float* scales) {
   const size_t groups = l.scale_cols();
+  std::vector<float> row;
   for (size_t r = r0; r < r1; ++r) {
     uint8_t* out = codes + (r - r0) * l.row_bytes;
     float* sc = scales ? scales + (r - r0) * groups : nullptr;
@@ -87,6 +91,12 @@ void ConvertRows(const simd::WeightRef& w, const DeviceLayout& l, size_t r0, siz
       case WeightFormat::kBF16:
       case WeightFormat::kF16:
         std::memcpy(out, w.row_bytes(r), w.cols * simd::ElementBytes(w.format));
+        break;
+      case WeightFormat::kQ3:
+      case WeightFormat::kQ2:
+        row.resize(w.cols);
+        simd::DecodeTiledRow(w, r, row.data());
+        std::memcpy(out, row.data(), w.cols * sizeof(float));
         break;
       case WeightFormat::kBF16Tiled:
         for (size_t c = 0; c < w.cols; ++c) {

@@ -1,0 +1,347 @@
+// Highway implementations of the q3/q2 (super-block) matmul of quant_kernels.h, one per SIMD
+// target; ref::QuantMatMul is their definition. A row tile is taken 8 (or 4, the vector's int32
+// lanes) rows at a time, each lane one row's 4 bytes of a chunk, codes cut out with shifts, for
+// up to 4 tokens at a time. AVX2 has its own body: unsigned codes times signed activations with
+// maddubs, summed in int16 over a sub-block (at most 32 x 7 x 127, no overflow), and one madd by
+// the sub-block scale that widens to int32, so its work per product is below the int8 peak loop's.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "simd/superblock_kernels.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "simd/dispatch.h"
+#include "simd/kernel_table.h"
+#include "simd/quant_kernels.h"
+#include "simd/quant_kernels_x86.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace m3::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+struct SbArgs {
+  const uint8_t* codes;  // the row tile's codes
+  const uint16_t* d;     // its fp16 d [groups][16]
+  const uint16_t* dmin;  // and dmin [groups][16]
+  const uint8_t* sub;    // u8 sc | mn << 4 [groups][8][16]
+  const int8_t* q;       // activation codes of the block's first token
+  size_t ldq;
+  const int16_t* asum;  // sub-block sums of the activation codes [token][groups * 8], first token's
+  size_t ldsum;
+  const float* da;  // [groups][T] activation scales
+  size_t groups;
+  int bits;  // 3 or 2
+};
+
+constexpr int kTok = 4;
+
+// Portable: lanes are rows (int32: a row's 4 bytes of a chunk), 8 rows or fewer at a time.
+template <int T>
+void SuperBlockTilePortable(const SbArgs& b, float (*yacc)[16]) {
+  const hn::CappedTag<int32_t, 8> di;
+  const hn::RebindToUnsigned<decltype(di)> du;
+  const hn::Rebind<float, decltype(di)> df;
+  const hn::Rebind<uint8_t, decltype(di)> d8;
+  const size_t N = hn::Lanes(di);
+  const size_t chunk_bytes = b.bits == 3 ? 96 : 64, sb_bytes = 16 * chunk_bytes;
+  const auto three = hn::Set(du, 3u), one = hn::Set(du, 1u);
+  for (size_t j0 = 0; j0 < kTileRows; j0 += N) {
+    const int hshift = j0 >= 8 ? 4 : 0;
+    for (size_t g = 0; g < b.groups; ++g) {
+      float dw[kTileRows], dm[kTileRows];
+      for (size_t i = 0; i < kTileRows; ++i) dw[i] = F16ToF32(b.d[g * kTileRows + i]), dm[i] = F16ToF32(b.dmin[g * kTileRows + i]);
+      auto i1_0 = hn::Zero(di), i1_1 = hn::Zero(di), i1_2 = hn::Zero(di), i1_3 = hn::Zero(di);
+      auto i2_0 = hn::Zero(di), i2_1 = hn::Zero(di), i2_2 = hn::Zero(di), i2_3 = hn::Zero(di);
+      for (size_t j = 0; j < kSubGroups; ++j) {
+        auto s0 = hn::Zero(di), s1 = hn::Zero(di), s2 = hn::Zero(di), s3 = hn::Zero(di);
+        for (size_t k = 2 * j; k < 2 * j + 2; ++k) {
+          const uint8_t* ch = b.codes + g * sb_bytes + k * chunk_bytes;
+          const auto wv = hn::LoadU(du, reinterpret_cast<const uint32_t*>(ch) + j0);
+          const auto hv = b.bits == 3 ? hn::LoadU(du, reinterpret_cast<const uint32_t*>(ch + 64) + j0 % 8) : hn::Zero(du);
+          for (int f = 0; f < 4; ++f)
+            for (int by = 0; by < 4; ++by) {
+              auto c = hn::And(hn::ShiftRightSame(wv, 8 * by + 2 * f), three);
+              if (b.bits == 3) c = hn::Or(c, hn::ShiftLeft<2>(hn::And(hn::ShiftRightSame(hv, 8 * by + f + hshift), one)));
+              const auto code = hn::BitCast(di, c);
+              const size_t idx = g * kSuperGroup + 16 * k + 4 * f + by;
+              const int8_t* qv = b.q + idx;
+              s0 = hn::Add(s0, hn::Mul(code, hn::Set(di, qv[0])));
+              if constexpr (T > 1) s1 = hn::Add(s1, hn::Mul(code, hn::Set(di, qv[b.ldq])));
+              if constexpr (T > 2) s2 = hn::Add(s2, hn::Mul(code, hn::Set(di, qv[2 * b.ldq])));
+              if constexpr (T > 3) s3 = hn::Add(s3, hn::Mul(code, hn::Set(di, qv[3 * b.ldq])));
+            }
+        }
+        const auto sub = hn::PromoteTo(di, hn::LoadU(d8, b.sub + (g * kSubGroups + j) * kTileRows + j0));
+        const auto sc = hn::And(sub, hn::Set(di, 0xF)), mn = hn::ShiftRight<4>(sub);
+        const int16_t* as = b.asum + g * kSubGroups + j;
+        i1_0 = hn::Add(i1_0, hn::Mul(s0, sc));
+        i2_0 = hn::Add(i2_0, hn::Mul(mn, hn::Set(di, as[0])));
+        if constexpr (T > 1) {
+          i1_1 = hn::Add(i1_1, hn::Mul(s1, sc));
+          i2_1 = hn::Add(i2_1, hn::Mul(mn, hn::Set(di, as[b.ldsum])));
+        }
+        if constexpr (T > 2) {
+          i1_2 = hn::Add(i1_2, hn::Mul(s2, sc));
+          i2_2 = hn::Add(i2_2, hn::Mul(mn, hn::Set(di, as[2 * b.ldsum])));
+        }
+        if constexpr (T > 3) {
+          i1_3 = hn::Add(i1_3, hn::Mul(s3, sc));
+          i2_3 = hn::Add(i2_3, hn::Mul(mn, hn::Set(di, as[3 * b.ldsum])));
+        }
+      }
+      auto finish = [&](int t, decltype(i1_0) i1, decltype(i1_0) i2) HWY_ATTR {
+        const auto da = hn::Set(df, b.da[g * T + t]);
+        auto y = hn::LoadU(df, yacc[t] + j0);
+        y = hn::MulAdd(hn::ConvertTo(df, i1), hn::Mul(hn::LoadU(df, dw + j0), da), y);
+        y = hn::NegMulAdd(hn::ConvertTo(df, i2), hn::Mul(hn::LoadU(df, dm + j0), da), y);
+        hn::StoreU(y, df, yacc[t] + j0);
+      };
+      finish(0, i1_0, i2_0);
+      if constexpr (T > 1) finish(1, i1_1, i2_1);
+      if constexpr (T > 2) finish(2, i1_2, i2_2);
+      if constexpr (T > 3) finish(3, i1_3, i2_3);
+    }
+  }
+}
+
+#if HWY_TARGET == HWY_AVX2
+
+inline int32_t Load32(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Half a row tile at a time (8 rows: the low or high 32 bytes of each 64-byte chunk) for up to 4
+// tokens: per field of a chunk, the codes cut out once ((raw >> 2f) & 3, q3 or'ing in its high
+// bit), then per token one broadcast, maddubs and an int16 add; per sub-block one madd by its
+// scales (each row's twice: a row's two int16 pair sums) into int32.
+template <int T>
+void SuperBlockTile(const SbArgs& b, float (*yacc)[16]) {
+  const size_t chunk_bytes = b.bits == 3 ? 96 : 64, sb_bytes = 16 * chunk_bytes;
+  const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (int h = 0; h < 2; ++h) {
+    for (size_t g = 0; g < b.groups; ++g) {
+      __m256i i1[T];
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) i1[t] = _mm256_setzero_si256();
+      const uint8_t* sub = b.sub + g * kSubGroups * kTileRows + 8 * h;
+      const int8_t* qg = b.q + g * kSuperGroup;
+      for (size_t j = 0; j < kSubGroups; ++j) {
+        __m256i s16[T];
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) s16[t] = _mm256_setzero_si256();
+        for (size_t k = 2 * j; k < 2 * j + 2; ++k) {
+          const uint8_t* ch = b.codes + g * sb_bytes + k * chunk_bytes;
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 32 * h));
+          const __m256i hi = b.bits == 3 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 64)) : raw;
+#pragma GCC unroll 4
+          for (int f = 0; f < 4; ++f) {
+            __m256i c = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * f), three);
+            if (b.bits == 3) {
+              const int sh = f + 4 * h;  // the high bit's position; it goes to bit 2
+              const __m256i hb = sh >= 2 ? _mm256_srli_epi16(hi, sh - 2) : _mm256_slli_epi16(hi, 2 - sh);
+              c = _mm256_or_si256(c, _mm256_and_si256(hb, four));
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < T; ++t) {
+              const __m256i a = _mm256_set1_epi32(Load32(qg + t * b.ldq + 16 * k + 4 * f));
+              s16[t] = _mm256_add_epi16(s16[t], _mm256_maddubs_epi16(c, a));
+            }
+          }
+        }
+        const __m128i sb = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + j * kTileRows));
+        const __m256i sc = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_unpacklo_epi8(sb, sb), low4));
+#pragma GCC unroll 4
+        for (int t = 0; t < T; ++t) i1[t] = _mm256_add_epi32(i1[t], _mm256_madd_epi16(s16[t], sc));
+      }
+      // I2 = sum_j mn_j A_j: rows' (mn_j, mn_j+1) pairs against the token's (A_j, A_j+1).
+      __m256i mn[kSubGroups / 2];
+      for (size_t p = 0; p < kSubGroups / 2; ++p) {
+        const __m128i m0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 2 * p * kTileRows));
+        const __m128i m1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + (2 * p + 1) * kTileRows));
+        mn[p] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(_mm_unpacklo_epi8(m0, m1), 4), low4));
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d + g * kTileRows + 8 * h)));
+      const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin + g * kTileRows + 8 * h)));
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const int16_t* as = b.asum + t * b.ldsum + g * kSubGroups;
+        __m256i i2 = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(Load32(as)));
+        for (size_t p = 1; p < kSubGroups / 2; ++p)
+          i2 = _mm256_add_epi32(i2, _mm256_madd_epi16(mn[p], _mm256_set1_epi32(Load32(as + 2 * p))));
+        const __m256 da = _mm256_set1_ps(b.da[g * T + t]);
+        __m256 y = _mm256_loadu_ps(yacc[t] + 8 * h);
+        y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1[t]), _mm256_mul_ps(dw, da), y);
+        y = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(i2), _mm256_mul_ps(dm, da), y);
+        _mm256_storeu_ps(yacc[t] + 8 * h, y);
+      }
+    }
+  }
+}
+
+// Decode (1-2 tokens): the whole tile per chunk, both halves from one broadcast. Reading a tile
+// half by half streams every cache line during the first half and computes the second from
+// cache, so memory idles for half of the time (measured: 0.47-0.55 of the read bandwidth).
+template <int T>
+void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
+  const size_t chunk_bytes = b.bits == 3 ? 96 : 64, sb_bytes = 16 * chunk_bytes;
+  const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (size_t g = 0; g < b.groups; ++g) {
+    __m256i i1[T][2];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; ++t) i1[t][0] = i1[t][1] = _mm256_setzero_si256();
+    const uint8_t* sub = b.sub + g * kSubGroups * kTileRows;
+    const int8_t* qg = b.q + g * kSuperGroup;
+    for (size_t j = 0; j < kSubGroups; ++j) {
+      __m256i s16[T][2];
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) s16[t][0] = s16[t][1] = _mm256_setzero_si256();
+      for (size_t k = 2 * j; k < 2 * j + 2; ++k) {
+        const uint8_t* ch = b.codes + g * sb_bytes + k * chunk_bytes;
+        const __m256i raw0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch));
+        const __m256i raw1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 32));
+        const __m256i hi = b.bits == 3 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 64)) : raw0;
+#pragma GCC unroll 4
+        for (int f = 0; f < 4; ++f) {
+          __m256i c0 = _mm256_and_si256(_mm256_srli_epi16(raw0, 2 * f), three);
+          __m256i c1 = _mm256_and_si256(_mm256_srli_epi16(raw1, 2 * f), three);
+          if (b.bits == 3) {  // high bits: f for rows 0-7, f + 4 for rows 8-15, moved to bit 2
+            c0 = _mm256_or_si256(c0, _mm256_and_si256(f >= 2 ? _mm256_srli_epi16(hi, f - 2) : _mm256_slli_epi16(hi, 2 - f), four));
+            c1 = _mm256_or_si256(c1, _mm256_and_si256(_mm256_srli_epi16(hi, f + 2), four));
+          }
+#pragma GCC unroll 4
+          for (int t = 0; t < T; ++t) {
+            const __m256i a = _mm256_set1_epi32(Load32(qg + t * b.ldq + 16 * k + 4 * f));
+            s16[t][0] = _mm256_add_epi16(s16[t][0], _mm256_maddubs_epi16(c0, a));
+            s16[t][1] = _mm256_add_epi16(s16[t][1], _mm256_maddubs_epi16(c1, a));
+          }
+        }
+      }
+      const __m128i sb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sub + j * kTileRows));
+      const __m256i sc0 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_unpacklo_epi8(sb, sb), low4));
+      const __m256i sc1 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_unpackhi_epi8(sb, sb), low4));
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        i1[t][0] = _mm256_add_epi32(i1[t][0], _mm256_madd_epi16(s16[t][0], sc0));
+        i1[t][1] = _mm256_add_epi32(i1[t][1], _mm256_madd_epi16(s16[t][1], sc1));
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      __m256i mn[kSubGroups / 2];
+      for (size_t p = 0; p < kSubGroups / 2; ++p) {
+        const __m128i m0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 2 * p * kTileRows + 8 * h));
+        const __m128i m1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + (2 * p + 1) * kTileRows + 8 * h));
+        mn[p] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(_mm_unpacklo_epi8(m0, m1), 4), low4));
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d + g * kTileRows + 8 * h)));
+      const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin + g * kTileRows + 8 * h)));
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const int16_t* as = b.asum + t * b.ldsum + g * kSubGroups;
+        __m256i i2 = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(Load32(as)));
+        for (size_t p = 1; p < kSubGroups / 2; ++p)
+          i2 = _mm256_add_epi32(i2, _mm256_madd_epi16(mn[p], _mm256_set1_epi32(Load32(as + 2 * p))));
+        const __m256 da = _mm256_set1_ps(b.da[g * T + t]);
+        __m256 y = _mm256_loadu_ps(yacc[t] + 8 * h);
+        y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1[t][h]), _mm256_mul_ps(dw, da), y);
+        y = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(i2), _mm256_mul_ps(dm, da), y);
+        _mm256_storeu_ps(yacc[t] + 8 * h, y);
+      }
+    }
+  }
+}
+
+#else
+
+template <int T>
+void SuperBlockTile(const SbArgs& b, float (*yacc)[16]) {
+  SuperBlockTilePortable<T>(b, yacc);
+}
+template <int T>
+void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
+  SuperBlockTilePortable<T>(b, yacc);
+}
+
+#endif
+
+void SuperBlockMatMulImpl(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end,
+                          float* y, size_t ldy, KernelScratch& scratch) {
+  tile_end = std::min(tile_end, w.row_tiles());
+  if (tile_begin >= tile_end || a.n_tok == 0) return;
+  const size_t groups = w.groups(), subs = groups * kSubGroups;
+  // Batches of at most 768 tokens bound the tables for long prompts; one batch's, taken once.
+  constexpr size_t kBatch = 768;
+  const size_t n_max = std::min(kBatch, a.n_tok);
+  int32_t* const unused_bias = scratch.Array<int32_t>(0, n_max * groups);
+  float* const da = scratch.Array<float>(1, n_max * groups);
+  int16_t* const asum = scratch.Array<int16_t>(2, n_max * subs);
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  for (size_t b0 = 0; b0 < a.n_tok; b0 += kBatch) {
+    const size_t n = std::min(kBatch, a.n_tok - b0);
+    QuantizedActivations part = a;
+    part.q += b0 * a.padded_cols;
+    part.scale += b0 * groups;
+    part.sum += b0 * groups;
+    part.n_tok = n;
+    const detail::TokenBlocks blocks(n, kTok);
+    detail::FillQuantTables(part, blocks, 0, unused_bias, da);
+    for (size_t t = 0; t < n; ++t)  // |sum| <= 32 * 127: int16
+      for (size_t s = 0; s < subs; ++s) {
+        int32_t v = 0;
+        for (size_t i = 0; i < kSubGroup; ++i) v += part.q[t * a.padded_cols + s * kSubGroup + i];
+        asum[t * subs + s] = static_cast<int16_t>(v);
+      }
+    for (size_t tile = tile_begin; tile < tile_end; ++tile) {
+      const size_t rows = std::min(w.rows, (tile + 1) * kTileRows) - tile * kTileRows;
+      for (size_t block = 0; block < blocks.count; ++block) {
+        const size_t t0 = blocks.begin(block);
+        const int nt = static_cast<int>(blocks.begin(block + 1) - t0);
+        const SbArgs args{data + tile * w.tile_bytes(),
+                          w.sb_d(tile),
+                          w.sb_dmin(tile),
+                          w.sb_sub(tile),
+                          part.q + t0 * a.padded_cols,
+                          a.padded_cols,
+                          asum + t0 * subs,
+                          subs,
+                          da + t0 * groups,
+                          groups,
+                          SuperBlockBits(w.format)};
+        float yacc[kTok][16] = {};
+        switch (nt) {
+          case 1: SuperBlockTileFull<1>(args, yacc); break;
+          case 2: SuperBlockTileFull<2>(args, yacc); break;
+          case 3: SuperBlockTile<3>(args, yacc); break;
+          default: SuperBlockTile<4>(args, yacc); break;
+        }
+        for (int t = 0; t < nt; ++t)
+          std::memcpy(y + (b0 + t0 + t) * ldy + tile * kTileRows, yacc[t], rows * sizeof(float));
+      }
+    }
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace m3::simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace m3::simd {
+
+HWY_EXPORT(SuperBlockMatMulImpl);
+
+namespace detail {
+KernelTable::QuantMatMulFn SuperBlockMatMulForTarget(int64_t target) {
+  return HwyEntryFor(HWY_DISPATCH_TABLE(SuperBlockMatMulImpl), target);
+}
+}  // namespace detail
+
+}  // namespace m3::simd
+#endif  // HWY_ONCE
