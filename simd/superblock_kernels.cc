@@ -115,6 +115,35 @@ inline int32_t Load32(const void* p) {
   return v;
 }
 
+// The end of super-block g for half h (8 rows) of the tile: I2 = sum_j mn_j A_j (the rows'
+// (mn_j, mn_j+1) pairs against each token's (A_j, A_j+1)), then per token
+// y = fma(I1, d d_a, y) and y = fma(I2, -(dmin d_a), y) as the reference.
+template <int T>
+void FinishHalf(const SbArgs& b, size_t g, int h, const __m256i* i1, float (*yacc)[16]) {
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const uint8_t* sub = b.sub + g * kSubGroups * kTileRows + 8 * h;
+  __m256i mn[kSubGroups / 2];
+  for (size_t p = 0; p < kSubGroups / 2; ++p) {
+    const __m128i m0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 2 * p * kTileRows));
+    const __m128i m1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + (2 * p + 1) * kTileRows));
+    mn[p] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(_mm_unpacklo_epi8(m0, m1), 4), low4));
+  }
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d + g * kTileRows + 8 * h)));
+  const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin + g * kTileRows + 8 * h)));
+#pragma GCC unroll 4
+  for (int t = 0; t < T; ++t) {
+    const int16_t* as = b.asum + t * b.ldsum + g * kSubGroups;
+    __m256i i2 = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(Load32(as)));
+    for (size_t p = 1; p < kSubGroups / 2; ++p)
+      i2 = _mm256_add_epi32(i2, _mm256_madd_epi16(mn[p], _mm256_set1_epi32(Load32(as + 2 * p))));
+    const __m256 da = _mm256_set1_ps(b.da[g * T + t]);
+    __m256 y = _mm256_loadu_ps(yacc[t] + 8 * h);
+    y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1[t]), _mm256_mul_ps(dw, da), y);
+    y = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(i2), _mm256_mul_ps(dm, da), y);
+    _mm256_storeu_ps(yacc[t] + 8 * h, y);
+  }
+}
+
 // Half a row tile at a time (8 rows: the low or high 32 bytes of each 64-byte chunk) for up to 4
 // tokens: per field of a chunk, the codes cut out once ((raw >> 2f) & 3, q3 or'ing in its high
 // bit), then per token one broadcast, maddubs and an int16 add; per sub-block one madd by its
@@ -159,27 +188,7 @@ void SuperBlockTile(const SbArgs& b, float (*yacc)[16]) {
 #pragma GCC unroll 4
         for (int t = 0; t < T; ++t) i1[t] = _mm256_add_epi32(i1[t], _mm256_madd_epi16(s16[t], sc));
       }
-      // I2 = sum_j mn_j A_j: rows' (mn_j, mn_j+1) pairs against the token's (A_j, A_j+1).
-      __m256i mn[kSubGroups / 2];
-      for (size_t p = 0; p < kSubGroups / 2; ++p) {
-        const __m128i m0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 2 * p * kTileRows));
-        const __m128i m1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + (2 * p + 1) * kTileRows));
-        mn[p] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(_mm_unpacklo_epi8(m0, m1), 4), low4));
-      }
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d + g * kTileRows + 8 * h)));
-      const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin + g * kTileRows + 8 * h)));
-#pragma GCC unroll 4
-      for (int t = 0; t < T; ++t) {
-        const int16_t* as = b.asum + t * b.ldsum + g * kSubGroups;
-        __m256i i2 = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(Load32(as)));
-        for (size_t p = 1; p < kSubGroups / 2; ++p)
-          i2 = _mm256_add_epi32(i2, _mm256_madd_epi16(mn[p], _mm256_set1_epi32(Load32(as + 2 * p))));
-        const __m256 da = _mm256_set1_ps(b.da[g * T + t]);
-        __m256 y = _mm256_loadu_ps(yacc[t] + 8 * h);
-        y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1[t]), _mm256_mul_ps(dw, da), y);
-        y = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(i2), _mm256_mul_ps(dm, da), y);
-        _mm256_storeu_ps(yacc[t] + 8 * h, y);
-      }
+      FinishHalf<T>(b, g, h, i1, yacc);
     }
   }
 }
@@ -233,26 +242,10 @@ void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
       }
     }
     for (int h = 0; h < 2; ++h) {
-      __m256i mn[kSubGroups / 2];
-      for (size_t p = 0; p < kSubGroups / 2; ++p) {
-        const __m128i m0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 2 * p * kTileRows + 8 * h));
-        const __m128i m1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + (2 * p + 1) * kTileRows + 8 * h));
-        mn[p] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(_mm_unpacklo_epi8(m0, m1), 4), low4));
-      }
-      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d + g * kTileRows + 8 * h)));
-      const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin + g * kTileRows + 8 * h)));
+      __m256i half[T];
 #pragma GCC unroll 4
-      for (int t = 0; t < T; ++t) {
-        const int16_t* as = b.asum + t * b.ldsum + g * kSubGroups;
-        __m256i i2 = _mm256_madd_epi16(mn[0], _mm256_set1_epi32(Load32(as)));
-        for (size_t p = 1; p < kSubGroups / 2; ++p)
-          i2 = _mm256_add_epi32(i2, _mm256_madd_epi16(mn[p], _mm256_set1_epi32(Load32(as + 2 * p))));
-        const __m256 da = _mm256_set1_ps(b.da[g * T + t]);
-        __m256 y = _mm256_loadu_ps(yacc[t] + 8 * h);
-        y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1[t][h]), _mm256_mul_ps(dw, da), y);
-        y = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(i2), _mm256_mul_ps(dm, da), y);
-        _mm256_storeu_ps(yacc[t] + 8 * h, y);
-      }
+      for (int t = 0; t < T; ++t) half[t] = i1[t][h];
+      FinishHalf<T>(b, g, h, half, yacc);
     }
   }
 }
