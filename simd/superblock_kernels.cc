@@ -1,9 +1,9 @@
 // Highway implementations of the q3/q2 (super-block) matmul of quant_kernels.h, one per SIMD
-// target; ref::QuantMatMul is their definition. A row tile is taken 8 (or 4, the vector's int32
-// lanes) rows at a time, each lane one row's 4 bytes of a chunk, codes cut out with shifts, for
-// up to 4 tokens at a time. AVX2 has its own body: unsigned codes times signed activations with
-// maddubs, summed in int16 over a sub-block (at most 32 x 7 x 127, no overflow), and one madd by
-// the sub-block scale that widens to int32, so its work per product is below the int8 peak loop's.
+// target; ref::QuantMatMul is their definition. Portable: a row tile is taken 8 (or 4, the
+// vector's int32 lanes) rows at a time, each lane one row's 4 bytes of a chunk, codes cut out with
+// shifts, for up to 4 tokens at a time. AVX2 and the AVX-512 targets: unsigned codes times signed
+// activations with maddubs, summed in int16 over a sub-block (at most 32 x 7 x 127, no overflow),
+// and one madd by the sub-block scales that widens to int32 (docs/KERNELS.md).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -107,7 +107,8 @@ void SuperBlockTilePortable(const SbArgs& b, float (*yacc)[16]) {
   }
 }
 
-#if HWY_TARGET == HWY_AVX2
+// The AVX2 bodies serve the AVX-512 targets too (their 512-bit forms would need other layouts).
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 
 inline int32_t Load32(const void* p) {
   int32_t v;
