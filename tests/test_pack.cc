@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -707,6 +708,38 @@ TEST_CASE("AdviseWillNeed reads ahead a range that is not resident", "[pack]") {
   }
   INFO("resident pages after the advice: " << after);
   CHECK(after > 0);
+}
+
+TEST_CASE("q3-/q2-mixed keep the first and last of 4+ MoE layers' experts at q4", "[pack]") {
+  json cfg = json::parse(ReadBytes(fs::path(m3::test::GoldenDir("s1_fp32_basic")) / "config.json"));
+  const int layers = 7;  // layer 0 dense, MoE 1..6
+  std::vector<int> moe(layers, 1), sparse(layers, 1);
+  moe[0] = 0;
+  cfg["num_hidden_layers"] = layers;
+  cfg["moe_layer_freq"] = moe;
+  if (cfg.contains("sparse_attention_config")) {
+    cfg["sparse_attention_config"]["sparse_attention_freq"] = sparse;
+    cfg["sparse_attention_config"]["sparse_disable_index_value"] = sparse;
+  }
+  auto parsed = m3::ParseModelConfig(cfg);
+  RequireOk(parsed);
+  for (m3::PackType type : {m3::PackType::kQ3Mixed, m3::PackType::kQ2Mixed}) {
+    const WeightFormat low = type == m3::PackType::kQ3Mixed ? WeightFormat::kQ3 : WeightFormat::kQ2;
+    const m3::PackLayout layout = m3::PlanPackLayout(parsed.value(), 0, type);
+    std::map<int, std::set<WeightFormat>> by_layer;
+    for (const auto& t : layout.tensors()) {
+      int layer = -1, expert = -1;
+      if (m3::RoutedExpertOf(parsed.value(), t.name, &layer, &expert)) by_layer[layer].insert(t.format);
+      else if (t.rows > 1 && t.name.find("block_sparse_moe.gate.weight") == std::string::npos)
+        CHECK(t.format == WeightFormat::kQ8);  // everything else as in q4-mixed
+    }
+    INFO(m3::PackTypeName(type));
+    REQUIRE(by_layer.size() == 6);
+    for (const auto& [layer, formats] : by_layer) {
+      INFO("layer " << layer);
+      CHECK(formats == std::set<WeightFormat>{layer == 1 || layer == 6 ? WeightFormat::kQ4 : low});
+    }
+  }
 }
 
 TEST_CASE("loading a large packed model maps it without reading it", "[pack]") {
