@@ -1,10 +1,12 @@
-// m3 pack -m HF_DIR -o OUT_DIR --type q8|q4|q4-mixed [--force] [-t THREADS]: writes a packed
+// m3 pack -m HF_DIR -o OUT_DIR --type q8|q4|q4-mixed|q3-mixed|q2-mixed [--override PATTERN=FORMAT]...
+// [--force] [-t THREADS]: writes a packed
 // model folder (docs/PACKED_FORMAT.md) with a progress bar on stderr and a summary on stdout.
 #include <unistd.h>
 
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/progress.h"
 #include "cli/commands.h"
@@ -15,6 +17,7 @@ namespace {
 
 struct PackArgs {
   std::string model, output, type = "q4-mixed";
+  std::vector<std::string> overrides;
   bool force = false;
   int threads = 0;
 };
@@ -32,6 +35,14 @@ int RunPack(const PackArgs& a) {
   opt.source_dir = a.model;
   opt.output_dir = a.output;
   opt.type = *type;
+  for (const std::string& spec : a.overrides) {
+    auto o = ParseFormatOverride(spec);
+    if (!o.ok()) {
+      std::fprintf(stderr, "m3 pack: %s\n", o.status().message().c_str());
+      return 2;
+    }
+    opt.overrides.push_back(std::move(o).value());
+  }
   opt.force = a.force;
   opt.threads = a.threads;
   NoteThreadCap(a.threads);
@@ -70,6 +81,9 @@ void AddPackCommand(CLI::App& app, int* rc) {
                   "3.375 / 2.375 bits a weight but the first and last MoE layers' at q4, the rest q8)")
       ->check(CLI::IsMember({"q8", "q4", "q4-mixed", "q3-mixed", "q2-mixed"}))
       ->capture_default_str();
+  cmd->add_option("--override", a->overrides,
+                  "PATTERN=FORMAT: store the matrices whose names the regular expression matches as q8, q4, q3 "
+                  "or q2 (repeatable; the first match wins; e.g. 'layers\\.(0|1)\\..*experts=q4')");
   cmd->add_flag("--force", a->force,
                 "replace the pack in the output folder (in one step, once the new one is complete)");
   cmd->add_option("-t,--threads", a->threads, "threads (0: every core)")->capture_default_str();

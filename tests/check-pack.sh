@@ -96,6 +96,35 @@ for c in "s1_fp32_basic q8" "s5_realprop_mxfp8_vl q4-mixed" "s6_fp16_mha_top1_sh
   # shellcheck disable=SC2086
   check $c || fail=1
 done
+# --override: the experts' down projections as q8 in a q2-mixed pack, the directory recording the
+# override, and a malformed one refused before anything is written.
+check_override() {
+  local dst="$out/override"
+  "$m3" pack -m "$data/golden/s1_fp32_basic" -o "$dst" --type q2-mixed --override 'experts\.[0-9]+\.w2\.weight$=q8' \
+    -t "$threads" >"$out/override.log" 2>&1 || { cat "$out/override.log"; echo "FAIL override: pack"; return 1; }
+  "$m3" logits -m "$dst" --ids 1,2,3 -o "$out/override-logits" -t "$threads" >/dev/null 2>&1 ||
+    { echo "FAIL override: logits"; return 1; }
+  $py - "$dst/model.m3w" <<'EOF' || { echo "FAIL override: formats"; return 1; }
+import json, re, struct, sys
+b = open(sys.argv[1], "rb").read()
+off, n = struct.unpack_from("<QQ", b, 24)
+d = json.loads(b[off:off + n])
+fmt = {t["name"]: t["format"] for t in d["tensors"]}
+down = [f for k, f in fmt.items() if re.search(r"experts\.[0-9]+\.w2\.weight$", k)]
+rest = [f for k, f in fmt.items() if re.search(r"moe\.experts\.[0-9]+\.w[13]\.weight$", k)]
+assert down and set(down) == {"q8"}, set(down)
+assert rest and set(rest) == {"q2"}, set(rest)
+assert d["overrides"] == [{"pattern": r"experts\.[0-9]+\.w2\.weight$", "format": "q8"}], d["overrides"]
+EOF
+  if "$m3" pack -m "$data/golden/s1_fp32_basic" -o "$out/override-bad" --override 'experts[=q4' 2>"$out/override.err"; then
+    echo "FAIL override: a malformed pattern was taken"; return 1
+  fi
+  grep -q "not a regular expression" "$out/override.err" || { cat "$out/override.err"; echo "FAIL override: message"; return 1; }
+  [ ! -e "$out/override-bad/model.m3w" ] || { echo "FAIL override: wrote a pack"; return 1; }
+  echo "PASS override: expert down projections q8 in q2-mixed; a malformed pattern refused"
+}
+
+check_override || fail=1
 check_footprint s2_bf16_sharded_init1 q3-mixed 190 || fail=1
 check_footprint s3_mxfp8_mixed_layers_local2 q2-mixed 140 || fail=1
 check_damaged || fail=1

@@ -742,6 +742,52 @@ TEST_CASE("q3-/q2-mixed keep the first and last of 4+ MoE layers' experts at q4"
   }
 }
 
+TEST_CASE("per-tensor overrides choose the format of the matrices they match, first match first", "[pack]") {
+  json cfg = json::parse(ReadBytes(fs::path(m3::test::GoldenDir("s1_fp32_basic")) / "config.json"));
+  auto parsed = m3::ParseModelConfig(cfg);
+  RequireOk(parsed);
+  std::vector<m3::FormatOverride> overrides;
+  // "moe\\.experts", not "experts", which matches the shared experts too.
+  for (const char* spec : {"experts\\.[0-9]+\\.w2\\.weight$=q8", "moe\\.experts=q3", "self_attn\\.q_proj=q2", "norm=q2"}) {
+    auto o = m3::ParseFormatOverride(spec);
+    RequireOk(o);
+    overrides.push_back(o.value());
+  }
+  const m3::PackLayout layout = m3::PlanPackLayout(parsed.value(), 0, m3::PackType::kQ4Mixed, overrides);
+  size_t down = 0, other_experts = 0, q_proj = 0;
+  for (const auto& t : layout.tensors()) {
+    INFO(t.name);
+    int layer = -1, expert = -1;
+    if (m3::RoutedExpertOf(parsed.value(), t.name, &layer, &expert)) {
+      const bool is_down = t.name.find(".w2.weight") != std::string::npos;
+      CHECK(t.format == (is_down ? WeightFormat::kQ8 : WeightFormat::kQ3));
+      ++(is_down ? down : other_experts);
+    } else if (t.name.find("self_attn.q_proj") != std::string::npos) {
+      CHECK(t.format == WeightFormat::kQ2);
+      ++q_proj;
+    } else if (t.rows == 1 || t.name.find("block_sparse_moe.gate.weight") != std::string::npos) {
+      CHECK(t.format == WeightFormat::kF32);  // vectors and the router stay f32 ("norm=q2" matches norms)
+    } else {
+      CHECK(t.format == WeightFormat::kQ8);  // q4-mixed's choice for the rest
+    }
+  }
+  CHECK(down > 0);
+  CHECK(other_experts == 2 * down);
+  CHECK(q_proj == 3);
+  // Bad specs are refused by what is wrong.
+  for (auto [spec, says] : {std::pair<const char*, const char*>{"experts", "expected PATTERN=FORMAT"},
+                            {"=q4", "expected PATTERN=FORMAT"},
+                            {"experts=q5", "unknown format 'q5'"},
+                            {"experts=", "unknown format ''"},
+                            {"experts[=q4", "not a regular expression"}}) {
+    auto o = m3::ParseFormatOverride(spec);
+    INFO(spec);
+    REQUIRE_FALSE(o.ok());
+    CHECK_THAT(o.status().message(), Catch::Contains(says));
+  }
+  CHECK_FALSE(m3::ParseFormatOverride(std::string(1001, 'a') + "=q4").ok());
+}
+
 TEST_CASE("loading a large packed model maps it without reading it", "[pack]") {
   // A 400+ MB q8 model written directly through the writer: 2 MoE layers x 64 experts of
   // 3 x [1024, 1024]. The tensor data stays a hole in the file (zeros), so no disk is used.

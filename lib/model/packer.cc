@@ -54,8 +54,9 @@ struct SourceTensor {
   const TensorInfo* scales = nullptr;  // MXFP8 `_scale_inv` companion
 };
 
-void AddToLayout(const ModelConfig& cfg, const TensorSlot& s, PackType type, PackLayout* layout) {
-  const WeightFormat f = PackedFormatFor(cfg, s, type);
+void AddToLayout(const ModelConfig& cfg, const TensorSlot& s, PackType type,
+                 const std::vector<FormatOverride>& overrides, PackLayout* layout) {
+  const WeightFormat f = PackedFormatFor(cfg, s, type, overrides);
   const uint64_t rows = s.vector ? 1 : static_cast<uint64_t>(s.shape[0]);
   const uint64_t cols = static_cast<uint64_t>(s.vector ? s.shape[0] : s.shape[1]);
   const uint64_t group = simd::IsTiled(f) ? simd::TiledShape(f, rows, cols).group : 0;
@@ -64,6 +65,12 @@ void AddToLayout(const ModelConfig& cfg, const TensorSlot& s, PackType type, Pac
   layout->Add(s.name, f, rows, cols, group, layer, expert);
 }
 
+
+nlohmann::json OverridesJson(const std::vector<FormatOverride>& overrides) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const FormatOverride& o : overrides) a.push_back({{"pattern", o.pattern}, {"format", simd::WeightFormatName(o.format)}});
+  return a;
+}
 
 std::string Gb(uint64_t bytes) { return Str(static_cast<double>(bytes) / 1e9, " GB"); }
 
@@ -221,8 +228,33 @@ std::optional<PackType> ParsePackType(const std::string& name) {
   return std::nullopt;
 }
 
-WeightFormat PackedFormatFor(const ModelConfig& cfg, const TensorSlot& slot, PackType type) {
+StatusOr<FormatOverride> ParseFormatOverride(const std::string& spec) {
+  const size_t eq = spec.rfind('=');
+  if (eq == std::string::npos || eq == 0)
+    return InvalidArgument("--override '", spec, "': expected PATTERN=FORMAT (e.g. 'mlp\\.down_proj=q8')");
+  FormatOverride o;
+  o.pattern = spec.substr(0, eq);
+  const std::string format = spec.substr(eq + 1);
+  if (o.pattern.size() > 1000) return InvalidArgument("--override: a pattern of over 1000 characters");
+  const WeightFormat choices[] = {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kQ3, WeightFormat::kQ2};
+  const auto* it = std::find_if(std::begin(choices), std::end(choices),
+                                [&](WeightFormat f) { return format == simd::WeightFormatName(f); });
+  if (it == std::end(choices))
+    return InvalidArgument("--override '", spec, "': unknown format '", format, "' (q8, q4, q3 or q2)");
+  o.format = *it;
+  try {
+    o.re = std::make_shared<const std::regex>(o.pattern, std::regex::ECMAScript | std::regex::optimize);
+  } catch (const std::regex_error& e) {
+    return InvalidArgument("--override '", spec, "': the pattern is not a regular expression (", e.what(), ")");
+  }
+  return o;
+}
+
+WeightFormat PackedFormatFor(const ModelConfig& cfg, const TensorSlot& slot, PackType type,
+                             const std::vector<FormatOverride>& overrides) {
   if (slot.vector || IsRouter(slot.name)) return WeightFormat::kF32;
+  for (const FormatOverride& o : overrides)
+    if (o.re && std::regex_search(slot.name, *o.re)) return o.format;
   switch (type) {
     case PackType::kQ8: return WeightFormat::kQ8;
     case PackType::kQ4: return WeightFormat::kQ4;
@@ -263,10 +295,11 @@ bool RoutedExpertOf(const ModelConfig& cfg, const std::string& name, int* layer,
   return true;
 }
 
-PackLayout PlanPackLayout(const ModelConfig& cfg, int mtp_depths, PackType type) {
+PackLayout PlanPackLayout(const ModelConfig& cfg, int mtp_depths, PackType type,
+                          const std::vector<FormatOverride>& overrides) {
   PackLayout layout;
   ModelWeights scratch;
-  ForEachTensor(cfg, mtp_depths, &scratch, [&](TensorSlot& s) { AddToLayout(cfg, s, type, &layout); });
+  ForEachTensor(cfg, mtp_depths, &scratch, [&](TensorSlot& s) { AddToLayout(cfg, s, type, overrides, &layout); });
   return layout;
 }
 
@@ -305,7 +338,7 @@ StatusOr<PackSummary> PackModel(const PackOptions& opt) {
     if (s.matrix) t.matrix = *s.matrix;
     t.info = ck->Find(s.name);
     if (s.matrix && s.matrix->format == WeightFormat::kE4M3Mx32) t.scales = ck->Find(s.name + "_scale_inv");
-    AddToLayout(cfg, s, opt.type, &layout);
+    AddToLayout(cfg, s, opt.type, opt.overrides, &layout);
     sources.push_back(std::move(t));
   });
 
@@ -336,6 +369,7 @@ StatusOr<PackSummary> PackModel(const PackOptions& opt) {
   }
   const nlohmann::json meta = {
       {"pack_type", PackTypeName(opt.type)},
+      {"overrides", OverridesJson(opt.overrides)},
       {"m3_version", M3_VERSION_STRING},
       {"source",
        {{"dir", fs::absolute(opt.source_dir, ec).lexically_normal().string()},

@@ -12,8 +12,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
+#include <regex>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "format/pack_file.h"
@@ -34,10 +37,23 @@ enum class PackType { kQ8, kQ4, kQ4Mixed, kQ3Mixed, kQ2Mixed };
 const char* PackTypeName(PackType t);  // "q8" | "q4" | "q4-mixed" | "q3-mixed" | "q2-mixed"
 std::optional<PackType> ParsePackType(const std::string& name);
 
+// A user's per-tensor choice, `m3 pack --override PATTERN=FORMAT`: every matrix whose name the
+// regular expression (ECMAScript, searched anywhere in the name) matches is stored as `format`
+// (q8, q4, q3 or q2) instead of what the pack type says; the first matching override wins.
+// Vectors and the MoE router stay f32 whatever matches them.
+struct FormatOverride {
+  std::string pattern;
+  simd::WeightFormat format = simd::WeightFormat::kQ8;
+  std::shared_ptr<const std::regex> re;
+};
+// Parses "PATTERN=FORMAT" (split at the last '='); InvalidArgument naming what is wrong.
+StatusOr<FormatOverride> ParseFormatOverride(const std::string& spec);
+
 struct PackOptions {
   std::string source_dir;
   std::string output_dir;
   PackType type = PackType::kQ4Mixed;
+  std::vector<FormatOverride> overrides;  // applied before `type` (first match wins)
   bool force = false;  // replace an existing model.m3w in output_dir
   int threads = 0;     // 0: every core; more: capped to them (ResolveThreadCount)
   // Called after each written chunk (and once at 0) with output bytes done and in total.
@@ -65,14 +81,16 @@ struct PackSummary {
 
 StatusOr<PackSummary> PackModel(const PackOptions& options);
 
-// The stored format of one tensor under a pack type.
-simd::WeightFormat PackedFormatFor(const ModelConfig& cfg, const TensorSlot& slot, PackType type);
+// The stored format of one tensor under a pack type and the overrides.
+simd::WeightFormat PackedFormatFor(const ModelConfig& cfg, const TensorSlot& slot, PackType type,
+                                   const std::vector<FormatOverride>& overrides = {});
 
 // Layer index of a routed expert's tensor (main layer l, or num_layers + d for MTP depth d) and
 // the expert id; false for any other tensor.
 bool RoutedExpertOf(const ModelConfig& cfg, const std::string& name, int* layer, int* expert);
 
 // Where every tensor of the model goes in model.m3w, in ForEachTensor order (hashes left zero).
-PackLayout PlanPackLayout(const ModelConfig& cfg, int mtp_depths, PackType type);
+PackLayout PlanPackLayout(const ModelConfig& cfg, int mtp_depths, PackType type,
+                          const std::vector<FormatOverride>& overrides = {});
 
 }  // namespace m3
