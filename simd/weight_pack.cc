@@ -159,10 +159,7 @@ double QuantizeSuperBlock(const float* x, size_t valid, int bits, uint8_t* codes
     }
     if (smax == 0) break;
   }
-  if (!std::isfinite(best_err)) {  // a scale overflowed fp16
-    *d_bits = *dmin_bits = 0x7C00u;
-    return best_err;
-  }
+  if (!std::isfinite(best_err)) *d_bits = *dmin_bits = 0x7C00u;  // every candidate's scale overflowed fp16
   return best_err;
 }
 
