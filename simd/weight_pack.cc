@@ -11,8 +11,8 @@ namespace {
 
 int RoundToInt(float v) { return static_cast<int>(std::nearbyint(v)); }
 
-// Squared error of quantizing x with scale d (rounded to fp16 first); writes the codes.
-double TryScale(const float* x, size_t n, float d, int lo, int hi, int8_t* q, uint16_t* bits) {
+// Weighted squared error of quantizing x with scale d (rounded to fp16 first); writes the codes.
+double TryScale(const float* x, const float* w, size_t n, float d, int lo, int hi, int8_t* q, uint16_t* bits) {
   *bits = F32ToF16(d);
   const float d16 = F16ToF32(*bits);
   double err = 0;
@@ -20,7 +20,7 @@ double TryScale(const float* x, size_t n, float d, int lo, int hi, int8_t* q, ui
     const int v = d16 == 0.0f ? 0 : std::clamp(RoundToInt(x[i] / d16), lo, hi);
     q[i] = static_cast<int8_t>(v);
     const double e = static_cast<double>(x[i]) - static_cast<double>(v) * d16;
-    err += e * e;
+    err += (w ? w[i] : 1.0f) * e * e;
   }
   return err;
 }
@@ -44,12 +44,12 @@ void Q4_0Group(const float* x, size_t n, int8_t* q, uint16_t* bits) {
   *bits = F32ToF16(d);
 }
 
-double GroupError(const float* x, size_t n, const int8_t* q, uint16_t bits) {
+double GroupError(const float* x, const float* w, size_t n, const int8_t* q, uint16_t bits) {
   const double d = F16ToF32(bits);
   double err = 0;
   for (size_t i = 0; i < n; ++i) {
     const double e = x[i] - q[i] * d;
-    err += e * e;
+    err += (w ? w[i] : 1.0f) * e * e;
   }
   return err;
 }
@@ -85,111 +85,184 @@ float Q8RowScale(const std::vector<double>& group_amax) {
   return best;
 }
 
-// One sub-block's float scale and min for codes 0..L: W = s * c - m with m >= 0 (the sub-block's
-// offset is never above zero, so a format's min is unsigned). Starts from the range [min(x, 0),
-// max(x)] and a few shrunken ones, refining each by least squares on its codes; keeps the best.
-void FitSubBlock(const float* x, size_t n, int levels, float* s_out, float* m_out) {
+// Round half to even for |v| < 2^22 (the default rounding mode), without a libm call, so the
+// fixed-length loops below vectorize.
+inline float RoundHalfEven(float v) { return (v + 0x1.8p23f) - 0x1.8p23f; }
+inline float Sum8(const float* a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
+
+// Code of x for scale s (as 1 / s) and min m: clamp(round((x + m) / s), 0, L).
+inline float SubBlockCode(float x, float inv_s, float m, float levels) {
+  return std::min(std::max(RoundHalfEven((x + m) * inv_s), 0.0f), levels);
+}
+
+// Weighted squared error of one sub-block of kSubGroup values with scale s and min m; writes the
+// codes when `codes` is given. Loops of fixed length with 8 partial sums (they vectorize).
+float SubBlockError(const float* x, const float* w, float s, float m, float levels, uint8_t* codes) {
+  const float inv = s > 0 ? 1.0f / s : 0.0f;
+  float acc[8] = {}, q[kSubGroup];
+  for (size_t i = 0; i < kSubGroup; i += 8)
+    for (size_t j = 0; j < 8; ++j) {
+      q[i + j] = SubBlockCode(x[i + j], inv, m, levels);
+      const float r = s * q[i + j] - m - x[i + j];
+      acc[j] += w[i + j] * r * r;
+    }
+  if (codes)
+    for (size_t i = 0; i < kSubGroup; ++i) codes[i] = static_cast<uint8_t>(q[i]);
+  return Sum8(acc);
+}
+
+// One sub-block's float scale and min for codes 0..L minimising sum w (s c - m - x)^2, with
+// m >= 0 (the sub-block's offset is never above zero, so a format's min is unsigned). Starts from
+// the range [min(x, 0), max(x)] and shrunken ones, refining each by weighted least squares on
+// its codes; keeps the best.
+void FitSubBlock(const float* x, const float* w, int levels, float* s_out, float* m_out) {
   float lo = 0, hi = 0;
-  for (size_t i = 0; i < n; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+  for (size_t i = 0; i < kSubGroup; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
   *s_out = 0, *m_out = 0;
   if (hi <= lo) return;
-  double best_err = std::numeric_limits<double>::infinity();
-  const double L = levels;
+  float best_err = std::numeric_limits<float>::infinity();
+  const float L = static_cast<float>(levels);
   for (int step = 0; step < 8; ++step) {
     double s = (hi - lo) / L * (1.0 - 0.04 * step), m = -lo;
-    for (int iter = 0; iter < 2; ++iter) {
-      // codes for (s, m), then least squares for s and m on them (m >= 0)
-      double sc = 0, scc = 0, sx = 0, scx = 0;
-      for (size_t i = 0; i < n; ++i) {
-        const double c = std::clamp(std::nearbyint((x[i] + m) / s), 0.0, L);
-        sc += c, scc += c * c, sx += x[i], scx += c * x[i];
-      }
-      const double det = n * scc - sc * sc;
-      if (det <= 0) break;
-      double ns = (n * scx - sc * sx) / det, nm = -(sx - ns * sc) / n;
+    for (int iter = 0; iter < 3; ++iter) {
+      const float inv = static_cast<float>(1.0 / s), mf = static_cast<float>(m);
+      float a_w[8] = {}, a_c[8] = {}, a_cc[8] = {}, a_x[8] = {}, a_cx[8] = {};
+      for (size_t i = 0; i < kSubGroup; i += 8)
+        for (size_t j = 0; j < 8; ++j) {
+          const float xv = x[i + j], wv = w[i + j], c = SubBlockCode(xv, inv, mf, L);
+          a_w[j] += wv, a_c[j] += wv * c, a_cc[j] += wv * c * c, a_x[j] += wv * xv, a_cx[j] += wv * c * xv;
+        }
+      const double sw = Sum8(a_w), sc = Sum8(a_c), scc = Sum8(a_cc), sx = Sum8(a_x), scx = Sum8(a_cx);
+      const double det = sw * scc - sc * sc;
+      if (!(det > 0)) break;
+      double ns = (sw * scx - sc * sx) / det, nm = -(sx - ns * sc) / sw;
       if (nm < 0) nm = 0, ns = scc > 0 ? scx / scc : 0;
       if (!(ns > 0)) break;
       s = ns, m = nm;
     }
-    double err = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const double c = std::clamp(std::nearbyint((x[i] + m) / s), 0.0, L);
-      err += (s * c - m - x[i]) * (s * c - m - x[i]);
-    }
+    const float err = SubBlockError(x, w, static_cast<float>(s), static_cast<float>(m), L, nullptr);
     if (err < best_err) best_err = err, *s_out = static_cast<float>(s), *m_out = static_cast<float>(m);
   }
 }
 
-}  // namespace
+// A super-block's choice: fp16 d and dmin, 4-bit scales and mins, codes, and its error.
+struct SuperBlockChoice {
+  double err = std::numeric_limits<double>::infinity();
+  uint16_t d = 0, dmin = 0;
+  uint8_t sub[kSubGroups] = {};
+  uint8_t codes[kSuperGroup] = {};
+};
 
-double QuantizeSuperBlock(const float* x, size_t valid, int bits, uint8_t* codes, uint16_t* d_bits,
-                          uint16_t* dmin_bits, uint8_t* sub) {
-  const int levels = (1 << bits) - 1;
-  float s[kSubGroups], m[kSubGroups], smax = 0, mmax = 0;
+// For fixed fp16 d and dmin: each sub-block's 4-bit scale and min among those within `radius` of
+// its float fit (s / d, m / dmin), with the codes they give; the weighted error of the whole.
+SuperBlockChoice ChooseSubScales(const float* x, const float* w, float levels, uint16_t d_bits, uint16_t dmin_bits,
+                                 const float* s, const float* m, int radius) {
+  SuperBlockChoice c;
+  c.d = d_bits, c.dmin = dmin_bits;
+  const float d = F16ToF32(d_bits), dmin = F16ToF32(dmin_bits);
+  if (!std::isfinite(d) || !std::isfinite(dmin)) return c;
+  c.err = 0;
   for (size_t j = 0; j < kSubGroups; ++j) {
-    const size_t n = std::min(kSubGroup, valid - std::min(valid, j * kSubGroup));
-    FitSubBlock(x + j * kSubGroup, n, levels, &s[j], &m[j]);
-    smax = std::max(smax, s[j]), mmax = std::max(mmax, m[j]);
-  }
-  // The 4-bit scales and mins: the best of a few super-scales near max / 15 (fp16-rounded).
-  double best_err = std::numeric_limits<double>::infinity();
-  uint8_t cand_codes[kSuperGroup], cand_sub[kSubGroups];
-  for (int k = 0; k < 6; ++k) {
-    const uint16_t db = F32ToF16(smax / (15.0f - 0.5f * k)), mb = F32ToF16(mmax / 15.0f);
-    const float d = F16ToF32(db), dmin = F16ToF32(mb);
-    if (!std::isfinite(d) || !std::isfinite(dmin)) continue;
-    double err = 0;
-    for (size_t j = 0; j < kSubGroups; ++j) {
-      const int sc = d > 0 ? std::clamp(RoundToInt(s[j] / d), 0, 15) : 0;
-      const int mn = dmin > 0 ? std::clamp(RoundToInt(m[j] / dmin), 0, 15) : 0;
-      cand_sub[j] = static_cast<uint8_t>(sc | mn << 4);
-      const float scale = d * static_cast<float>(sc), min = dmin * static_cast<float>(mn);
-      for (size_t i = j * kSubGroup; i < (j + 1) * kSubGroup; ++i) {
-        const int c = scale > 0 ? std::clamp(RoundToInt((x[i] + min) / scale), 0, levels) : 0;
-        cand_codes[i] = static_cast<uint8_t>(c);
-        const double e = static_cast<double>(scale * static_cast<float>(c) - min) - x[i];
-        if (i < valid) err += e * e;
+    const float* xj = x + j * kSubGroup;
+    const float* wj = w + j * kSubGroup;
+    const int sc0 = d > 0 ? std::clamp(RoundToInt(s[j] / d), 0, 15) : 0;
+    const int mn0 = dmin > 0 ? std::clamp(RoundToInt(m[j] / dmin), 0, 15) : 0;
+    float best = std::numeric_limits<float>::infinity();
+    for (int sc = std::max(0, sc0 - radius); sc <= std::min(15, sc0 + radius); ++sc)
+      for (int mn = std::max(0, mn0 - radius); mn <= std::min(15, mn0 + radius); ++mn) {
+        uint8_t codes[kSubGroup];
+        const float e = SubBlockError(xj, wj, d * static_cast<float>(sc), dmin * static_cast<float>(mn), levels, codes);
+        if (e < best) {
+          best = e;
+          c.sub[j] = static_cast<uint8_t>(sc | mn << 4);
+          std::memcpy(c.codes + j * kSubGroup, codes, kSubGroup);
+        }
       }
-    }
-    if (err < best_err) {
-      best_err = err;
-      std::memcpy(codes, cand_codes, kSuperGroup);
-      std::memcpy(sub, cand_sub, kSubGroups);
-      *d_bits = db, *dmin_bits = mb;
-    }
-    if (smax == 0) break;
+    c.err += best;
   }
-  if (!std::isfinite(best_err)) *d_bits = *dmin_bits = 0x7C00u;  // every candidate's scale overflowed fp16
-  return best_err;
+  return c;
 }
 
-// Squared error of codes round_half_even(clamp(x / d16, lo, hi)) for a candidate fp16 scale, in
-// float with 8 partial sums so the loop vectorizes (the search runs over every packed weight).
-float CandidateError(const float* x, size_t n, float d16, float lo, float hi) {
+}  // namespace
+
+double QuantizeSuperBlock(const float* x_in, const float* importance, size_t valid, int bits, uint8_t* codes,
+                          uint16_t* d_bits, uint16_t* dmin_bits, uint8_t* sub) {
+  const float levels = static_cast<float>((1 << bits) - 1);
+  // Padding (past `valid`) is zero with weight zero: fitted by nothing, coded nearest zero.
+  float x[kSuperGroup], w[kSuperGroup];
+  for (size_t i = 0; i < kSuperGroup; ++i) {
+    x[i] = i < valid ? x_in[i] : 0.0f;
+    w[i] = i >= valid ? 0.0f : importance ? importance[i] : 1.0f;
+  }
+  float s[kSubGroups], m[kSubGroups], smax = 0, mmax = 0;
+  for (size_t j = 0; j < kSubGroups; ++j) {
+    FitSubBlock(x + j * kSubGroup, w + j * kSubGroup, static_cast<int>(levels), &s[j], &m[j]);
+    smax = std::max(smax, s[j]), mmax = std::max(mmax, m[j]);
+  }
+  // The best of a few super-scales near max / 15 (fp16-rounded), the sub-scales rounded ...
+  SuperBlockChoice best;
+  for (int k = 0; k < 6 && (k == 0 || smax > 0); ++k) {
+    SuperBlockChoice c = ChooseSubScales(x, w, levels, F32ToF16(smax / (15.0f - 0.5f * k)), F32ToF16(mmax / 15.0f), s, m, 0);
+    if (c.err < best.err) best = c;
+  }
+  // ... then refined: d and dmin by weighted least squares on the chosen integers and codes
+  // (x ~ d sc c - dmin mn), and each sub-block's scale and min re-chosen among the neighbours
+  // of its fit, while the error falls.
+  for (int iter = 0; iter < 4 && std::isfinite(best.err); ++iter) {
+    double aa = 0, ab = 0, bb = 0, ax = 0, bx = 0;
+    for (size_t i = 0; i < kSuperGroup; ++i) {
+      const double a = (best.sub[i / kSubGroup] & 15) * best.codes[i], b = -(best.sub[i / kSubGroup] >> 4);
+      aa += w[i] * a * a, ab += w[i] * a * b, bb += w[i] * b * b, ax += w[i] * a * x[i], bx += w[i] * b * x[i];
+    }
+    const double det = aa * bb - ab * ab;
+    double d = F16ToF32(best.d), dmin = F16ToF32(best.dmin);
+    if (det > 0) d = (ax * bb - bx * ab) / det, dmin = (aa * bx - ab * ax) / det;
+    if (!(d > 0) || !(dmin >= 0)) break;
+    const SuperBlockChoice c = ChooseSubScales(x, w, levels, F32ToF16(static_cast<float>(d)),
+                                               F32ToF16(static_cast<float>(dmin)), s, m, 1);
+    if (!(c.err < best.err)) break;
+    best = c;
+  }
+  if (!std::isfinite(best.err)) {  // every candidate's scale overflowed fp16
+    *d_bits = *dmin_bits = 0x7C00u;
+    return best.err;
+  }
+  std::memcpy(codes, best.codes, kSuperGroup);
+  std::memcpy(sub, best.sub, kSubGroups);
+  *d_bits = best.d, *dmin_bits = best.dmin;
+  return best.err;
+}
+
+// Weighted squared error of codes round_half_even(clamp(x / d16, lo, hi)) for a candidate fp16
+// scale, in float with 8 partial sums so the loop vectorizes (the search runs over every packed
+// weight). `w` holds n weights (all ones without an importance vector).
+float CandidateError(const float* x, const float* w, size_t n, float d16, float lo, float hi) {
   const float inv = 1.0f / d16;
   float acc[8] = {};
   for (size_t i = 0; i < n; i += 8)
     for (size_t j = 0; j < 8; ++j) {
-      float v = std::min(std::max(x[i + j] * inv, lo), hi);
-      v = (v + 0x1.8p23f) - 0x1.8p23f;  // round half to even (|v| <= 8)
+      const float v = RoundHalfEven(std::min(std::max(x[i + j] * inv, lo), hi));  // |v| <= 8
       const float e = x[i + j] - v * d16;
-      acc[j] += e * e;
+      acc[j] += w[i + j] * e * e;
     }
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  return Sum8(acc);
 }
 
-double QuantizeQ4Group(const float* x, size_t n, int8_t* q, uint16_t* scale_bits) {
+double QuantizeQ4Group(const float* x, const float* importance, size_t n, int8_t* q, uint16_t* scale_bits) {
   Q4_0Group(x, n, q, scale_bits);
-  const double err_q4_0 = GroupError(x, n, q, *scale_bits);
+  const double err_q4_0 = GroupError(x, importance, n, q, *scale_bits);
   const float m = SignedMax(x, n);
-  if (m == 0.0f || n % 8 != 0) return err_q4_0;
+  if (m == 0.0f || n % 8 != 0 || n > 256) return err_q4_0;
   // Candidates map the extreme value onto -8 .. -6.65 or +7.5 .. +6.15 (fp16-rounded), then the
   // best is refined once by least squares (d = sum(x q) / sum(q^2) for its codes).
+  float ones[256];
+  const float* w = importance;
+  if (!w) std::fill(ones, ones + n, 1.0f), w = ones;
   float best_d = 0, best_err = std::numeric_limits<float>::infinity();
   auto consider = [&](float d) {
     const float d16 = F16ToF32(F32ToF16(d));
     if (!std::isfinite(d16) || d16 == 0.0f) return;
-    const float e = CandidateError(x, n, d16, -8.0f, 7.0f);
+    const float e = CandidateError(x, w, n, d16, -8.0f, 7.0f);
     if (e < best_err) best_err = e, best_d = d16;
   };
   for (int s = 0; s < 10; ++s) {
@@ -200,13 +273,13 @@ double QuantizeQ4Group(const float* x, size_t n, int8_t* q, uint16_t* scale_bits
   double sxq = 0, sqq = 0;
   for (size_t i = 0; i < n; ++i) {
     const double c = std::clamp(std::nearbyint(x[i] / best_d), -8.0f, 7.0f);
-    sxq += x[i] * c, sqq += c * c;
+    sxq += w[i] * x[i] * c, sqq += w[i] * c * c;
   }
   if (sqq > 0) consider(static_cast<float>(sxq / sqq));
   // Final choice in double against Q4_0 itself, so the error is never above Q4_0's.
   int8_t cand[256];
   uint16_t cand_bits;
-  const double err = TryScale(x, n, best_d, -8, 7, cand, &cand_bits);
+  const double err = TryScale(x, importance, n, best_d, -8, 7, cand, &cand_bits);
   if (err >= err_q4_0) return err_q4_0;
   std::memcpy(q, cand, n);
   *scale_bits = cand_bits;
@@ -234,10 +307,10 @@ void PlaceSuperBlockCodes(WeightFormat f, const uint8_t* c, size_t tr, uint8_t* 
 }
 
 bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t n_tiles, uint8_t* codes,
-                  uint8_t* scales) {
+                  uint8_t* scales, const float* importance) {
   const size_t cols = shape.cols, group = shape.group, groups = shape.groups();
   std::memset(codes, 0, n_tiles * shape.tile_bytes());
-  std::vector<float> x(group);
+  std::vector<float> x(group), w(importance ? group : 0);
   std::vector<int8_t> q(group);
   std::vector<double> group_amax(groups);
   for (size_t t = 0; t < n_tiles; ++t) {
@@ -265,7 +338,9 @@ bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t
           const size_t c = g * group + i;
           x[i] = present && c < cols ? row[c] : 0.0f;
           if (!std::isfinite(x[i])) return false;
+          if (importance) w[i] = c < cols ? importance[c] : 0.0f;
         }
+        const float* group_importance = importance ? w.data() : nullptr;
         if (shape.format == WeightFormat::kBF16Tiled) {
           for (size_t i = 0; i < group; ++i) {
             const size_t c = g * group + i;
@@ -288,7 +363,7 @@ bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t
           uint8_t c[kSuperGroup], sub[kSubGroups];
           uint16_t d = 0, dmin = 0;
           const size_t valid = present ? std::min(group, cols - std::min(cols, g * group)) : 0;
-          QuantizeSuperBlock(x.data(), valid, SuperBlockBits(shape.format), c, &d, &dmin, sub);
+          QuantizeSuperBlock(x.data(), group_importance, valid, SuperBlockBits(shape.format), c, &d, &dmin, sub);
           if ((d & 0x7C00u) == 0x7C00u || (dmin & 0x7C00u) == 0x7C00u) return false;  // fp16 overflow
           PlaceSuperBlockCodes(shape.format, c, tr, tile + g * shape.tile_bytes() / groups);
           std::memcpy(tile_scales + (g * kTileRows + tr) * 2, &d, 2);
@@ -298,7 +373,7 @@ bool PackRowTiles(const WeightRef& shape, const float* src, size_t tile0, size_t
           continue;
         }
         uint16_t bits = 0;
-        QuantizeQ4Group(x.data(), group, q.data(), &bits);
+        QuantizeQ4Group(x.data(), group_importance, group, q.data(), &bits);
         const size_t half = group / 8;
         for (size_t i = 0; i < group; ++i) {
           const size_t quad = i / 4;

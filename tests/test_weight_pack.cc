@@ -16,14 +16,16 @@ struct Packed {
   std::vector<uint8_t> scales;
 };
 
-Packed Pack(WeightFormat f, size_t rows, size_t cols, const std::vector<float>& src) {
+Packed Pack(WeightFormat f, size_t rows, size_t cols, const std::vector<float>& src,
+            const std::vector<float>* importance = nullptr) {
   Packed p;
   p.w = TiledShape(f, rows, cols);
   p.codes.resize(TiledCodeBytes(p.w));
   p.scales.resize(std::max<size_t>(1, TiledScaleBytes(p.w)));
   std::vector<float> padded(p.w.row_tiles() * kTileRows * cols, 0.0f);
   std::copy(src.begin(), src.end(), padded.begin());
-  REQUIRE(PackRowTiles(p.w, padded.data(), 0, p.w.row_tiles(), p.codes.data(), p.scales.data()));
+  REQUIRE(PackRowTiles(p.w, padded.data(), 0, p.w.row_tiles(), p.codes.data(), p.scales.data(),
+                       importance ? importance->data() : nullptr));
   p.w.data = p.codes.data();
   p.w.scales = p.scales.data();
   return p;
@@ -165,7 +167,7 @@ TEST_CASE("q4 reconstruction error is never above llama.cpp Q4_0 on any group") 
     ReconstructQ4_0(x.data(), 32, q40.data());
     int8_t q[32];
     uint16_t bits;
-    const double err = QuantizeQ4Group(x.data(), 32, q, &bits);
+    const double err = QuantizeQ4Group(x.data(), nullptr, 32, q, &bits);
     double err40 = 0, err_check = 0;
     for (size_t i = 0; i < 32; ++i) {
       err40 += (x[i] - q40[i]) * static_cast<double>(x[i] - q40[i]);
@@ -204,6 +206,63 @@ TEST_CASE("q3/q2 reconstruction error is at most that of float per-32 min/max st
       }
     INFO(WeightFormatName(f) << " rms ratio " << std::sqrt(err / err_base));
     CHECK(std::sqrt(err / err_base) < 1.0);
+  }
+}
+
+// sum over rows of imp[c] (x - q)^2 for a packed matrix.
+double WeightedError(const Packed& p, const std::vector<float>& src, const std::vector<float>& imp) {
+  double err = 0;
+  for (size_t r = 0; r < p.w.rows; ++r)
+    for (size_t c = 0; c < p.w.cols; ++c) {
+      const double e = src[r * p.w.cols + c] - static_cast<double>(WeightAt(p.w, r, c));
+      err += imp[c] * e * e;
+    }
+  return err;
+}
+
+TEST_CASE("An importance vector lowers the weighted error of q4, q3 and q2; ones change nothing") {
+  // Inputs of very different importance (log-normal, a decade or two apart, as activations' mean
+  // squares are), columns not a multiple of the group (padding has no importance).
+  const size_t rows = 20, cols = 3 * 256 + 40;
+  const auto src = test::RandomVec(rows * cols, 31, 1.0f);
+  const auto u = test::RandomVec(cols, 32, 1.0f);
+  std::vector<float> imp(cols), ones(cols, 1.0f);
+  for (size_t c = 0; c < cols; ++c) imp[c] = std::pow(10.0f, u[c]);
+  imp[5] = 0.0f;  // an input never seen
+  for (WeightFormat f : {WeightFormat::kQ4, WeightFormat::kQ3, WeightFormat::kQ2}) {
+    INFO(WeightFormatName(f));
+    const Packed plain = Pack(f, rows, cols, src), weighted = Pack(f, rows, cols, src, &imp);
+    const Packed unit = Pack(f, rows, cols, src, &ones);
+    CHECK(unit.codes == plain.codes);
+    CHECK(unit.scales == plain.scales);
+    const double e_plain = WeightedError(plain, src, imp), e_weighted = WeightedError(weighted, src, imp);
+    INFO("weighted error ratio " << e_weighted / e_plain);
+    CHECK(e_weighted < 0.8 * e_plain);
+    // and the plain error, which the importance does not aim at, gets worse
+    CHECK(WeightedError(weighted, src, ones) > WeightedError(plain, src, ones));
+  }
+}
+
+TEST_CASE("QuantizeSuperBlock returns the weighted error of what it chose") {
+  for (uint32_t seed = 0; seed < 50; ++seed) {
+    const auto x = test::RandomVec(kSuperGroup, 100 + seed, seed % 4 == 0 ? 1e-3f : 1.0f);
+    const auto u = test::RandomVec(kSuperGroup, 200 + seed, 1.0f);
+    std::vector<float> imp(kSuperGroup);
+    for (size_t i = 0; i < kSuperGroup; ++i) imp[i] = std::pow(10.0f, u[i]);
+    const size_t valid = seed % 3 == 0 ? 200 : kSuperGroup;
+    for (int bits : {2, 3}) {
+      uint8_t codes[kSuperGroup], sub[kSubGroups];
+      uint16_t d = 0, dmin = 0;
+      const double err = QuantizeSuperBlock(x.data(), seed % 2 ? imp.data() : nullptr, valid, bits, codes, &d, &dmin, sub);
+      double check = 0;
+      for (size_t i = 0; i < valid; ++i) {
+        REQUIRE(codes[i] < (1u << bits));
+        const double v = static_cast<double>(F16ToF32(d) * static_cast<float>(sub[i / kSubGroup] & 15) * codes[i] -
+                                             F16ToF32(dmin) * static_cast<float>(sub[i / kSubGroup] >> 4));
+        check += (seed % 2 ? imp[i] : 1.0) * (x[i] - v) * (x[i] - v);
+      }
+      REQUIRE(err == Approx(check).epsilon(1e-4).margin(1e-12));
+    }
   }
 }
 
