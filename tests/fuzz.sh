@@ -4,6 +4,7 @@
 # replays every saved regression input, then fuzzes each target for SECONDS.
 #
 #   tests/fuzz.sh [SECONDS]   default 20 a target (CI's smoke run: 10 s each, as many at once as cores)
+#   M3_FUZZ_ONLY="gguf npy" tests/fuzz.sh 300   builds and runs only those targets
 #
 # A crash, leak, UB report or timeout fails the run; its input is copied to
 # tests/fuzz/regressions/<target>/ to be committed with the fix. Exit 0 when every target ran clean.
@@ -12,7 +13,10 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 SECONDS_EACH=${1:-20}
 BUILD=${M3_FUZZ_BUILD:-$ROOT/build-fuzz}
-TARGETS=(json request config safetensors npy pack tokenizer jinja output_parser grammar)
+TARGETS=(json request config safetensors npy pack tokenizer jinja output_parser grammar gguf)
+if [ -n "${M3_FUZZ_ONLY:-}" ]; then
+  read -r -a TARGETS <<<"$M3_FUZZ_ONLY"
+fi
 
 if ! command -v clang++ >/dev/null; then
   echo "tests/fuzz.sh: clang++ is missing (scripts/install-deps.sh installs clang and libFuzzer)" >&2
@@ -79,9 +83,57 @@ for i, c in enumerate(chats[:20]):
         put("grammar", f"tools{i}_{j}", b"\x02" + json.dumps([{"name": fn.get("name", "f"), "parameters": fn.get("parameters")}]).encode("utf-8"))
 put("grammar", "schema_formats", b"\x01" + json.dumps({"type": "object", "properties": {"d": {"format": "date-time"},
     "p": {"pattern": "^[A-Z]{2}-\\d+$"}, "n": {"type": "number", "minimum": -3, "maximum": 9}}}).encode("utf-8"))
+
+# GGUF (format/gguf.h): small files with metadata of every value type and tensors of the types we
+# decode (and one we only list), and ggml's own file (tests/data/gguf).
+def gguf_string(x):
+    b = x.encode("utf-8") if isinstance(x, str) else x
+    return struct.pack("<Q", len(b)) + b
+
+def gguf(kvs, tensors, alignment=32, version=3):
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    for key, vtype, payload in kvs:
+        out += gguf_string(key) + struct.pack("<I", vtype) + payload
+    offsets, at = [], 0
+    for _, _, _, data in tensors:
+        offsets.append(at)
+        at += len(data) + (-len(data) % alignment)
+    for (name, ttype, ne, _), off in zip(tensors, offsets):
+        out += gguf_string(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<q", d) for d in ne)
+        out += struct.pack("<IQ", ttype, off)
+    if tensors:
+        out += b"\0" * (-len(out) % alignment)
+        for _, _, _, data in tensors:
+            out += data + b"\0" * (-len(data) % alignment)
+    return out
+
+def pattern(n, seed):
+    return bytes((i * 131 + seed * 7 + (i >> 8)) & 0xFF for i in range(n))
+
+def arr(element_type, count, payload):
+    return struct.pack("<IQ", element_type, count) + payload
+
+every_type = [("u8", 0, struct.pack("<B", 200)), ("i8", 1, struct.pack("<b", -3)), ("u16", 2, struct.pack("<H", 7)),
+              ("i16", 3, struct.pack("<h", -7)), ("u32", 4, struct.pack("<I", 4000000000)), ("i32", 5, struct.pack("<i", -9)),
+              ("f32", 6, struct.pack("<f", 0.5)), ("bool", 7, b"\x01"), ("general.architecture", 8, gguf_string("minimax-m3")),
+              ("u64", 10, struct.pack("<Q", 1 << 63)), ("i64", 11, struct.pack("<q", -1)), ("f64", 12, struct.pack("<d", 1e300)),
+              ("tokenizer.ggml.tokens", 9, arr(8, 3, gguf_string("a") + gguf_string("") + gguf_string("<s>"))),
+              ("tokenizer.ggml.token_type", 9, arr(5, 3, struct.pack("<3i", 1, 1, 3))),
+              ("tokenizer.ggml.scores", 9, arr(6, 2, struct.pack("<2f", -1.0, 0.0))),
+              ("nested", 9, arr(9, 2, arr(4, 1, struct.pack("<I", 5)) + arr(8, 1, gguf_string("x"))))]
+# (ggml type id, values per block, bytes per block) of each type we decode, and IQ2_XXS.
+blocks = [(0, 1, 4), (1, 1, 2), (30, 1, 2), (8, 32, 34), (2, 32, 18), (3, 32, 20), (6, 32, 22), (7, 32, 24),
+          (10, 256, 84), (11, 256, 110), (12, 256, 144), (13, 256, 176), (14, 256, 210), (16, 256, 66)]
+tensors = [(f"blk.{i}.weight", tid, [n * 2, 2], pattern(4 * size, i)) for i, (tid, n, size) in enumerate(blocks)]
+put("gguf", "every_type", gguf(every_type, tensors))
+put("gguf", "v2_aligned64", gguf([("general.alignment", 4, struct.pack("<I", 64))], tensors[:4], alignment=64, version=2))
+put("gguf", "split_of_one", gguf([("split.no", 2, struct.pack("<H", 0)), ("split.count", 2, struct.pack("<H", 1)),
+                                  ("split.tensors.count", 5, struct.pack("<i", 2))], tensors[8:10]))
+put("gguf", "metadata_only", gguf(every_type, []))
+put("gguf", "ggml_reference", open(os.path.join(root, "tests/data/gguf/ggml_reference.gguf"), "rb").read())
 EOF
-# A packed model (the regular build's m3, when there is one).
-if [ -x build/bin/m3 ]; then
+# A packed model (the regular build's m3, when there is one), when the pack target runs.
+if [[ " ${TARGETS[*]} " == *" pack "* ]] && [ -x build/bin/m3 ]; then
   rm -rf "$BUILD/packed" && mkdir -p "$CORPUS/pack"
   build/bin/m3 pack -m tests/data/golden/s1_fp32_basic -o "$BUILD/packed" --type q8 >/dev/null 2>&1 &&
     cp "$BUILD/packed/model.m3w" "$CORPUS/pack/s1_q8"
