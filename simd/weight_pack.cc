@@ -113,8 +113,9 @@ float SubBlockError(const float* x, const float* w, float s, float m, float leve
 
 // One sub-block's float scale and min for codes 0..L minimising sum w (s c - m - x)^2, with
 // m >= 0 (the sub-block's offset is never above zero, so a format's min is unsigned). Starts from
-// the range [min(x, 0), max(x)] and shrunken ones, refining each by weighted least squares on
-// its codes; keeps the best.
+// the range [min(x, 0), max(x)] and steps of 0.7-1.25 times it (clipping the extremes, or
+// leaving levels above them: either can fit the rest better), refining each by weighted least
+// squares on its codes; keeps the best.
 void FitSubBlock(const float* x, const float* w, int levels, float* s_out, float* m_out) {
   float lo = 0, hi = 0;
   for (size_t i = 0; i < kSubGroup; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
@@ -122,8 +123,8 @@ void FitSubBlock(const float* x, const float* w, int levels, float* s_out, float
   if (hi <= lo) return;
   float best_err = std::numeric_limits<float>::infinity();
   const float L = static_cast<float>(levels);
-  for (int step = 0; step < 8; ++step) {
-    double s = (hi - lo) / L * (1.0 - 0.04 * step), m = -lo;
+  for (int step = 0; step < 12; ++step) {  // steps of 0.7 to 1.25 times the range's
+    double s = (hi - lo) / L * (0.7 + 0.05 * step), m = -lo;
     for (int iter = 0; iter < 3; ++iter) {
       const float inv = static_cast<float>(1.0 / s), mf = static_cast<float>(m);
       float a_w[8] = {}, a_c[8] = {}, a_cc[8] = {}, a_x[8] = {}, a_cx[8] = {};
@@ -253,8 +254,8 @@ double QuantizeQ4Group(const float* x, const float* importance, size_t n, int8_t
   const double err_q4_0 = GroupError(x, importance, n, q, *scale_bits);
   const float m = SignedMax(x, n);
   if (m == 0.0f || n % 8 != 0 || n > 256) return err_q4_0;
-  // Candidates map the extreme value onto -8 .. -6.65 or +7.5 .. +6.15 (fp16-rounded), then the
-  // best is refined once by least squares (d = sum(x q) / sum(q^2) for its codes).
+  // Candidates map the extreme value onto -8 .. -6.65 or +7.5 .. +6.15 (fp16-rounded) or onto
+  // each code, then the best is refined once by least squares (d = sum(x q) / sum(q^2) for its codes).
   float ones[256];
   const float* w = importance;
   if (!w) std::fill(ones, ones + n, 1.0f), w = ones;
@@ -269,6 +270,10 @@ double QuantizeQ4Group(const float* x, const float* importance, size_t n, int8_t
     consider(m / -(8.0f - 0.15f * s));
     consider(m / (7.5f - 0.15f * s));
   }
+  // Values already on a q4 grid (a converted Q4_0, whose extreme is d times some code k) get
+  // their own scale back exactly: m / k for every code.
+  for (int k = -7; k <= 7; ++k)
+    if (k != 0) consider(m / static_cast<float>(k));
   if (best_d == 0) return err_q4_0;
   double sxq = 0, sqq = 0;
   for (size_t i = 0; i < n; ++i) {

@@ -8,7 +8,7 @@
 //     squared reconstruction error of the group; the candidates include llama.cpp's Q4_0 choice
 //     (d = max / -8), so the error is never larger than Q4_0's at the same 4.5 bits per weight.
 // q3 / q2: per sub-block of 32 a float scale and min fitted by least squares on its codes (from
-//     the range and a few shrunken ones), then per super-block of 256 fp16 d and dmin and the
+//     the range and steps of 0.7-1.25 times it), then per super-block of 256 fp16 d and dmin and the
 //     4-bit scales and mins, the best of a few d near max / 15; then d and dmin refitted by least
 //     squares on the chosen integers and each sub-block's 4-bit scale and min re-chosen among
 //     its neighbours, while the error falls.

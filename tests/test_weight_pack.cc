@@ -2,6 +2,7 @@
 // shifts, and the q4 quality guarantee against llama.cpp's Q4_0.
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "test_util.h"
@@ -181,6 +182,21 @@ TEST_CASE("q4 reconstruction error is never above llama.cpp Q4_0 on any group") 
   }
 }
 
+TEST_CASE("q4 keeps groups that lie on a q4 grid exactly (a converted Q4_0)") {
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const float d = F16ToF32(F32ToF16(std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f,
+                                                 static_cast<int>(rng() % 20) - 14) * (rng() % 2 ? 1.0f : -1.0f)));
+    const int top = 1 + static_cast<int>(rng() % 8);  // codes within -top..top-1 (Q4_0: 0..15 minus 8)
+    std::vector<float> x(32);
+    for (float& v : x) v = d * static_cast<float>(static_cast<int>(rng() % static_cast<uint32_t>(2 * top)) - top);
+    int8_t q[32];
+    uint16_t bits;
+    INFO("trial " << trial << " d " << d << " top " << top);
+    CHECK(QuantizeQ4Group(x.data(), nullptr, 32, q, &bits) == 0.0);
+  }
+}
+
 TEST_CASE("q3/q2 reconstruction error is at most that of float per-32 min/max steps on Gaussian rows") {
   // The baseline keeps each sub-block's scale and min in fp32 (what 4-bit sub-scales must
   // approximate): step (max - min) / L from min(x, 0). The fitted scales win back more than the
@@ -220,7 +236,7 @@ double WeightedError(const Packed& p, const std::vector<float>& src, const std::
   return err;
 }
 
-TEST_CASE("An importance vector lowers the weighted error of q4, q3 and q2; ones change nothing") {
+TEST_CASE("An importance vector lowers the weighted error of q4, q3 and q2, and ones change nothing") {
   // Inputs of very different importance (log-normal, a decade or two apart, as activations' mean
   // squares are), columns not a multiple of the group (padding has no importance).
   const size_t rows = 20, cols = 3 * 256 + 40;
