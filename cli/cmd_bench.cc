@@ -8,6 +8,8 @@
 //               selected-block and dense attention, decode and prefill (bench/attention_bench.h)
 //   --constrain constrained decoding: the token-mask cost per step over the real vocabulary, cold and
 //               cached, for an agent tool schema as JSON and as tool-call markup (bench/constrain_bench.h)
+//   --quant     quantization error of q8/q4/q3/q2 beside llama.cpp's types at equal bits per weight
+//               (--peer-lib DIR; bench/quant_quality.h)
 // A new mode is one flag in BenchArgs and one entry in kModes.
 #include <algorithm>
 #include <charconv>
@@ -22,6 +24,7 @@
 #include "model/packer.h"
 #if M3_HAVE_BENCH
 #include "bench/attention_bench.h"
+#include "bench/quant_quality.h"
 #include "bench/constrain_bench.h"
 #include "bench/kernel_bench.h"
 #include "bench/model_bench.h"
@@ -51,6 +54,8 @@ struct BenchArgs {
   bool kernels = false;
   bool attention = false;
   bool constrain = false;
+  bool quant = false;
+  std::string peer_lib;  // --quant only
   std::string tokenizer = "tests/data/tokenizer/minimax-m3";  // --constrain only
   bool json = false;
   bool quick = false;
@@ -199,6 +204,19 @@ int RunEndToEnd(const BenchArgs& args) {
 #endif
 }
 
+int RunQuant(const BenchArgs& args) {
+#if M3_HAVE_BENCH
+  bench::QuantBenchOptions opts;
+  opts.peer_lib = args.peer_lib;
+  opts.json = args.json;
+  opts.quick = args.quick;
+  return bench::RunQuantBench(opts, stdout, stderr);
+#else
+  (void)args;
+  return NoBench();
+#endif
+}
+
 int RunConstrain(const BenchArgs& args) {
 #if M3_HAVE_BENCH
   bench::ConstrainBenchOptions opts;
@@ -235,6 +253,10 @@ constexpr BenchMode kModes[] = {
      "constrained decoding: token-mask time per step (cold, cached) over the real vocabulary for an agent tool "
      "schema as JSON and as tool-call markup",
      RunConstrain},
+    {"--quant", &BenchArgs::quant,
+     "quantization error of q8/q4/q3/q2 on Gaussian and heavy-tailed matrices, plain and importance-weighted, beside "
+     "llama.cpp's types at equal bits per weight (--peer-lib DIR)",
+     RunQuant},
 };
 
 int RunBench(const BenchArgs& args) {
@@ -249,6 +271,10 @@ int RunBench(const BenchArgs& args) {
   }
   if (!args.attention_flags.empty() && (!chosen || chosen->run != RunAttention)) {
     std::fprintf(stderr, "m3 bench: %s is an option of m3 bench --attention\n", args.attention_flags[0].c_str());
+    return 2;
+  }
+  if (!args.peer_lib.empty() && (!chosen || chosen->run != RunQuant)) {
+    std::fprintf(stderr, "m3 bench: --peer-lib is an option of m3 bench --quant\n");
     return 2;
   }
   if (!chosen) return RunEndToEnd(args);
@@ -272,6 +298,9 @@ void AddBenchCommand(CLI::App& app, int* rc) {
   cmd->add_flag("--kernels", args->kernels, kModes[0].description);
   cmd->add_flag("--attention", args->attention, kModes[1].description);
   cmd->add_flag("--constrain", args->constrain, kModes[2].description);
+  cmd->add_flag("--quant", args->quant, kModes[3].description);
+  cmd->add_option("--peer-lib", args->peer_lib,
+                  "--quant: folder of llama.cpp's libggml-base.so (bench/peer/setup.sh prints it), to compare with");
   cmd->add_option("--tokenizer", args->tokenizer,
                   "--constrain: tokenizer.json or its folder (default: tests/data/tokenizer/minimax-m3); with -m, "
                   "the masks are set against that model's decode step");
