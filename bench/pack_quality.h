@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "model/imatrix.h"
 
 namespace m3 {
 
@@ -23,11 +24,21 @@ struct PackQuality {
   double q8_rel_mse = 0;    // over tensors stored as q8
   size_t sub4_weights = 0;  // over tensors stored as q3 or q2 (0 when none)
   double sub4_rel_mse = 0;
+  // With an importance matrix: the same over the tensors it covers, each input's error and
+  // value weighted by its importance (what m3 pack --imatrix minimises); 0 without.
+  double q4_wrel_mse = 0, sub4_wrel_mse = 0;
 };
 
 // Runs `prompt` through both models (all rows), then `decode_steps` tokens chosen greedily by the
-// source model, fed to both (teacher forcing, so the same positions are compared).
+// source model, fed to both (teacher forcing, so the same positions are compared). `importance`
+// (or null) weighs the *_wrel_mse figures.
 StatusOr<PackQuality> MeasurePackQuality(const std::string& source_dir, const std::string& packed_dir,
-                                         const std::vector<int32_t>& prompt, int decode_steps, int threads);
+                                         const std::vector<int32_t>& prompt, int decode_steps, int threads,
+                                         const ImportanceMatrix* importance = nullptr);
+
+// An importance matrix of `model_dir` (m3 imatrix's) from `chunks` chunks of `context` token ids
+// that are not a golden prompt (a fixed pseudo-random sequence), written to `path`.
+Status CollectCalibrationImportance(const std::string& model_dir, const std::string& path, size_t chunks,
+                                    size_t context, int threads);
 
 }  // namespace m3

@@ -1,5 +1,5 @@
-// m3 pack -m HF_DIR -o OUT_DIR --type q8|q4|q4-mixed|q3-mixed|q2-mixed [--override PATTERN=FORMAT]...
-// [--force] [-t THREADS]: writes a packed
+// m3 pack -m HF_DIR|FILE.gguf -o OUT_DIR --type q8|q4|q4-mixed|q3-mixed|q2-mixed [--override PATTERN=FORMAT]...
+// [--imatrix FILE] [--force] [-t THREADS]: writes a packed
 // model folder (docs/PACKED_FORMAT.md) with a progress bar on stderr and a summary on stdout.
 #include <unistd.h>
 
@@ -16,7 +16,7 @@ namespace m3::cli {
 namespace {
 
 struct PackArgs {
-  std::string model, output, type = "q4-mixed";
+  std::string model, output, type = "q4-mixed", imatrix;
   std::vector<std::string> overrides;
   bool force = false;
   int threads = 0;
@@ -43,6 +43,7 @@ int RunPack(const PackArgs& a) {
     }
     opt.overrides.push_back(std::move(o).value());
   }
+  opt.imatrix = a.imatrix;
   opt.force = a.force;
   opt.threads = a.threads;
   NoteThreadCap(a.threads);
@@ -64,6 +65,8 @@ int RunPack(const PackArgs& a) {
   std::printf("bits per weight  %.3f overall", s.bits_per_weight());
   if (s.expert_params) std::printf(", %.3f routed experts", s.expert_bits_per_weight());
   std::printf(" (%lld weights)\n", static_cast<long long>(s.params));
+  if (!a.imatrix.empty())
+    std::printf("imatrix          %s: %zu q4/q3/q2 matrices weighted by it\n", a.imatrix.c_str(), s.weighted_matrices);
   if (const std::string full = ReleasedFootprint(a.type); !full.empty()) std::printf("full model       %s\n", full.c_str());
   std::printf("time             %.2f s (%.1f MB/s written)\n", s.seconds,
               s.seconds > 0 ? Mb(s.payload_bytes) / s.seconds : 0.0);
@@ -75,15 +78,21 @@ int RunPack(const PackArgs& a) {
 void AddPackCommand(CLI::App& app, int* rc) {
   auto* cmd = app.add_subcommand("pack", "Convert a HuggingFace checkpoint into a packed m3 model folder");
   auto a = std::make_shared<PackArgs>();
-  cmd->add_option("-m,--model", a->model, "HuggingFace checkpoint folder (F32, BF16, F16 or MXFP8)")->required();
+  cmd->add_option("-m,--model", a->model,
+                  "HuggingFace checkpoint folder (F32, BF16, F16 or MXFP8), or a llama.cpp minimax-m3 GGUF file "
+                  "(one shard of a split set opens them all)")
+      ->required();
   cmd->add_option("-o,--output", a->output, "output folder (model.m3w, config.json, tokenizer files)")->required();
   cmd->add_option("--type", a->type, "q8 | q4 | q4-mixed (routed experts q4, the rest q8) | q3-mixed, q2-mixed (routed experts "
                   "3.375 / 2.375 bits a weight but the first and last MoE layers' at q4, the rest q8)")
       ->check(CLI::IsMember({"q8", "q4", "q4-mixed", "q3-mixed", "q2-mixed"}))
       ->capture_default_str();
   cmd->add_option("--override", a->overrides,
-                  "PATTERN=FORMAT: store the matrices whose names the regular expression matches as q8, q4, q3 "
-                  "or q2 (repeatable; the first match wins; e.g. 'layers\\.(0|1)\\..*experts=q4')");
+                  "PATTERN=FORMAT: store the matrices whose names the regular expression matches as f32 (exact), q8, "
+                  "q4, q3 or q2 (repeatable; the first match wins; e.g. 'layers\\.(0|1)\\..*experts=q4')");
+  cmd->add_option("--imatrix", a->imatrix,
+                  "importance matrix of m3 imatrix: q4, q3 and q2 matrices weigh each input's error by its mean "
+                  "square on the calibration text");
   cmd->add_flag("--force", a->force,
                 "replace the pack in the output folder (in one step, once the new one is complete)");
   cmd->add_option("-t,--threads", a->threads, "threads (0: every core)")->capture_default_str();

@@ -38,22 +38,6 @@ int Fail(const Status& s) {
   return 1;
 }
 
-StatusOr<std::vector<int32_t>> ReadTokens(const PerplexityArgs& a) {
-  if (a.file.empty() == a.ids.empty()) return InvalidArgument("give the text to score with -f FILE or --ids LIST (one of them)");
-  if (!a.ids.empty()) return ParseIdList("--ids", a.ids);
-  std::stringstream ss;
-  if (a.file == "-") {
-    ss << std::cin.rdbuf();
-  } else {
-    std::ifstream in(a.file, std::ios::binary);
-    if (!in) return NotFound(a.file, ": cannot read the text file");
-    ss << in.rdbuf();
-  }
-  auto tokenizer = Tokenizer::Load(a.tokenizer.empty() ? a.model : a.tokenizer);
-  if (!tokenizer.ok()) return tokenizer.status();
-  return (*tokenizer)->Encode(ss.str());
-}
-
 // The q-th quantile (0..1) of v, nearest rank; 0 for none.
 double Quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
@@ -68,7 +52,7 @@ int RunPerplexity(const PerplexityArgs& a) {
     return Fail(InvalidArgument("--save-base and --kl-base name the same file"));
   if (!a.save_base.empty() && !a.force && std::filesystem::exists(a.save_base))
     return Fail(InvalidArgument(a.save_base, " exists; pass --force to overwrite it"));
-  auto ids = ReadTokens(a);
+  auto ids = ReadTextTokens(a.file, a.ids, a.tokenizer.empty() ? a.model : a.tokenizer);
   if (!ids.ok()) return Fail(ids.status());
   if (a.max_tokens > 0 && ids->size() > a.max_tokens) ids->resize(a.max_tokens);
 
@@ -205,6 +189,23 @@ int RunPerplexity(const PerplexityArgs& a) {
 }
 
 }  // namespace
+
+StatusOr<std::vector<int32_t>> ReadTextTokens(const std::string& file, const std::string& ids,
+                                              const std::string& tokenizer_dir) {
+  if (file.empty() == ids.empty()) return InvalidArgument("give the text with -f FILE or --ids LIST (one of them)");
+  if (!ids.empty()) return ParseIdList("--ids", ids);
+  std::stringstream ss;
+  if (file == "-") {
+    ss << std::cin.rdbuf();
+  } else {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return NotFound(file, ": cannot read the text file");
+    ss << in.rdbuf();
+  }
+  auto tokenizer = Tokenizer::Load(tokenizer_dir);
+  if (!tokenizer.ok()) return tokenizer.status();
+  return (*tokenizer)->Encode(ss.str());
+}
 
 void AddPerplexityCommand(CLI::App& app, int* rc) {
   auto* cmd = app.add_subcommand(

@@ -66,6 +66,11 @@ void StopJobOnLostRank(cluster::Group& group, std::function<void(const Status&)>
 // holding such a list; `option` names the flag in errors.
 StatusOr<std::vector<int32_t>> ParseIdList(const std::string& option, const std::string& spec);
 
+// The tokens of a text file (`file`, - for stdin; tokenized as is with the tokenizer of
+// `tokenizer_dir`) or of an id list (`ids`, as ParseIdList): exactly one of them given.
+StatusOr<std::vector<int32_t>> ReadTextTokens(const std::string& file, const std::string& ids,
+                                              const std::string& tokenizer_dir);
+
 // Each registers a subcommand whose callback stores the process exit code in *rc.
 void AddInspectCommand(CLI::App& app, int* rc);
 void AddLogitsCommand(CLI::App& app, int* rc);
@@ -76,5 +81,6 @@ void AddBenchCommand(CLI::App& app, int* rc);  // bench (end to end), bench --ke
 void AddServeCommand(CLI::App& app, int* rc);  // serve (OpenAI-compatible HTTP)
 void AddBatchCommand(CLI::App& app, int* rc);  // batch (offline, a file of requests)
 void AddPerplexityCommand(CLI::App& app, int* rc);  // perplexity (scoring a text, KL from a base)
+void AddImatrixCommand(CLI::App& app, int* rc);     // imatrix (importance of the matrices' inputs)
 
 }  // namespace m3::cli

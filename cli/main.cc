@@ -24,6 +24,7 @@ int RunCommand(int argc, char** argv) {
   m3::cli::AddServeCommand(app, &rc);
   m3::cli::AddBatchCommand(app, &rc);
   m3::cli::AddPerplexityCommand(app, &rc);
+  m3::cli::AddImatrixCommand(app, &rc);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

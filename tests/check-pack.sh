@@ -124,7 +124,40 @@ EOF
   echo "PASS override: expert down projections q8 in q2-mixed; a malformed pattern refused"
 }
 
+# m3 imatrix on calibration ids, then a q2-mixed pack weighted by it that runs; an importance
+# matrix of another model and a file that is not one are refused by name before anything is written.
+check_imatrix() {
+  local src="$data/golden/s1_fp32_basic" im="$out/imatrix.safetensors" ids
+  ids=$($py -c "print(','.join(str((i * 37 + 5) % 512) for i in range(256)))")
+  "$m3" imatrix -m "$src" --ids "$ids" -c 64 -o "$im" -t "$threads" >"$out/imatrix.log" 2>&1 ||
+    { cat "$out/imatrix.log"; echo "FAIL imatrix: collect"; return 1; }
+  grep -q "4 chunk(s) of 64 tokens" "$out/imatrix.log" && grep -q "perplexity" "$out/imatrix.log" ||
+    { cat "$out/imatrix.log"; echo "FAIL imatrix: summary"; return 1; }
+  "$m3" pack -m "$src" -o "$out/imatrix-pack" --type q2-mixed --imatrix "$im" -t "$threads" >"$out/impack.log" 2>&1 ||
+    { cat "$out/impack.log"; echo "FAIL imatrix: pack"; return 1; }
+  grep -Eq "imatrix .*: [1-9][0-9]* q4/q3/q2 matrices weighted" "$out/impack.log" ||
+    { cat "$out/impack.log"; echo "FAIL imatrix: pack summary"; return 1; }
+  "$m3" logits -m "$out/imatrix-pack" --ids 1,2,3 -o "$out/imatrix-logits" -t "$threads" >/dev/null 2>&1 ||
+    { echo "FAIL imatrix: logits"; return 1; }
+  if "$m3" pack -m "$data/golden/s2_bf16_sharded_init1" -o "$out/imatrix-other" --imatrix "$im" 2>"$out/imatrix.err"; then
+    echo "FAIL imatrix: another model's importance matrix was taken"; return 1
+  fi
+  grep -Eq "is not a matrix of this model|inputs in the importance matrix" "$out/imatrix.err" ||
+    { cat "$out/imatrix.err"; echo "FAIL imatrix: message (other model)"; return 1; }
+  [ ! -e "$out/imatrix-other/model.m3w" ] || { echo "FAIL imatrix: wrote a pack"; return 1; }
+  if "$m3" pack -m "$src" -o "$out/imatrix-bad" --imatrix "$src/model.safetensors" 2>"$out/imatrix.err"; then
+    echo "FAIL imatrix: a checkpoint was taken as an importance matrix"; return 1
+  fi
+  grep -q "not an importance matrix" "$out/imatrix.err" || { cat "$out/imatrix.err"; echo "FAIL imatrix: message (not one)"; return 1; }
+  if "$m3" imatrix -m "$src" --ids 1,2,3 -c 64 -o "$out/short.safetensors" 2>"$out/imatrix.err"; then
+    echo "FAIL imatrix: a text shorter than a chunk was taken"; return 1
+  fi
+  grep -q "fewer than one chunk" "$out/imatrix.err" || { cat "$out/imatrix.err"; echo "FAIL imatrix: message (short)"; return 1; }
+  echo "PASS imatrix: collected, a q2-mixed pack weighted by it runs; foreign and bad files refused"
+}
+
 check_override || fail=1
+check_imatrix || fail=1
 check_footprint s2_bf16_sharded_init1 q3-mixed 190 || fail=1
 check_footprint s3_mxfp8_mixed_layers_local2 q2-mixed 140 || fail=1
 check_damaged || fail=1

@@ -69,7 +69,12 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
   const uint64_t data_size = f.size() - 8 - header_len;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      if (it.value().is_object())
+        for (auto m = it.value().begin(); m != it.value().end(); ++m)
+          if (m.value().is_string()) st->metadata_[m.key()] = m.value().get<std::string>();
+      continue;
+    }
     const auto& e = it.value();
     const std::string where = path + ": tensor '" + name + "'";
     if (!e.is_object()) return Corrupt(where, ": entry is not an object");
@@ -113,6 +118,42 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     if (by_offset[i]->data < by_offset[i - 1]->data + by_offset[i - 1]->nbytes)
       return Corrupt(path, ": tensors '", by_offset[i - 1]->name, "' and '", by_offset[i]->name, "' overlap");
   return st;
+}
+
+Status WriteSafetensors(const std::string& path, std::span<const F32Tensor> tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const F32Tensor& t : tensors) {
+    if (t.name == "__metadata__" || header.contains(t.name))
+      return InvalidArgument(path, ": tensor name '", t.name, "' is reserved or given twice");
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + numel * 4}}};
+    offset += numel * 4;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data 8-byte aligned
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    if (!out) return IoError(partial, ": cannot create");
+    const uint64_t len = text.size();
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const F32Tensor& t : tensors) {
+      uint64_t numel = 1;
+      for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+      out.write(reinterpret_cast<const char*>(t.data), static_cast<std::streamsize>(numel * 4));
+    }
+    out.flush();
+    if (!out) return IoError(partial, ": write failed (disk full?)");
+  }
+  std::error_code ec;
+  fs::rename(partial, path, ec);
+  if (ec) return IoError(path, ": cannot rename ", partial, ": ", ec.message());
+  return Status::Ok();
 }
 
 namespace {

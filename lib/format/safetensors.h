@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,11 +38,26 @@ class SafetensorsFile {
   static StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const MappedFile& file() const { return *file_; }
+  // The header's "__metadata__" entries whose values are strings (the format's only kind).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
   std::unique_ptr<MappedFile> file_;
   std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
 };
+
+// One tensor for WriteSafetensors: F32 values of `shape`, row-major.
+struct F32Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+// Writes a safetensors file of F32 tensors (in the given order, 8-byte aligned data) with string
+// metadata, to path + ".partial" renamed to `path` once complete. Names must be distinct and not
+// "__metadata__".
+Status WriteSafetensors(const std::string& path, std::span<const F32Tensor> tensors,
+                        const std::map<std::string, std::string>& metadata);
 
 // A HuggingFace model folder: config.json plus model.safetensors, or shards listed in
 // model.safetensors.index.json. Text tensors are keyed by their name without the VL prefix

@@ -181,7 +181,9 @@ Status Model::ForwardBatch(const OpContext& tc, Backend& backend, std::span<cons
   const std::vector<int64_t>& positions = pass_rows.positions;
   const std::vector<size_t>& logit_rows = pass_rows.logit_rows;  // kLastRow: each segment's last logit_rows rows
   const size_t n = pass_rows.ids.size();
-  M3_ASSIGN_OR_RETURN(const std::unique_ptr<BackendPass> pass, backend.BeginPass(tc, pass_rows.segments));
+  OpContext pass_tc = tc;
+  if (observer && observer->matmul_observer()) pass_tc.matmul_observer = observer->matmul_observer();
+  M3_ASSIGN_OR_RETURN(const std::unique_ptr<BackendPass> pass, backend.BeginPass(pass_tc, pass_rows.segments));
 
   M3_ASSIGN_OR_RETURN(float* h, pass->Floats(kResidual, n * H));
   M3_ASSIGN_OR_RETURN(float* x, pass->Floats(kNormed, n * H));

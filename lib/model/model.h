@@ -41,6 +41,8 @@ class ForwardObserver {
   virtual void OnBlockSelection(int layer, int64_t pos0, const BlockSelection& selection) {}
   // Experts chosen: ids [n, top_k].
   virtual void OnRouting(int layer, int64_t pos0, size_t n, int top_k, const int32_t* ids) {}
+  // Sees the input of every matmul of the pass on the CPU (OpContext::matmul_observer), or null.
+  virtual MatMulObserver* matmul_observer() { return nullptr; }
 };
 
 // Keeps every block selection: layers[layer][position][index head] = ascending block ids.

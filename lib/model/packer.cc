@@ -8,11 +8,14 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "base/aligned_buffer.h"
 #include "base/hash.h"
 #include "format/safetensors.h"
+#include "model/gguf_source.h"
+#include "model/imatrix.h"
 #include "model/pack_target.h"
 #include "ops/convert.h"
 #include "platform/parallel.h"
@@ -52,6 +55,9 @@ struct SourceTensor {
   WeightRef matrix;            // bound source matrix (MXFP8 scales included)
   const TensorInfo* info = nullptr;    // stored tensor (for page dropping and vectors)
   const TensorInfo* scales = nullptr;  // MXFP8 `_scale_inv` companion
+  // A GGUF's tensor (rows decoded by GgufSource), instead of the three above.
+  const GgufSource* gguf = nullptr;
+  const GgufSource::Tensor* gguf_tensor = nullptr;
 };
 
 void AddToLayout(const ModelConfig& cfg, const TensorSlot& s, PackType type,
@@ -89,10 +95,11 @@ class TensorPacker {
                const std::function<void(uint64_t)>& advanced)
       : source_dir_(source_dir), writer_(writer), tc_(tc), advanced_(advanced) {}
 
-  // Writes one tensor at its planned offsets and sets its hash.
-  Status Pack(const SourceTensor& src, PackedTensor* out) {
+  // Writes one tensor at its planned offsets and sets its hash; `importance` (or null) weighs
+  // the inputs' errors.
+  Status Pack(const SourceTensor& src, PackedTensor* out, const float* importance) {
     if (out->format == WeightFormat::kF32) return PackF32(src, out);
-    return PackTiled(src, out);
+    return PackTiled(src, out, importance);
   }
 
  private:
@@ -103,6 +110,13 @@ class TensorPacker {
 
   // Releases the source pages of rows [r0, r1): the mapping would otherwise keep every byte read.
   void DropSourceRows(const SourceTensor& src, size_t r0, size_t r1) const {
+    if (src.gguf) {
+      const GgufTensorInfo& t = *src.gguf_tensor->gguf;
+      const MappedFile& f = t.file->file();
+      const size_t row = t.row_bytes(), first = src.gguf_tensor->first_row;
+      f.DontNeed(static_cast<size_t>(t.data - f.data()) + (first + r0) * row, (r1 - r0) * row);
+      return;
+    }
     if (!src.info) return;
     const size_t row_bytes = src.info->nbytes / std::max<size_t>(1, src.slot.vector ? 1 : src.matrix.rows);
     const MappedFile& f = *src.info->file;
@@ -114,10 +128,19 @@ class TensorPacker {
     }
   }
 
+  // Rows [r0, r0 + n) of a source matrix (or of a vector's raw stored values) as f32.
+  static Status DecodeSource(const SourceTensor& src, const WeightRef& ref, size_t r0, size_t n, float* out) {
+    if (src.gguf) return src.gguf->DecodeRows(*src.gguf_tensor, r0, n, out);
+    DecodeWeightRows(ref, r0, n, out);
+    return Status::Ok();
+  }
+
   // Vectors and the router: decoded exactly to f32, row chunks at a time.
   Status PackF32(const SourceTensor& src, PackedTensor* out) {
     WeightRef ref = src.matrix;
-    if (src.slot.vector) {  // raw stored values (the bound vector may already hold 1 + w)
+    if (src.gguf) {
+      ref = WeightRef{WeightFormat::kF32, nullptr, nullptr, out->rows, out->cols};
+    } else if (src.slot.vector) {  // raw stored values (the bound vector may already hold 1 + w)
       auto fmt = CheckpointWeightFormat(src.info->dtype);
       if (!fmt.ok()) return Unsupported(source_dir_, ": tensor '", out->name, "': ", fmt.status().message());
       ref = WeightRef{*fmt, src.info->data, nullptr, 1, static_cast<size_t>(src.info->numel())};
@@ -129,7 +152,7 @@ class TensorPacker {
     for (size_t r0 = 0; r0 < rows; r0 += chunk_rows) {
       const size_t nr = std::min(chunk_rows, rows - r0);
       buf.resize(nr * cols);
-      DecodeWeightRows(ref, r0, nr, buf.data());
+      M3_RETURN_IF_ERROR(DecodeSource(src, ref, r0, nr, buf.data()));
       const size_t bad = FindNonFinite(buf.data(), buf.size());
       if (bad < buf.size()) return NonFinite(out->name, r0 + bad / cols, bad % cols, buf[bad]);
       const size_t bytes = buf.size() * sizeof(float);
@@ -143,7 +166,7 @@ class TensorPacker {
   }
 
   // Tiled matrices: per chunk of row tiles, each thread decodes and quantizes whole tiles.
-  Status PackTiled(const SourceTensor& src, PackedTensor* out) {
+  Status PackTiled(const SourceTensor& src, PackedTensor* out, const float* importance) {
     const WeightRef shape = out->Shape();
     const size_t tiles = shape.row_tiles(), tile_bytes = shape.tile_bytes();
     const size_t tile_scales = shape.tile_scale_bytes();
@@ -154,6 +177,7 @@ class TensorPacker {
     decoded_.resize(threads);
     for (auto& d : decoded_) d.EnsureSize(simd::kTileRows * shape.cols);
     std::vector<TileFailure> failures(threads);
+    std::vector<Status> decode_errors(threads, Status::Ok());
     Hasher64 data_hash, scales_hash;
     for (size_t t0 = 0; t0 < tiles; t0 += chunk) {
       const size_t n = std::min(chunk, tiles - t0);
@@ -162,9 +186,12 @@ class TensorPacker {
         for (size_t i = begin; i < end; ++i) {
           const size_t tile = t0 + i, r0 = tile * simd::kTileRows;
           const size_t nr = std::min(simd::kTileRows, shape.rows - r0);
-          DecodeWeightRows(src.matrix, r0, nr, rows);
+          if (Status d = DecodeSource(src, src.matrix, r0, nr, rows); !d.ok()) {
+            decode_errors[th] = d;
+            return;
+          }
           if (PackWeightTiles(shape, rows, tile, 1, codes_.data() + i * tile_bytes,
-                                 tile_scales ? scales_.data() + i * tile_scales : nullptr))
+                              tile_scales ? scales_.data() + i * tile_scales : nullptr, importance))
             continue;
           TileFailure& f = failures[th];
           f = TileFailure{true, tile, r0, 0, 0, false};
@@ -174,6 +201,7 @@ class TensorPacker {
           return;
         }
       });
+      for (const Status& d : decode_errors) M3_RETURN_IF_ERROR(d);
       const TileFailure* first = nullptr;
       for (const auto& f : failures)
         if (f.set && (!first || f.tile < first->tile)) first = &f;
@@ -236,11 +264,12 @@ StatusOr<FormatOverride> ParseFormatOverride(const std::string& spec) {
   o.pattern = spec.substr(0, eq);
   const std::string format = spec.substr(eq + 1);
   if (o.pattern.size() > 1000) return InvalidArgument("--override: a pattern of over 1000 characters");
-  const WeightFormat choices[] = {WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kQ3, WeightFormat::kQ2};
+  const WeightFormat choices[] = {WeightFormat::kF32, WeightFormat::kQ8, WeightFormat::kQ4, WeightFormat::kQ3,
+                                 WeightFormat::kQ2};
   const auto* it = std::find_if(std::begin(choices), std::end(choices),
                                 [&](WeightFormat f) { return format == simd::WeightFormatName(f); });
   if (it == std::end(choices))
-    return InvalidArgument("--override '", spec, "': unknown format '", format, "' (q8, q4, q3 or q2)");
+    return InvalidArgument("--override '", spec, "': unknown format '", format, "' (f32, q8, q4, q3 or q2)");
   o.format = *it;
   try {
     o.re = std::make_shared<const std::regex>(o.pattern, std::regex::ECMAScript | std::regex::optimize);
@@ -323,21 +352,51 @@ StatusOr<PackSummary> PackModel(const PackOptions& opt) {
       return InvalidArgument(opt.source_dir, ": is already a packed folder; pack from the HuggingFace checkpoint");
   }
   // The whole source is validated (presence, dtypes, shapes, MXFP8 scales) before any output.
-  M3_ASSIGN_OR_RETURN(auto ck, Checkpoint::Open(opt.source_dir));
-  auto parsed = ParseModelConfig(ck->config_json());
-  if (!parsed.ok()) return Status(parsed.status().code(), opt.source_dir + "/" + parsed.status().message());
-  const ModelConfig& cfg = parsed.value();
+  std::unique_ptr<Checkpoint> ck;
+  std::unique_ptr<GgufSource> gguf;
+  ModelConfig cfg;
   ModelWeights source;
-  M3_ASSIGN_OR_RETURN(WeightStats stats, BindWeights(cfg, *ck, &source));
+  WeightStats stats;
+  if (IsGgufFile(opt.source_dir)) {
+    M3_ASSIGN_OR_RETURN(gguf, GgufSource::Open(opt.source_dir));
+    cfg = gguf->config();
+    ForEachTensor(cfg, 0, &source, [&](TensorSlot& s) {
+      int64_t numel = 1;
+      for (int64_t d : s.shape) numel *= d;
+      stats.total_params += numel;
+      if (s.is_routed_expert) stats.routed_expert_params += numel;
+    });
+  } else {
+    M3_ASSIGN_OR_RETURN(ck, Checkpoint::Open(opt.source_dir));
+    auto parsed = ParseModelConfig(ck->config_json());
+    if (!parsed.ok()) return Status(parsed.status().code(), opt.source_dir + "/" + parsed.status().message());
+    cfg = parsed.value();
+    M3_ASSIGN_OR_RETURN(stats, BindWeights(cfg, *ck, &source));
+  }
 
+  std::optional<ImportanceMatrix> imatrix;
+  if (!opt.imatrix.empty()) {
+    M3_ASSIGN_OR_RETURN(imatrix, ImportanceMatrix::Load(opt.imatrix));
+    std::map<std::string, size_t> matrices;
+    ForEachTensor(cfg, stats.mtp_depths, &source, [&](TensorSlot& s) {
+      if (s.matrix && s.shape.size() == 2) matrices[s.name] = static_cast<size_t>(s.shape[1]);
+    });
+    M3_RETURN_IF_ERROR(imatrix->CheckAgainst(matrices));
+  }
   std::vector<SourceTensor> sources;
   PackLayout layout;
   ForEachTensor(cfg, stats.mtp_depths, &source, [&](TensorSlot& s) {
     SourceTensor t;
     t.slot = s;
-    if (s.matrix) t.matrix = *s.matrix;
-    t.info = ck->Find(s.name);
-    if (s.matrix && s.matrix->format == WeightFormat::kE4M3Mx32) t.scales = ck->Find(s.name + "_scale_inv");
+    if (gguf) {
+      t.gguf = gguf.get();
+      t.gguf_tensor = gguf->Find(s.name);
+      if (!t.gguf_tensor) t.gguf_tensor = gguf->Find("model.embed_tokens.weight");  // tied lm_head
+    } else {
+      if (s.matrix) t.matrix = *s.matrix;
+      t.info = ck->Find(s.name);
+      if (s.matrix && s.matrix->format == WeightFormat::kE4M3Mx32) t.scales = ck->Find(s.name + "_scale_inv");
+    }
     AddToLayout(cfg, s, opt.type, opt.overrides, &layout);
     sources.push_back(std::move(t));
   });
@@ -360,28 +419,55 @@ StatusOr<PackSummary> PackModel(const PackOptions& opt) {
     if (opt.progress) opt.progress(done, total);
   });
   auto& planned = layout.mutable_tensors();
-  for (size_t i = 0; i < planned.size(); ++i) M3_RETURN_IF_ERROR(packer.Pack(sources[i], &planned[i]));
+  size_t weighted = 0;
+  for (size_t i = 0; i < planned.size(); ++i) {
+    const float* importance = imatrix ? imatrix->Find(planned[i].name) : nullptr;
+    const WeightFormat f = planned[i].format;
+    if (f != WeightFormat::kQ4 && !simd::IsSuperBlock(f)) importance = nullptr;  // q8 and f32 ignore it
+    weighted += importance != nullptr;
+    M3_RETURN_IF_ERROR(packer.Pack(sources[i], &planned[i], importance));
+  }
 
   nlohmann::json dtypes = nlohmann::json::object();
-  for (const auto& [name, info] : ck->text_tensors()) {
-    const char* d = DTypeName(info->dtype);
-    dtypes[d] = dtypes.value(d, 0) + 1;
+  if (gguf) {
+    for (const auto& [type, count] : gguf->type_counts()) dtypes[type] = count;
+  } else {
+    for (const auto& [name, info] : ck->text_tensors()) {
+      const char* d = DTypeName(info->dtype);
+      dtypes[d] = dtypes.value(d, 0) + 1;
+    }
+  }
+  nlohmann::json imatrix_meta = nullptr;
+  if (imatrix) {
+    imatrix_meta = {{"file", fs::absolute(opt.imatrix, ec).lexically_normal().string()}, {"weighted_matrices", weighted}};
+    for (const char* key : {"model", "text", "tokens", "chunks"})
+      if (imatrix->metadata().count(key)) imatrix_meta[key] = imatrix->metadata().at(key);
   }
   const nlohmann::json meta = {
       {"pack_type", PackTypeName(opt.type)},
       {"overrides", OverridesJson(opt.overrides)},
+      {"imatrix", imatrix_meta},
       {"m3_version", M3_VERSION_STRING},
       {"source",
        {{"dir", fs::absolute(opt.source_dir, ec).lexically_normal().string()},
-        {"files", ck->files().size()},
-        {"tensors", ck->text_tensors().size()},
-        {"skipped_non_text_tensors", ck->skipped_tensor_count()},
+        {"format", gguf ? "gguf" : "safetensors"},
+        {"files", gguf ? gguf->file().shards().size() : ck->files().size()},
+        {"tensors", gguf ? gguf->file().tensors().size() : ck->text_tensors().size()},
+        {"skipped_non_text_tensors", gguf ? 0 : ck->skipped_tensor_count()},
         {"dtypes", dtypes},
-        {"vl_layout", ck->is_vl_layout()},
+        {"vl_layout", gguf ? false : ck->is_vl_layout()},
         {"mtp_depths", stats.mtp_depths}}}};
   M3_RETURN_IF_ERROR(writer->Finish(layout, meta));
 
+  if (gguf) {  // the config and tokenizer files the GGUF holds
+    std::ofstream config(out_dir / "config.json", std::ios::trunc);
+    config << gguf->config_json().dump(2) << "\n";
+    config.flush();
+    if (!config) return IoError(opt.output_dir, ": cannot write config.json");
+    M3_RETURN_IF_ERROR(gguf->WriteTokenizerFiles(out_dir.string()));
+  }
   for (const char* name : kPackSideFiles) {
+    if (gguf) break;
     const fs::path from = fs::path(opt.source_dir) / name;
     if (!fs::exists(from)) continue;
     fs::copy_file(from, out_dir / name, ec);
@@ -401,6 +487,7 @@ StatusOr<PackSummary> PackModel(const PackOptions& opt) {
     sum.bytes_by_format[PackedFormatName(planned[i].format)] += bytes;
     if (sources[i].slot.is_routed_expert) sum.expert_bytes += bytes;
   }
+  sum.weighted_matrices = weighted;
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return sum;
 }

@@ -39,7 +39,8 @@ std::optional<PackType> ParsePackType(const std::string& name);
 
 // A user's per-tensor choice, `m3 pack --override PATTERN=FORMAT`: every matrix whose name the
 // regular expression (ECMAScript, searched anywhere in the name) matches is stored as `format`
-// (q8, q4, q3 or q2) instead of what the pack type says; the first matching override wins.
+// (f32: the source's values exactly; q8, q4, q3 or q2) instead of what the pack type says; the
+// first matching override wins.
 // Vectors and the MoE router stay f32 whatever matches them.
 struct FormatOverride {
   std::string pattern;
@@ -54,6 +55,9 @@ struct PackOptions {
   std::string output_dir;
   PackType type = PackType::kQ4Mixed;
   std::vector<FormatOverride> overrides;  // applied before `type` (first match wins)
+  // An importance matrix of m3 imatrix (model/imatrix.h): q4, q3 and q2 matrices it covers
+  // minimise their error weighted by it. Empty: none.
+  std::string imatrix;
   bool force = false;  // replace an existing model.m3w in output_dir
   int threads = 0;     // 0: every core; more: capped to them (ResolveThreadCount)
   // Called after each written chunk (and once at 0) with output bytes done and in total.
@@ -69,6 +73,7 @@ struct PackSummary {
   uint64_t expert_bytes = 0;   // routed experts' data and scales
   int64_t expert_params = 0;
   std::map<std::string, uint64_t> bytes_by_format;  // "f32", "q8", "q4"
+  size_t weighted_matrices = 0;  // q4/q3/q2 matrices quantized with the importance matrix
   double seconds = 0;
 
   double bits_per_weight() const {

@@ -3,6 +3,8 @@
 // nothing an operator does depends on state it cannot see here or in its arguments.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +15,7 @@
 namespace m3 {
 namespace simd {
 struct KernelTable;  // simd/kernel_table.h (only ops sees the kernels)
+struct WeightRef;    // simd/weight_format.h
 }  // namespace simd
 
 class Workspace;  // ops/workspace.h
@@ -37,6 +40,15 @@ class Kernels {
   std::shared_ptr<const simd::KernelTable> table_;
 };
 
+// Sees the fp32 input of every matmul an operator runs (m3 imatrix collects their mean squares):
+// called on the operator's calling thread, outside its parallel regions, once the matmul is done.
+// Row i of the input is x + (rows ? rows[i] : i) * ldx, i < n, of w.cols values each.
+class MatMulObserver {
+ public:
+  virtual ~MatMulObserver() = default;
+  virtual void OnMatMulInput(const simd::WeightRef& w, const float* x, size_t ldx, size_t n, const uint32_t* rows) = 0;
+};
+
 // Threads, kernels and workspace of one operator call. Converts from a ThreadConfig (the best
 // kernels, and scratch of the call's own: what tests and one-off callers want).
 struct OpContext : ThreadConfig {
@@ -46,6 +58,9 @@ struct OpContext : ThreadConfig {
   Workspace* workspace;    // null: the operator allocates what it needs for the call
   // The MoE blocks of a pass run through it when set (expert parallelism); null: MoeForward here.
   const MoeRunner* moe_runner = nullptr;
+  // Sees every matmul's input when set (MatMul, MatMulSameInput, MlpForward, MoeForward; not the
+  // expert-parallel exchanges of MoePartForward).
+  MatMulObserver* matmul_observer = nullptr;
   const simd::KernelTable& table() const;
 };
 

@@ -10,8 +10,8 @@ void DecodeWeightRows(const simd::WeightRef& w, size_t row0, size_t n_rows, floa
 }
 
 bool PackWeightTiles(const simd::WeightRef& shape, const float* rows, size_t tile0, size_t n_tiles, uint8_t* codes,
-                     uint8_t* scales) {
-  return simd::PackRowTiles(shape, rows, tile0, n_tiles, codes, scales);
+                     uint8_t* scales, const float* importance) {
+  return simd::PackRowTiles(shape, rows, tile0, n_tiles, codes, scales, importance);
 }
 
 size_t FindNonFinite(const float* x, size_t n) { return simd::FindNonFinite(x, n); }

@@ -14,10 +14,11 @@ namespace m3 {
 void DecodeWeightRows(const simd::WeightRef& w, size_t row0, size_t n_rows, float* out);
 
 // Quantizes n_tiles row tiles of fp32 rows (kTileRows x shape.cols each, tile0 first) into the
-// layout of `shape` (q8, q4 or bf16 tiles). False when a value does not fit the format (NaN, inf,
-// or a q4 group beyond an fp16 scale); see simd/weight_pack.h.
+// layout of `shape` (q8, q4, q3, q2 or bf16 tiles), weighing each input's error by
+// `importance[0..shape.cols)` when given (q4, q3, q2). False when a value does not fit the format
+// (NaN, inf, or a group beyond an fp16 scale); see simd/weight_pack.h.
 bool PackWeightTiles(const simd::WeightRef& shape, const float* rows, size_t tile0, size_t n_tiles, uint8_t* codes,
-                     uint8_t* scales);
+                     uint8_t* scales, const float* importance = nullptr);
 
 // Index of the first NaN or +-inf in x[0, n); n when all are finite.
 size_t FindNonFinite(const float* x, size_t n);

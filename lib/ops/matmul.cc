@@ -138,6 +138,8 @@ void MatMulSameInput(const OpContext& tc, std::span<const MatMulTarget> targets,
       inputs[sc.input_of[i]].Multiply(*targets[i].w, tile_begin, tile_end, targets[i].y, targets[i].ldy, thread);
     });
   });
+  if (tc.matmul_observer)
+    for (const MatMulTarget& t : targets) tc.matmul_observer->OnMatMulInput(*t.w, x, ldx, n_tok, nullptr);
 }
 
 double MeasurePromptMatMulGops(const OpContext& tc) {

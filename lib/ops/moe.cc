@@ -332,6 +332,12 @@ Status Run(const OpContext& tc, const MoeWeights& w, const MoeParams& p, const f
       barrier();
       down_combine(tid, nt, barrier);
     });
+    if (tc.matmul_observer)
+      for (const ExpertJob& J : s.jobs) {  // gate and up read the job's tokens of x, down its activations
+        tc.matmul_observer->OnMatMulInput(J.w->gate, x, hidden, J.m, J.tokens);
+        tc.matmul_observer->OnMatMulInput(J.w->up, x, hidden, J.m, J.tokens);
+        tc.matmul_observer->OnMatMulInput(J.w->down, J.g, J.w->down.cols, J.m, nullptr);
+      }
     return Status::Ok();
   }
   // A part: its activation columns to every process, whole rows back.
