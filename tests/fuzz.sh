@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 SECONDS_EACH=${1:-20}
 BUILD=${M3_FUZZ_BUILD:-$ROOT/build-fuzz}
-TARGETS=(json request config safetensors npy pack tokenizer jinja output_parser grammar gguf)
+TARGETS=(json request config safetensors npy pack tokenizer jinja output_parser grammar gguf gguf_model)
 if [ -n "${M3_FUZZ_ONLY:-}" ]; then
   read -r -a TARGETS <<<"$M3_FUZZ_ONLY"
 fi
@@ -131,6 +131,60 @@ put("gguf", "split_of_one", gguf([("split.no", 2, struct.pack("<H", 0)), ("split
                                   ("split.tensors.count", 5, struct.pack("<i", 2))], tensors[8:10]))
 put("gguf", "metadata_only", gguf(every_type, []))
 put("gguf", "ggml_reference", open(os.path.join(root, "tests/data/gguf/ggml_reference.gguf"), "rb").read())
+
+# A tiny minimax-m3 model as llama.cpp's converter writes one (model/gguf_source.h): a dense block
+# and a MoE block with sparse attention, F32 with a Q8_0 and a Q4_0 tensor, and a tokenizer.
+def u32(key, v):
+    return ("minimax-m3." + key, 4, struct.pack("<I", v))
+hp = [("general.architecture", 8, gguf_string("minimax-m3"))] + [u32(k, v) for k, v in [
+    ("block_count", 2), ("context_length", 4096), ("embedding_length", 64), ("feed_forward_length", 32),
+    ("expert_feed_forward_length", 32), ("attention.head_count", 2), ("attention.head_count_kv", 1),
+    ("attention.key_length", 32), ("attention.value_length", 32), ("rope.dimension_count", 16), ("expert_count", 4),
+    ("expert_used_count", 2), ("expert_shared_count", 1), ("expert_gating_func", 2), ("leading_dense_block_count", 1),
+    ("attention.indexer.head_count", 1), ("attention.indexer.key_length", 32), ("attention.indexer.top_k", 2),
+    ("attention.indexer.block_size", 8), ("attention.indexer.local_blocks", 1)]] + [
+    ("minimax-m3.rope.freq_base", 6, struct.pack("<f", 5e6)),
+    ("minimax-m3.attention.layer_norm_rms_epsilon", 6, struct.pack("<f", 1e-6)),
+    ("minimax-m3.expert_weights_scale", 6, struct.pack("<f", 2.0)), ("minimax-m3.expert_weights_norm", 7, b"\x01"),
+    ("tokenizer.ggml.model", 8, gguf_string("gpt2")), ("tokenizer.ggml.pre", 8, gguf_string("minimax-m2")),
+    ("tokenizer.ggml.tokens", 9, arr(8, 16, b"".join(gguf_string(t) for t in
+        ["a", "b", "c", "ab", "\u0120", "\u0120a", "<s>", "</s>", "x", "y", "z", "xy", "1", "2", "[PAD14]", "[PAD15]"]))),
+    ("tokenizer.ggml.token_type", 9, arr(5, 16, struct.pack("<16i", *([1] * 6 + [3, 3] + [1] * 6 + [5, 5])))),
+    ("tokenizer.ggml.merges", 9, arr(8, 3, b"".join(gguf_string(m) for m in ["a b", "\u0120 a", "x y"]))),
+    ("tokenizer.ggml.eos_token_id", 4, struct.pack("<I", 7)),
+    ("tokenizer.chat_template", 8, gguf_string("{% for m in messages %}{{ m.content }}{% endfor %}"))]
+def f32(*ne, seed=0):
+    n = 1
+    for d in ne:
+        n *= d
+    return (0, list(ne), struct.pack(f"<{n}f", *[((i * 37 + seed * 11) % 97 - 48) / 97.0 for i in range(n)]))
+def ones(n):
+    return (0, [n], struct.pack(f"<{n}f", *([1.0] * n)))
+def q8_0(cols, rows):
+    return (8, [cols, rows], b"".join(struct.pack("<e", 0.01) + pattern(32, r) for r in range(rows * cols // 32)))
+def q4_0(*ne):
+    n = ne[0] * ne[1] * (ne[2] if len(ne) > 2 else 1)
+    return (2, list(ne), b"".join(struct.pack("<e", 0.02) + pattern(16, b) for b in range(n // 32)))
+mt = [("token_embd.weight",) + f32(64, 16, seed=1), ("output.weight",) + f32(64, 16, seed=2),
+      ("output_norm.weight",) + ones(64)]
+for l in range(2):
+    b = f"blk.{l}."
+    mt += [(b + "attn_norm.weight",) + ones(64), (b + "attn_q.weight",) + q8_0(64, 64),
+           (b + "attn_k.weight",) + f32(64, 32, seed=3), (b + "attn_v.weight",) + f32(64, 32, seed=4),
+           (b + "attn_output.weight",) + f32(64, 64, seed=5), (b + "attn_q_norm.weight",) + ones(32),
+           (b + "attn_k_norm.weight",) + ones(32), (b + "ffn_norm.weight",) + ones(64)]
+    if l == 0:
+        mt += [(b + "ffn_gate.weight",) + f32(64, 32, seed=6), (b + "ffn_up.weight",) + f32(64, 32, seed=7),
+               (b + "ffn_down.weight",) + f32(32, 64, seed=8)]
+    else:
+        mt += [(b + "ffn_gate_inp.weight",) + f32(64, 4, seed=9), (b + "exp_probs_b.bias",) + f32(4),
+               (b + "ffn_gate_exps.weight",) + q4_0(64, 32, 4), (b + "ffn_up_exps.weight",) + f32(64, 32, 4, seed=10),
+               (b + "ffn_down_exps.weight",) + f32(32, 64, 4, seed=11), (b + "ffn_gate_shexp.weight",) + f32(64, 32),
+               (b + "ffn_up_shexp.weight",) + f32(64, 32, seed=12), (b + "ffn_down_shexp.weight",) + f32(32, 64),
+               (b + "indexer.q_proj.weight",) + f32(64, 32, seed=13), (b + "indexer.k_proj.weight",) + f32(64, 32),
+               (b + "indexer.q_norm.weight",) + ones(32), (b + "indexer.k_norm.weight",) + ones(32)]
+put("gguf_model", "tiny", gguf(hp, mt))
+put("gguf_model", "tiny_no_tokenizer", gguf([kv for kv in hp if not kv[0].startswith("tokenizer.")], mt))
 EOF
 # A packed model (the regular build's m3, when there is one), when the pack target runs.
 if [[ " ${TARGETS[*]} " == *" pack "* ]] && [ -x build/bin/m3 ]; then

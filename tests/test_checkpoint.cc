@@ -23,6 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using m3::StatusCode;
+using m3::test::RequireError;
 using Catch::Matchers::Contains;
 
 using m3::test::kGoldenCases;
@@ -88,14 +89,6 @@ std::string ShardOf(const fs::path& dir, const std::string& tensor) {
   return index["weight_map"][tensor].get<std::string>();
 }
 
-// The call must fail with `code` and a message containing every fragment.
-template <class T>
-void RequireError(const m3::StatusOr<T>& r, StatusCode code, std::initializer_list<std::string> fragments) {
-  REQUIRE_FALSE(r.ok());
-  INFO("message: " << r.status().message());
-  CHECK(r.status().code() == code);
-  for (const auto& f : fragments) CHECK_THAT(r.status().message(), Contains(f));
-}
 
 template <class T>
 void RequireOk(const m3::StatusOr<T>& r) {

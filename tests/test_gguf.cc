@@ -26,19 +26,13 @@ using m3::GgufFile;
 using m3::GgufShardSet;
 using m3::GgufValueType;
 using m3::StatusCode;
+using m3::test::RequireError;
 using m3::test::GgufWriter;
 using m3::test::ReadBytes;
 using m3::test::TempDir;
 using m3::test::WriteBytes;
 namespace w = m3::test;
 
-template <class T>
-void RequireError(const m3::StatusOr<T>& r, StatusCode code, std::initializer_list<std::string> fragments) {
-  REQUIRE_FALSE(r.ok());
-  INFO("message: " << r.status().message());
-  CHECK(r.status().code() == code);
-  for (const auto& f : fragments) CHECK_THAT(r.status().message(), Contains(f));
-}
 
 template <class T>
 const T& RequireOk(const m3::StatusOr<T>& r) {

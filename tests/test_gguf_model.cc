@@ -403,6 +403,11 @@ TEST_CASE("GGUF files m3 cannot take are refused by name", "[gguf]") {
   refuse(GoldenGguf("s1_fp32_basic", With([](GgufOptions& o) { o.u32 = {{"expert_gating_func", 1}}; })), "expert_gating_func must be 2");
   refuse(GoldenGguf("s1_fp32_basic", With([](GgufOptions& o) { o.u32 = {{"attention.head_count", 8}}; })), "'blk.0.attn_q.weight' is [64, 128]");
   refuse(GoldenGguf("s1_fp32_basic", With([](GgufOptions& o) { o.u32 = {{"block_count", 4}}; })), "no tensor 'blk.3.");
+  refuse(GoldenGguf("s1_fp32_basic", With([](GgufOptions& o) { o.u32 = {{"block_count", 5000}}; })),
+         "m3 reads 1-1024 blocks");
+  refuse(GoldenGguf("s1_fp32_basic", With([](GgufOptions& o) { o.u32 = {{"expert_count", 16}}; })), "not 16 experts");
+  refuse(GoldenGguf("s1_fp32_basic", With([](GgufOptions& o) { o.u32 = {{"embedding_length", 1000000}}; })),
+         "embedding_length = 1000000 is above 262144");
   GgufWriter extra = GoldenGguf("s1_fp32_basic");
   extra.AddTensor("blk.0.rope_freqs.weight", kF32, {8}, std::string(32, '\0'));
   refuse(extra, "'blk.0.rope_freqs.weight' is not part of minimax-m3");

@@ -43,6 +43,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using m3::StatusCode;
+using m3::test::RequireError;
 using m3::simd::WeightFormat;
 using Catch::Matchers::Contains;
 
@@ -61,13 +62,6 @@ void RequireOk(const m3::Status& s) {
   REQUIRE(s.ok());
 }
 
-template <class T>
-void RequireError(const m3::StatusOr<T>& r, StatusCode code, std::initializer_list<std::string> fragments) {
-  REQUIRE_FALSE(r.ok());
-  INFO("message: " << r.status().message());
-  CHECK(r.status().code() == code);
-  for (const auto& f : fragments) CHECK_THAT(r.status().message(), Contains(f));
-}
 
 m3::StatusOr<m3::PackSummary> Pack(const std::string& src, const fs::path& out, m3::PackType type, bool force = false) {
   m3::PackOptions opt;

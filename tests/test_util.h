@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <random>
 #include <vector>
@@ -16,6 +17,8 @@
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+
+#include "base/status.h"
 
 namespace m3::test {
 
@@ -97,6 +100,15 @@ inline std::vector<std::string> TokenizerGoldenFiles(const std::string& file) {
     if (std::filesystem::exists(path)) files.push_back(path);
   }
   return files;
+}
+
+// The call must fail with `code` and a message containing every fragment.
+template <class T>
+void RequireError(const StatusOr<T>& r, StatusCode code, std::initializer_list<std::string> fragments) {
+  REQUIRE_FALSE(r.ok());
+  INFO("message: " << r.status().message());
+  CHECK(r.status().code() == code);
+  for (const auto& f : fragments) CHECK_THAT(r.status().message(), Catch::Matchers::Contains(f));
 }
 
 // n normally distributed floats, reproducible from `seed`.

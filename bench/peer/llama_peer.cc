@@ -2,11 +2,13 @@
 // bench/peer/setup.sh against the prebuilt CPU libraries of node-llama-cpp (llama.cpp v0.5.0) and
 // the headers of the llama.cpp source bundled in that package; it is not part of the m3 build.
 //
-//   llama_peer gen   --out FILE.gguf --layers L --type q8|q4|q4-mixed
+//   llama_peer gen   --out FILE.gguf --layers L --type q8|q4|q4-mixed|q3-mixed|q2-mixed
 //       writes a MiniMax-M3 GGUF (llama.cpp's `minimax-m3` architecture) with the real layer
 //       shapes of bench/shapes.h, L layers that are all MoE + sparse attention (as m3's
 //       generated bench model), random weights in the quant mix that mirrors an m3 pack type:
 //       q4-mixed = routed experts Q4_0 and every other matrix Q8_0; q4 = all Q4_0; q8 = all Q8_0;
+//       q3-mixed / q2-mixed = routed experts Q3_K / Q2_K (quantized by ggml from random values of
+//       the same variance), every other matrix Q8_0;
 //       norms, router and correction bias F32 (as m3 keeps them). Values as m3's generator picks
 //       them: codes uniform, scales such that each matrix maps unit-variance inputs to
 //       unit-variance outputs, router logits of unit variance, bias 0, norms 1 (llama.cpp stores
@@ -86,6 +88,7 @@ void WriteTensor(FILE* f, const TensorPlan& t, uint64_t seed, int threads) {
   constexpr size_t kChunkRows = 256;
   std::vector<uint8_t> buf(row_bytes * kChunkRows);
   const bool q8 = t.type == GGML_TYPE_Q8_0;
+  const bool k_quant = t.type == GGML_TYPE_Q2_K || t.type == GGML_TYPE_Q3_K;
   // RMS of the codes: Q8_0 uniform in [-127, 127]; Q4_0 nibbles uniform in 0..15, value q - 8.
   const double code_rms = q8 ? std::sqrt(127.0 * 128.0 * 255.0 / 3.0 / 255.0) : std::sqrt(344.0 / 16.0);
   const float amplitude = static_cast<float>(1.0 / (code_rms * std::sqrt(t.fan_in)));
@@ -108,6 +111,13 @@ void WriteTensor(FILE* f, const TensorPlan& t, uint64_t seed, int threads) {
             break;
           }
           case Fill::kQuant: {
+            if (k_quant) {  // ggml's own quantizer on uniform values of variance 1 / fan_in
+              std::vector<float> v(static_cast<size_t>(t.ne[0]));
+              const float a = static_cast<float>(std::sqrt(3.0 / t.fan_in));
+              for (float& x : v) x = a * (2.0f * uniform() - 1.0f);
+              ggml_quantize_chunk(t.type, v.data(), out, 0, 1, t.ne[0], nullptr);
+              break;
+            }
             const size_t block_bytes = q8 ? 34 : 18, codes = q8 ? 32 : 16;
             for (int64_t b = 0; b < t.ne[0] / 32; ++b) {
               uint8_t* blk = out + static_cast<size_t>(b) * block_bytes;
@@ -143,7 +153,9 @@ int Gen(const std::string& out, int layers, const std::string& type) {
   if (type == "q4-mixed") expert_type = GGML_TYPE_Q4_0, other_type = GGML_TYPE_Q8_0;
   else if (type == "q4") expert_type = other_type = GGML_TYPE_Q4_0;
   else if (type == "q8") expert_type = other_type = GGML_TYPE_Q8_0;
-  else Die("--type must be q8, q4 or q4-mixed");
+  else if (type == "q3-mixed") expert_type = GGML_TYPE_Q3_K, other_type = GGML_TYPE_Q8_0;
+  else if (type == "q2-mixed") expert_type = GGML_TYPE_Q2_K, other_type = GGML_TYPE_Q8_0;
+  else Die("--type must be q8, q4, q4-mixed, q3-mixed or q2-mixed");
 
   std::vector<TensorPlan> plan;
   auto matrix = [&](std::string name, ggml_type t, std::vector<int64_t> ne, double fan_in) {

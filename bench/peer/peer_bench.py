@@ -6,6 +6,8 @@ For each pack type and thread count, `--reps` rounds of `m3 bench` on its genera
 MiniMax-M3 layer shapes, random weights) and llama.cpp's harness (llama_peer) on a GGUF of the same
 shapes and layers (llama.cpp's `minimax-m3` architecture) whose quant mix mirrors the pack type:
   q4-mixed  routed experts Q4_0, every other matrix Q8_0   (m3: routed experts q4, the rest q8)
+  q3-mixed  routed experts Q3_K, every other matrix Q8_0   (m3: routed experts q3, the rest q8)
+  q2-mixed  routed experts Q2_K, every other matrix Q8_0   (m3: routed experts q2, the rest q8)
   q4        all matrices Q4_0                             (m3: all q4)
   q8        all matrices Q8_0                             (m3: all q8)
 Norms, router and its bias stay F32 in both. The engines take turns within a round, and which goes
@@ -86,7 +88,8 @@ def print_table(headers, rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-t", "--threads", default=None, help="thread counts, e.g. 1,2 (default: 1 and all cores)")
-    ap.add_argument("--types", default="q4-mixed", help="pack types: q4-mixed, q4, q8 (comma-separated)")
+    ap.add_argument("--types", default="q4-mixed",
+                    help="pack types: q4-mixed, q4, q8, q3-mixed, q2-mixed (comma-separated)")
     ap.add_argument("--layers", type=int, default=None, help="layers of both models (default: m3 bench's default)")
     ap.add_argument("-p", "--prompt-tokens", type=int, default=512)
     ap.add_argument("-n", "--decode-tokens", type=int, default=64)
@@ -98,8 +101,8 @@ def main():
 
     types = [t for t in a.types.split(",") if t]
     for t in types:
-        if t not in ("q4-mixed", "q4", "q8"):
-            ap.error(f"--types: unknown pack type {t!r} (q4-mixed, q4 or q8)")
+        if t not in ("q4-mixed", "q4", "q8", "q3-mixed", "q2-mixed"):
+            ap.error(f"--types: unknown pack type {t!r} (q4-mixed, q4, q8, q3-mixed or q2-mixed)")
     cpus = len(os.sched_getaffinity(0))
     threads = [int(x) for x in a.threads.split(",")] if a.threads else sorted({1, cpus})
     if any(t < 1 for t in threads):

@@ -15,6 +15,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kArch = "minimax-m3";
+constexpr int64_t kMaxBlocks = 1024, kMaxExperts = 4096;
 
 // The pre-tokenizer split of the MiniMax-M2/M3 tokenizer (llama.cpp's `minimax-m2`).
 constexpr const char* kMiniMaxSplit =
@@ -151,6 +152,29 @@ StatusOr<nlohmann::json> ConfigFromGguf(const GgufShardSet& f) {
     M3_ASSIGN_OR_RETURN(const int64_t vocab, m.GetInt(vocab_key));
     if (vocab != embed->ne[1])
       return InvalidArgument(m.path(), ": ", vocab_key, " ", vocab, " but token_embd.weight has ", embed->ne[1], " rows");
+  }
+  const std::pair<const char*, std::pair<int64_t, int64_t>> widths[] = {
+      {"embedding_length", {hidden, 1 << 18}},   {"attention.head_count", {heads, 4096}},
+      {"attention.head_count_kv", {kv_heads, 4096}}, {"attention.key_length", {head_dim, 4096}},
+      {"expert_feed_forward_length", {expert_ff, 1 << 20}}, {"feed_forward_length", {dense_ff, 1 << 20}},
+      {"expert_shared_count", {shared, 64}},     {"rope.dimension_count", {rotary, head_dim}},
+      {"attention.indexer.head_count", {index_heads, 4096}}, {"attention.indexer.key_length", {index_dim, 4096}},
+      {"attention.indexer.top_k", {topk_blocks, 1 << 20}}, {"attention.indexer.block_size", {block, 1 << 16}},
+      {"attention.indexer.local_blocks", {local_blocks, 1 << 20}}};
+  for (const auto& [key, v] : widths)
+    if (v.first > v.second) return InvalidArgument(m.path(), ": ", kArch, ".", key, " = ", v.first, " is above ", v.second);
+  // Bounds before anything is sized by them: far beyond MiniMax-M3 (60 blocks, 128 experts), and
+  // every MoE block must hold its stacked experts (so a file cannot ask for more work than it has
+  // bytes for).
+  if (layers < 1 || layers > kMaxBlocks || experts < 1 || experts > kMaxExperts || top_k < 1 || top_k > experts)
+    return InvalidArgument(m.path(), ": ", layers, " blocks, ", experts, " experts, top ", top_k,
+                           ": m3 reads 1-", kMaxBlocks, " blocks and 1-", kMaxExperts, " experts");
+  for (int64_t l = dense_lead; l < layers; ++l) {
+    const std::string name = "blk." + std::to_string(l) + ".ffn_gate_exps.weight";
+    const GgufTensorInfo* t = f.Find(name);
+    if (!t) return InvalidArgument(m.path(), ": no tensor '", name, "' (block ", l, " is a MoE block)");
+    if (t->n_dims != 3 || t->ne[2] != experts)
+      return InvalidArgument(m.path(), ": tensor '", name, "' is ", t->ShapeString(), ", not ", experts, " experts");
   }
   // llama.cpp's model: the leading dense blocks use dense attention, every later block is MoE
   // with sparse attention.
