@@ -35,6 +35,9 @@ int RunImatrix(const ImatrixArgs& a) {
   if (!a.force && std::filesystem::exists(a.output))
     return Fail(InvalidArgument(a.output, " exists; pass --force to overwrite it"));
   if (a.context < 2) return Fail(InvalidArgument("--context must be at least 2 tokens"));
+  if (a.engine_args.numa == "split")
+    return Fail(InvalidArgument("--numa split: the experts' node copies are not the model's matrices the importance "
+                                "matrix names; run with --numa off or distribute"));
   if (a.engine_args.gpu != "none")
     return Fail(InvalidArgument("--gpu: the importance matrix is collected on the CPU (the offloaded dense part "
                                 "runs no CPU matmul); run without --gpu"));

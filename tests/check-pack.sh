@@ -153,6 +153,10 @@ check_imatrix() {
     echo "FAIL imatrix: a text shorter than a chunk was taken"; return 1
   fi
   grep -q "fewer than one chunk" "$out/imatrix.err" || { cat "$out/imatrix.err"; echo "FAIL imatrix: message (short)"; return 1; }
+  if "$m3" imatrix -m "$src" --ids "$ids" -c 64 -o "$out/split.safetensors" --numa split 2>"$out/imatrix.err"; then
+    echo "FAIL imatrix: --numa split was taken"; return 1
+  fi
+  grep -q "numa split" "$out/imatrix.err" || { cat "$out/imatrix.err"; echo "FAIL imatrix: message (numa)"; return 1; }
   echo "PASS imatrix: collected, a q2-mixed pack weighted by it runs; foreign and bad files refused"
 }
 
