@@ -192,7 +192,9 @@ void AddHttpGuards(GuardedServer& http, const std::shared_ptr<Server>& server) {
     SendError(req, res, refusal->first, refusal->second);
     return httplib::Server::HandlerResponse::Handled;
   });
-  http.set_logger([server](const httplib::Request& req, const httplib::Response& res) {
+  // Counted before the response is written (httplib calls the logger after it: a client that
+  // reads its answer and asks /metrics at once could see the request not yet counted).
+  http.set_post_routing_handler([server](const httplib::Request& req, httplib::Response& res) {
     server->metrics.Answered(RouteLabel(req.path), res.status);
   });
   http.set_payload_max_length(kMaxBodyBytes);  // on the wire; ReadBody counts what it decodes to
