@@ -23,6 +23,10 @@
 //       layer (LayerEnds), whose per-layer and lm_head times give the projected 60-layer
 //       figures as m3 bench computes them. Like m3, llama.cpp runs the last layer of a prompt
 //       past attention for the rows that give logits only.
+//   llama_peer greedy --model FILE.gguf --libs DIR --ids 1,2,3 [-n 64] [-t T]
+//       one prefill of the ids and n greedy steps (as m3 logits runs them); prints one JSON object:
+//       the n + 1 greedy ids and the logits of the prompt's last row, for parity checks
+//       (bench/peer/golden_parity.py).
 #include <ggml-backend.h>
 #include <ggml.h>
 #include <gguf.h>
@@ -489,12 +493,81 @@ int Bench(const std::string& model_path, const std::string& libs, int threads, i
   return 0;
 }
 
+std::vector<llama_token> ParseIds(const std::string& list) {
+  std::vector<llama_token> ids;
+  size_t i = 0;
+  while (i < list.size()) {
+    size_t end = list.find(',', i);
+    if (end == std::string::npos) end = list.size();
+    const std::string v = list.substr(i, end - i);
+    char* stop = nullptr;
+    const long id = std::strtol(v.c_str(), &stop, 10);
+    if (v.empty() || *stop || id < 0 || id > INT32_MAX) Die("--ids: not a token id: " + v);
+    ids.push_back(static_cast<llama_token>(id));
+    i = end + 1;
+  }
+  if (ids.empty()) Die("--ids: no ids");
+  return ids;
+}
+
+int Greedy(const std::string& model_path, const std::string& libs, int threads, const std::string& id_list,
+           int steps, bool verbose) {
+  if (!verbose) llama_log_set(QuietLog, nullptr);
+  ggml_backend_load_all_from_path(libs.c_str());
+  llama_backend_init();
+  llama_model* model = llama_model_load_from_file(model_path.c_str(), llama_model_default_params());
+  if (!model) Die("cannot load " + model_path);
+  const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
+  std::vector<llama_token> ids = ParseIds(id_list);
+  for (llama_token id : ids)
+    if (id >= n_vocab) Die("--ids: " + std::to_string(id) + " is past the vocabulary");
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = static_cast<uint32_t>(ids.size() + steps + 16);
+  cp.n_batch = cp.n_ubatch = static_cast<uint32_t>(ids.size());
+  cp.n_threads = cp.n_threads_batch = threads;
+  cp.n_seq_max = 1;
+  cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+  llama_context* ctx = llama_init_from_model(model, cp);
+  if (!ctx) Die("cannot create a context");
+  auto eval = [&](llama_token* p, int n) {
+    if (llama_decode(ctx, llama_batch_get_one(p, n)) != 0) Die("llama_decode failed");
+  };
+  auto argmax = [&] {
+    const float* logits = llama_get_logits_ith(ctx, -1);
+    return static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
+  };
+  eval(ids.data(), static_cast<int>(ids.size()));
+  const float* last = llama_get_logits_ith(ctx, -1);
+  std::string logits = "[";
+  for (int i = 0; i < n_vocab; ++i) {
+    char v[32];
+    std::snprintf(v, sizeof v, "%s%.9g", i ? ", " : "", static_cast<double>(last[i]));
+    logits += v;
+  }
+  logits += "]";
+  std::vector<llama_token> greedy{argmax()};
+  for (int i = 0; i < steps; ++i) {
+    llama_token t = greedy.back();
+    eval(&t, 1);
+    greedy.push_back(argmax());
+  }
+  std::string out = "[";
+  for (size_t i = 0; i < greedy.size(); ++i) out += (i ? ", " : "") + std::to_string(greedy[i]);
+  std::printf("{\"engine\": \"llama.cpp\", \"model\": \"%s\", \"prompt_tokens\": %zu, \"greedy_ids\": %s], "
+              "\"last_prefill_logits\": %s}\n",
+              model_path.c_str(), ids.size(), out.c_str(), logits.c_str());
+  llama_free(ctx);
+  llama_model_free(model);
+  llama_backend_free();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) Die("usage: llama_peer gen|bench [options] (see the head of llama_peer.cc)");
+  if (argc < 2) Die("usage: llama_peer gen|bench|greedy [options] (see the head of llama_peer.cc)");
   const std::string cmd = argv[1];
-  std::string out, model, libs, type = "q4-mixed";
+  std::string out, model, libs, type = "q4-mixed", ids;
   int layers = 1, threads = 1, prompt = 512, decode = 64, split_steps = 16;
   bool verbose = false, no_repack = false;
   for (int i = 2; i < argc; ++i) {
@@ -513,6 +586,7 @@ int main(int argc, char** argv) {
     if (a == "--out") out = value();
     else if (a == "--layers") layers = number();
     else if (a == "--type") type = value();
+    else if (a == "--ids") ids = value();
     else if (a == "--model") model = value();
     else if (a == "--libs") libs = value();
     else if (a == "-t") threads = number();
@@ -531,5 +605,9 @@ int main(int argc, char** argv) {
     if (model.empty() || libs.empty()) Die("bench needs --model FILE.gguf and --libs DIR");
     return Bench(model, libs, threads, prompt, decode, split_steps, verbose, no_repack);
   }
-  Die("unknown command " + cmd + " (gen or bench)");
+  if (cmd == "greedy") {
+    if (model.empty() || libs.empty() || ids.empty()) Die("greedy needs --model FILE.gguf, --libs DIR and --ids LIST");
+    return Greedy(model, libs, threads, ids, decode, verbose);
+  }
+  Die("unknown command " + cmd + " (gen, bench or greedy)");
 }
