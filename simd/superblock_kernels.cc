@@ -120,7 +120,7 @@ inline int32_t Load32(const void* p) {
 // (mn_j, mn_j+1) pairs against each token's (A_j, A_j+1)), then per token
 // y = fma(I1, d d_a, y) and y = fma(I2, -(dmin d_a), y) as the reference.
 template <int T>
-void FinishHalf(const SbArgs& b, size_t g, int h, const __m256i* i1, float (*yacc)[16]) {
+HWY_INLINE void FinishHalf(const SbArgs& b, size_t g, int h, const __m256i* i1, float (*yacc)[16]) {
   const __m128i low4 = _mm_set1_epi8(0x0F);
   const uint8_t* sub = b.sub + g * kSubGroups * kTileRows + 8 * h;
   __m256i mn[kSubGroups / 2];
@@ -149,9 +149,9 @@ void FinishHalf(const SbArgs& b, size_t g, int h, const __m256i* i1, float (*yac
 // tokens: per field of a chunk, the codes cut out once ((raw >> 2f) & 3, q3 or'ing in its high
 // bit), then per token one broadcast, maddubs and an int16 add; per sub-block one madd by its
 // scales (each row's twice: a row's two int16 pair sums) into int32.
-template <int T>
+template <int T, int kBits>
 void SuperBlockTile(const SbArgs& b, float (*yacc)[16]) {
-  const size_t chunk_bytes = b.bits == 3 ? 96 : 64, sb_bytes = 16 * chunk_bytes;
+  const size_t chunk_bytes = kBits == 3 ? 96 : 64, sb_bytes = 16 * chunk_bytes;
   const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
   const __m128i low4 = _mm_set1_epi8(0x0F);
   for (int h = 0; h < 2; ++h) {
@@ -168,11 +168,11 @@ void SuperBlockTile(const SbArgs& b, float (*yacc)[16]) {
         for (size_t k = 2 * j; k < 2 * j + 2; ++k) {
           const uint8_t* ch = b.codes + g * sb_bytes + k * chunk_bytes;
           const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 32 * h));
-          const __m256i hi = b.bits == 3 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 64)) : raw;
+          const __m256i hi = kBits == 3 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 64)) : raw;
 #pragma GCC unroll 4
           for (int f = 0; f < 4; ++f) {
             __m256i c = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * f), three);
-            if (b.bits == 3) {
+            if constexpr (kBits == 3) {
               const int sh = f + 4 * h;  // the high bit's position; it goes to bit 2
               const __m256i hb = sh >= 2 ? _mm256_srli_epi16(hi, sh - 2) : _mm256_slli_epi16(hi, 2 - sh);
               c = _mm256_or_si256(c, _mm256_and_si256(hb, four));
@@ -197,9 +197,9 @@ void SuperBlockTile(const SbArgs& b, float (*yacc)[16]) {
 // Decode (1-2 tokens): the whole tile per chunk, both halves from one broadcast. Reading a tile
 // half by half streams every cache line during the first half and computes the second from
 // cache, so memory idles for half of the time (measured: 0.47-0.55 of the read bandwidth).
-template <int T>
+template <int T, int kBits>
 void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
-  const size_t chunk_bytes = b.bits == 3 ? 96 : 64, sb_bytes = 16 * chunk_bytes;
+  const size_t chunk_bytes = kBits == 3 ? 96 : 64, sb_bytes = 16 * chunk_bytes;
   const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
   const __m128i low4 = _mm_set1_epi8(0x0F);
   for (size_t g = 0; g < b.groups; ++g) {
@@ -216,12 +216,12 @@ void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
         const uint8_t* ch = b.codes + g * sb_bytes + k * chunk_bytes;
         const __m256i raw0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch));
         const __m256i raw1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 32));
-        const __m256i hi = b.bits == 3 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 64)) : raw0;
+        const __m256i hi = kBits == 3 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 64)) : raw0;
 #pragma GCC unroll 4
         for (int f = 0; f < 4; ++f) {
           __m256i c0 = _mm256_and_si256(_mm256_srli_epi16(raw0, 2 * f), three);
           __m256i c1 = _mm256_and_si256(_mm256_srli_epi16(raw1, 2 * f), three);
-          if (b.bits == 3) {  // high bits: f for rows 0-7, f + 4 for rows 8-15, moved to bit 2
+          if constexpr (kBits == 3) {  // high bits: f for rows 0-7, f + 4 for rows 8-15, moved to bit 2
             c0 = _mm256_or_si256(c0, _mm256_and_si256(f >= 2 ? _mm256_srli_epi16(hi, f - 2) : _mm256_slli_epi16(hi, 2 - f), four));
             c1 = _mm256_or_si256(c1, _mm256_and_si256(_mm256_srli_epi16(hi, f + 2), four));
           }
@@ -253,16 +253,27 @@ void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
 
 #else
 
-template <int T>
+template <int T, int kBits>
 void SuperBlockTile(const SbArgs& b, float (*yacc)[16]) {
   SuperBlockTilePortable<T>(b, yacc);
 }
-template <int T>
+template <int T, int kBits>
 void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
   SuperBlockTilePortable<T>(b, yacc);
 }
 
 #endif
+
+// A token block's tile: 1-2 tokens the whole tile at once (decode), 3-4 half by half.
+template <int kBits>
+void RunTile(int nt, const SbArgs& args, float (*yacc)[16]) {
+  switch (nt) {
+    case 1: SuperBlockTileFull<1, kBits>(args, yacc); break;
+    case 2: SuperBlockTileFull<2, kBits>(args, yacc); break;
+    case 3: SuperBlockTile<3, kBits>(args, yacc); break;
+    default: SuperBlockTile<4, kBits>(args, yacc); break;
+  }
+}
 
 void SuperBlockMatMulImpl(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end,
                           float* y, size_t ldy, KernelScratch& scratch) {
@@ -308,12 +319,10 @@ void SuperBlockMatMulImpl(const WeightRef& w, const QuantizedActivations& a, siz
                           groups,
                           SuperBlockBits(w.format)};
         float yacc[kTok][16] = {};
-        switch (nt) {
-          case 1: SuperBlockTileFull<1>(args, yacc); break;
-          case 2: SuperBlockTileFull<2>(args, yacc); break;
-          case 3: SuperBlockTile<3>(args, yacc); break;
-          default: SuperBlockTile<4>(args, yacc); break;
-        }
+        if (args.bits == 3)
+          RunTile<3>(nt, args, yacc);
+        else
+          RunTile<2>(nt, args, yacc);
         for (int t = 0; t < nt; ++t)
           std::memcpy(y + (b0 + t0 + t) * ldy + tile * kTileRows, yacc[t], rows * sizeof(float));
       }
