@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,32 @@
 
 namespace m3::cli {
 namespace {
+
+// A GGUF's conversion, per source type and packed format: how many tensors, how many exact, the
+// mean and worst relative squared error (each tensor's in the folder's conversion.json).
+void PrintConversion(const std::vector<ConversionError>& tensors, const std::string& out) {
+  struct Group {
+    size_t count = 0, exact = 0;
+    double sum = 0;
+    const ConversionError* worst = nullptr;
+  };
+  std::map<std::pair<std::string, std::string>, Group> groups;
+  for (const ConversionError& t : tensors) {
+    Group& g = groups[{t.source_type, t.format}];
+    ++g.count, g.exact += t.max_abs_err == 0, g.sum += t.rel_err;
+    if (!g.worst || t.rel_err > g.worst->rel_err) g.worst = &t;
+  }
+  std::printf("from GGUF        relative error sum (w - q)^2 / sum w^2 per tensor: %s/conversion.json\n", out.c_str());
+  for (const auto& [key, g] : groups) {
+    const std::string from_to = key.first + " -> " + key.second;
+    if (g.exact == g.count) {
+      std::printf("  %-14s %zu tensors, exact\n", from_to.c_str(), g.count);
+      continue;
+    }
+    std::printf("  %-14s %zu tensors (%zu exact), mean %.3g, worst %.3g (%s)\n", from_to.c_str(), g.count, g.exact,
+                g.sum / static_cast<double>(g.count), g.worst->rel_err, g.worst->tensor.c_str());
+  }
+}
 
 struct PackArgs {
   std::string model, output, type = "q4-mixed", imatrix;
@@ -67,6 +94,7 @@ int RunPack(const PackArgs& a) {
   std::printf(" (%lld weights)\n", static_cast<long long>(s.params));
   if (!a.imatrix.empty())
     std::printf("imatrix          %s: %zu q4/q3/q2 matrices weighted by it\n", a.imatrix.c_str(), s.weighted_matrices);
+  if (!s.conversion.empty()) PrintConversion(s.conversion, a.output);
   if (const std::string full = ReleasedFootprint(a.type); !full.empty()) std::printf("full model       %s\n", full.c_str());
   std::printf("time             %.2f s (%.1f MB/s written)\n", s.seconds,
               s.seconds > 0 ? Mb(s.payload_bytes) / s.seconds : 0.0);

@@ -342,6 +342,60 @@ TEST_CASE("Q4_0 matrices of a GGUF become q4 without loss", "[gguf]") {
   CHECK(q4 > 10);
 }
 
+TEST_CASE("a GGUF's conversion error is reported per tensor", "[gguf]") {
+  m3::test::TempDir tmp;
+  const fs::path gguf = tmp.path() / "q4_0.gguf";
+  GoldenGguf("s1_fp32_basic", With([](GgufOptions& o) { o.q4_0_matrices = true; })).Write(gguf);
+  auto src = m3::GgufSource::Open(gguf.string());
+  REQUIRE(src.ok());
+  auto packed = PackFrom(gguf, tmp.path() / "q4", m3::PackType::kQ4);
+  REQUIRE(packed.ok());
+  auto pf = m3::PackFile::Open((tmp.path() / "q4" / m3::kPackFileName).string());
+  REQUIRE(pf.ok());
+  const std::vector<m3::ConversionError>& conv = packed->conversion;
+  REQUIRE(conv.size() == (*pf)->tensors().size());
+  const auto json = nlohmann::json::parse(m3::test::ReadBytes(tmp.path() / "q4" / "conversion.json"));
+  REQUIRE(json.size() == conv.size());
+  std::map<std::string, size_t> exact, lossy;
+  for (size_t i = 0; i < conv.size(); ++i) {
+    const m3::ConversionError& c = conv[i];
+    INFO(c.tensor << " from " << c.source << " (" << c.source_type << ") as " << c.format);
+    CHECK(json[i]["tensor"] == c.tensor);
+    CHECK(json[i]["rel_err"].get<double>() == c.rel_err);
+    const m3::PackedTensor* t = (*pf)->Find(c.tensor);
+    const m3::GgufSource::Tensor* g = (*src)->Find(c.tensor);
+    REQUIRE(t != nullptr);
+    REQUIRE(g != nullptr);
+    CHECK(c.source == g->gguf->name);
+    CHECK(c.format == m3::PackedFormatName(t->format));
+    // The error recomputed here from the pack file and the GGUF's decoded rows.
+    double err = 0, ref = 0, worst = 0;
+    std::vector<float> want(t->cols), got(t->cols);
+    const m3::simd::WeightRef w = (*pf)->Weight(*t);
+    for (size_t r = 0; r < t->rows; ++r) {
+      REQUIRE((*src)->DecodeRows(*g, r, 1, want.data()).ok());
+      m3::simd::DecodeRows(w, r, 1, got.data());
+      for (size_t k = 0; k < t->cols; ++k) {
+        const double d = static_cast<double>(want[k]) - got[k];
+        err += d * d, ref += static_cast<double>(want[k]) * want[k], worst = std::max(worst, std::fabs(d));
+      }
+    }
+    CHECK(c.max_abs_err == worst);
+    CHECK(c.rel_err == Approx(ref > 0 ? err / ref : 0).epsilon(1e-9).margin(1e-300));
+    (worst == 0 ? exact : lossy)[c.source_type + " -> " + c.format]++;
+  }
+  // Q4_0 -> q4 and the f32 vectors are exact; f32 matrices (the router, the indexer) become q4 with loss.
+  CHECK(exact["Q4_0 -> q4"] > 10);
+  CHECK(lossy.count("Q4_0 -> q4") == 0);
+  CHECK(exact["F32 -> f32"] > 0);
+  CHECK(lossy["F32 -> q4"] > 0);
+  // A checkpoint's pack reports nothing.
+  auto from_hf = PackFrom(m3::test::GoldenDir("s1_fp32_basic"), tmp.path() / "hf", m3::PackType::kQ4);
+  REQUIRE(from_hf.ok());
+  CHECK(from_hf->conversion.empty());
+  CHECK_FALSE(fs::exists(tmp.path() / "hf" / "conversion.json"));
+}
+
 TEST_CASE("a gguf-split set packs as the single file", "[gguf]") {
   m3::test::TempDir tmp;
   const GgufWriter g = GoldenGguf("s1_fp32_basic");

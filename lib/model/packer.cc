@@ -89,17 +89,25 @@ struct TileFailure {
   bool non_finite = false;
 };
 
+// Sums of squared source values and errors of a tensor's packed values, and the largest error.
+struct ErrorSums {
+  double err = 0, ref = 0, max_abs = 0;
+  void Add(const ErrorSums& o) { err += o.err, ref += o.ref, max_abs = std::max(max_abs, o.max_abs); }
+};
+
 class TensorPacker {
  public:
-  TensorPacker(const std::string& source_dir, PackWriter* writer, const ThreadConfig& tc,
+  // `measure`: decode what each tensor became and sum its error against the source (GGUF).
+  TensorPacker(const std::string& source_dir, PackWriter* writer, const ThreadConfig& tc, bool measure,
                const std::function<void(uint64_t)>& advanced)
-      : source_dir_(source_dir), writer_(writer), tc_(tc), advanced_(advanced) {}
+      : source_dir_(source_dir), writer_(writer), tc_(tc), measure_(measure), advanced_(advanced) {}
 
   // Writes one tensor at its planned offsets and sets its hash; `importance` (or null) weighs
-  // the inputs' errors.
-  Status Pack(const SourceTensor& src, PackedTensor* out, const float* importance) {
+  // the inputs' errors. With `measure`, *error gets the packed values' error (0 for f32).
+  Status Pack(const SourceTensor& src, PackedTensor* out, const float* importance, ErrorSums* error) {
+    *error = ErrorSums{};
     if (out->format == WeightFormat::kF32) return PackF32(src, out);
-    return PackTiled(src, out, importance);
+    return PackTiled(src, out, importance, error);
   }
 
  private:
@@ -166,7 +174,7 @@ class TensorPacker {
   }
 
   // Tiled matrices: per chunk of row tiles, each thread decodes and quantizes whole tiles.
-  Status PackTiled(const SourceTensor& src, PackedTensor* out, const float* importance) {
+  Status PackTiled(const SourceTensor& src, PackedTensor* out, const float* importance, ErrorSums* error) {
     const WeightRef shape = out->Shape();
     const size_t tiles = shape.row_tiles(), tile_bytes = shape.tile_bytes();
     const size_t tile_scales = shape.tile_scale_bytes();
@@ -178,6 +186,11 @@ class TensorPacker {
     for (auto& d : decoded_) d.EnsureSize(simd::kTileRows * shape.cols);
     std::vector<TileFailure> failures(threads);
     std::vector<Status> decode_errors(threads, Status::Ok());
+    std::vector<ErrorSums> errors(threads);
+    if (measure_) {
+      packed_rows_.resize(threads);
+      for (auto& d : packed_rows_) d.EnsureSize(shape.cols);
+    }
     Hasher64 data_hash, scales_hash;
     for (size_t t0 = 0; t0 < tiles; t0 += chunk) {
       const size_t n = std::min(chunk, tiles - t0);
@@ -190,9 +203,26 @@ class TensorPacker {
             decode_errors[th] = d;
             return;
           }
-          if (PackWeightTiles(shape, rows, tile, 1, codes_.data() + i * tile_bytes,
-                              tile_scales ? scales_.data() + i * tile_scales : nullptr, importance))
+          uint8_t* const tile_codes = codes_.data() + i * tile_bytes;
+          uint8_t* const tile_scale = tile_scales ? scales_.data() + i * tile_scales : nullptr;
+          if (PackWeightTiles(shape, rows, tile, 1, tile_codes, tile_scale, importance)) {
+            if (measure_) {  // the tile's packed rows decoded back against the source's
+              WeightRef packed = shape;
+              packed.data = tile_codes, packed.scales = tile_scale, packed.rows = nr;
+              float* q = packed_rows_[th].data();
+              ErrorSums& e = errors[th];
+              for (size_t r = 0; r < nr; ++r) {
+                simd::DecodeTiledRow(packed, r, q);
+                const float* w = rows + r * shape.cols;
+                for (size_t c = 0; c < shape.cols; ++c) {
+                  const double d = static_cast<double>(w[c]) - q[c];
+                  e.err += d * d, e.ref += static_cast<double>(w[c]) * w[c];
+                  e.max_abs = std::max(e.max_abs, std::fabs(d));
+                }
+              }
+            }
             continue;
+          }
           TileFailure& f = failures[th];
           f = TileFailure{true, tile, r0, 0, 0, false};
           const size_t k = FindNonFinite(rows, nr * shape.cols);
@@ -202,6 +232,8 @@ class TensorPacker {
         }
       });
       for (const Status& d : decode_errors) M3_RETURN_IF_ERROR(d);
+      for (const ErrorSums& e : errors) error->Add(e);
+      std::fill(errors.begin(), errors.end(), ErrorSums{});
       const TileFailure* first = nullptr;
       for (const auto& f : failures)
         if (f.set && (!first || f.tile < first->tile)) first = &f;
@@ -230,10 +262,12 @@ class TensorPacker {
   std::string source_dir_;
   PackWriter* writer_;
   ThreadConfig tc_;
+  bool measure_;
   std::function<void(uint64_t)> advanced_;
   AlignedBuffer<uint8_t> codes_;
   AlignedBuffer<uint8_t> scales_;
   std::vector<AlignedBuffer<float>> decoded_;
+  std::vector<AlignedBuffer<float>> packed_rows_;  // measure: one packed row decoded, per thread
 };
 
 
@@ -414,18 +448,32 @@ StatusOr<PackSummary> PackModel(const PackOptions& opt) {
   const uint64_t total = layout.payload_bytes();
   uint64_t done = 0;
   if (opt.progress) opt.progress(0, total);
-  TensorPacker packer(opt.source_dir, writer.get(), tc, [&](uint64_t bytes) {
+  TensorPacker packer(opt.source_dir, writer.get(), tc, gguf != nullptr, [&](uint64_t bytes) {
     done += bytes;
     if (opt.progress) opt.progress(done, total);
   });
   auto& planned = layout.mutable_tensors();
   size_t weighted = 0;
+  std::vector<ConversionError> conversion;
+  nlohmann::json conversion_json = nlohmann::json::array();
   for (size_t i = 0; i < planned.size(); ++i) {
     const float* importance = imatrix ? imatrix->Find(planned[i].name) : nullptr;
     const WeightFormat f = planned[i].format;
     if (f != WeightFormat::kQ4 && !simd::IsSuperBlock(f)) importance = nullptr;  // q8 and f32 ignore it
     weighted += importance != nullptr;
-    M3_RETURN_IF_ERROR(packer.Pack(sources[i], &planned[i], importance));
+    ErrorSums error;
+    M3_RETURN_IF_ERROR(packer.Pack(sources[i], &planned[i], importance, &error));
+    if (!gguf) continue;
+    const GgufTensorInfo& g = *sources[i].gguf_tensor->gguf;
+    ConversionError c{planned[i].name, g.name, GgmlTypeName(g.type), PackedFormatName(f),
+                      error.ref > 0 ? error.err / error.ref : error.err > 0 ? 1.0 : 0.0, error.max_abs};
+    conversion_json.push_back({{"tensor", c.tensor},
+                               {"gguf_tensor", c.source},
+                               {"gguf_type", c.source_type},
+                               {"format", c.format},
+                               {"rel_err", c.rel_err},
+                               {"max_abs_err", c.max_abs_err}});
+    conversion.push_back(std::move(c));
   }
 
   nlohmann::json dtypes = nlohmann::json::object();
@@ -465,6 +513,11 @@ StatusOr<PackSummary> PackModel(const PackOptions& opt) {
     config.flush();
     if (!config) return IoError(opt.output_dir, ": cannot write config.json");
     M3_RETURN_IF_ERROR(gguf->WriteTokenizerFiles(out_dir.string()));
+    // Each tensor's conversion error (ConversionError), for the user to see what was lossy.
+    std::ofstream errors(out_dir / "conversion.json", std::ios::trunc);
+    errors << conversion_json.dump(1) << "\n";
+    errors.flush();
+    if (!errors) return IoError(opt.output_dir, ": cannot write conversion.json");
   }
   for (const char* name : kPackSideFiles) {
     if (gguf) break;
@@ -488,6 +541,7 @@ StatusOr<PackSummary> PackModel(const PackOptions& opt) {
     if (sources[i].slot.is_routed_expert) sum.expert_bytes += bytes;
   }
   sum.weighted_matrices = weighted;
+  sum.conversion = std::move(conversion);
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return sum;
 }

@@ -64,6 +64,17 @@ struct PackOptions {
   std::function<void(uint64_t done, uint64_t total)> progress;
 };
 
+// How far one packed tensor is from its source's values (a GGUF source's decoded values): the
+// relative squared error sum (w - q)^2 / sum w^2 and the largest |w - q|; 0 when exact.
+struct ConversionError {
+  std::string tensor;       // the pack's tensor (m3's name)
+  std::string source;       // the GGUF tensor it came from
+  std::string source_type;  // its ggml type ("Q4_K", ...)
+  std::string format;       // the packed format ("q4", ...)
+  double rel_err = 0;
+  double max_abs_err = 0;
+};
+
 struct PackSummary {
   size_t tensors = 0;
   int mtp_depths = 0;
@@ -74,6 +85,9 @@ struct PackSummary {
   int64_t expert_params = 0;
   std::map<std::string, uint64_t> bytes_by_format;  // "f32", "q8", "q4"
   size_t weighted_matrices = 0;  // q4/q3/q2 matrices quantized with the importance matrix
+  // GGUF sources: every tensor's conversion error, in pack order (also in the folder's
+  // conversion.json); empty for a checkpoint.
+  std::vector<ConversionError> conversion;
   double seconds = 0;
 
   double bits_per_weight() const {
