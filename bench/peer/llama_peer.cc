@@ -8,7 +8,9 @@
 //       generated bench model), random weights in the quant mix that mirrors an m3 pack type:
 //       q4-mixed = routed experts Q4_0 and every other matrix Q8_0; q4 = all Q4_0; q8 = all Q8_0;
 //       q3-mixed / q2-mixed = routed experts Q3_K / Q2_K (quantized by ggml from random values of
-//       the same variance), every other matrix Q8_0;
+//       the same variance), every other matrix Q8_0; all-types = every ggml type m3 pack takes,
+//       a matrix role each (experts Q2_K / Q3_K / Q4_K, attention Q6_K / Q5_K / Q8_0 / Q4_0,
+//       shared expert Q4_K / Q5_K / Q6_K, indexer Q8_0 / BF16, embedding F16, output BF16);
 //       norms, router and correction bias F32 (as m3 keeps them). Values as m3's generator picks
 //       them: codes uniform, scales such that each matrix maps unit-variance inputs to
 //       unit-variance outputs, router logits of unit variance, bias 0, norms 1 (llama.cpp stores
@@ -92,7 +94,8 @@ void WriteTensor(FILE* f, const TensorPlan& t, uint64_t seed, int threads) {
   constexpr size_t kChunkRows = 256;
   std::vector<uint8_t> buf(row_bytes * kChunkRows);
   const bool q8 = t.type == GGML_TYPE_Q8_0;
-  const bool k_quant = t.type == GGML_TYPE_Q2_K || t.type == GGML_TYPE_Q3_K;
+  // Codes drawn directly for Q8_0 and Q4_0; every other type from values ggml converts itself.
+  const bool from_values = t.type != GGML_TYPE_Q8_0 && t.type != GGML_TYPE_Q4_0;
   // RMS of the codes: Q8_0 uniform in [-127, 127]; Q4_0 nibbles uniform in 0..15, value q - 8.
   const double code_rms = q8 ? std::sqrt(127.0 * 128.0 * 255.0 / 3.0 / 255.0) : std::sqrt(344.0 / 16.0);
   const float amplitude = static_cast<float>(1.0 / (code_rms * std::sqrt(t.fan_in)));
@@ -115,7 +118,7 @@ void WriteTensor(FILE* f, const TensorPlan& t, uint64_t seed, int threads) {
             break;
           }
           case Fill::kQuant: {
-            if (k_quant) {  // ggml's own quantizer on uniform values of variance 1 / fan_in
+            if (from_values) {  // ggml's own quantizer on uniform values of variance 1 / fan_in
               std::vector<float> v(static_cast<size_t>(t.ne[0]));
               const float a = static_cast<float>(std::sqrt(3.0 / t.fan_in));
               for (float& x : v) x = a * (2.0f * uniform() - 1.0f);
@@ -151,47 +154,65 @@ void WriteTensor(FILE* f, const TensorPlan& t, uint64_t seed, int threads) {
   }
 }
 
+// The type of each matrix role: the routed experts' projections, the attention's, the shared
+// expert's, the indexer's and the embedding / output.
+struct QuantMix {
+  ggml_type gate_exps, up_exps, down_exps, attn_q, attn_k, attn_v, attn_output, gate_shexp, up_shexp, down_shexp,
+      index_q, index_k, embd, output;
+};
+
+QuantMix MixOf(const std::string& type) {
+  auto uniform = [](ggml_type experts, ggml_type rest) {
+    return QuantMix{experts, experts, experts, rest, rest, rest, rest, rest, rest, rest, rest, rest, rest, rest};
+  };
+  if (type == "q4-mixed") return uniform(GGML_TYPE_Q4_0, GGML_TYPE_Q8_0);
+  if (type == "q4") return uniform(GGML_TYPE_Q4_0, GGML_TYPE_Q4_0);
+  if (type == "q8") return uniform(GGML_TYPE_Q8_0, GGML_TYPE_Q8_0);
+  if (type == "q3-mixed") return uniform(GGML_TYPE_Q3_K, GGML_TYPE_Q8_0);
+  if (type == "q2-mixed") return uniform(GGML_TYPE_Q2_K, GGML_TYPE_Q8_0);
+  // Every ggml type m3 pack takes, a role each (a check of the GGUF import, not a bench mix).
+  if (type == "all-types")
+    return QuantMix{GGML_TYPE_Q2_K, GGML_TYPE_Q3_K, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q5_K,
+                    GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+                    GGML_TYPE_Q8_0, GGML_TYPE_BF16, GGML_TYPE_F16, GGML_TYPE_BF16};
+  Die("--type must be q8, q4, q4-mixed, q3-mixed, q2-mixed or all-types");
+}
+
 int Gen(const std::string& out, int layers, const std::string& type) {
   if (layers < 1 || layers > 60) Die("--layers must be 1..60");
-  ggml_type expert_type, other_type;
-  if (type == "q4-mixed") expert_type = GGML_TYPE_Q4_0, other_type = GGML_TYPE_Q8_0;
-  else if (type == "q4") expert_type = other_type = GGML_TYPE_Q4_0;
-  else if (type == "q8") expert_type = other_type = GGML_TYPE_Q8_0;
-  else if (type == "q3-mixed") expert_type = GGML_TYPE_Q3_K, other_type = GGML_TYPE_Q8_0;
-  else if (type == "q2-mixed") expert_type = GGML_TYPE_Q2_K, other_type = GGML_TYPE_Q8_0;
-  else Die("--type must be q8, q4, q4-mixed, q3-mixed or q2-mixed");
+  const QuantMix mix = MixOf(type);
 
   std::vector<TensorPlan> plan;
   auto matrix = [&](std::string name, ggml_type t, std::vector<int64_t> ne, double fan_in) {
     plan.push_back({std::move(name), t, std::move(ne), Fill::kQuant, fan_in});
   };
   auto vec = [&](std::string name, int64_t n, Fill fill) { plan.push_back({std::move(name), GGML_TYPE_F32, {n}, fill, 1}); };
-  matrix("token_embd.weight", other_type, {kHidden, kVocab}, 1.0);
+  matrix("token_embd.weight", mix.embd, {kHidden, kVocab}, 1.0);
   for (int l = 0; l < layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     vec(p + "attn_norm.weight", kHidden, Fill::kOnes);
-    matrix(p + "attn_q.weight", other_type, {kHidden, kHeads * kHeadDim}, kHidden);
-    matrix(p + "attn_k.weight", other_type, {kHidden, kKvHeads * kHeadDim}, kHidden);
-    matrix(p + "attn_v.weight", other_type, {kHidden, kKvHeads * kHeadDim}, kHidden);
-    matrix(p + "attn_output.weight", other_type, {kHeads * kHeadDim, kHidden}, kHeads * kHeadDim);
+    matrix(p + "attn_q.weight", mix.attn_q, {kHidden, kHeads * kHeadDim}, kHidden);
+    matrix(p + "attn_k.weight", mix.attn_k, {kHidden, kKvHeads * kHeadDim}, kHidden);
+    matrix(p + "attn_v.weight", mix.attn_v, {kHidden, kKvHeads * kHeadDim}, kHidden);
+    matrix(p + "attn_output.weight", mix.attn_output, {kHeads * kHeadDim, kHidden}, kHeads * kHeadDim);
     vec(p + "attn_q_norm.weight", kHeadDim, Fill::kOnes);
     vec(p + "attn_k_norm.weight", kHeadDim, Fill::kOnes);
     vec(p + "ffn_norm.weight", kHidden, Fill::kOnes);
     plan.push_back({p + "ffn_gate_inp.weight", GGML_TYPE_F32, {kHidden, kExperts}, Fill::kRouter, kHidden});
     vec(p + "exp_probs_b.bias", kExperts, Fill::kZeros);
-    matrix(p + "ffn_gate_exps.weight", expert_type, {kHidden, kExpertInter, kExperts}, kHidden);
-    matrix(p + "ffn_up_exps.weight", expert_type, {kHidden, kExpertInter, kExperts}, kHidden);
-    matrix(p + "ffn_down_exps.weight", expert_type, {kExpertInter, kHidden, kExperts}, kExpertInter);
-    matrix(p + "ffn_gate_shexp.weight", other_type, {kHidden, kSharedInter}, kHidden);
-    matrix(p + "ffn_up_shexp.weight", other_type, {kHidden, kSharedInter}, kHidden);
-    matrix(p + "ffn_down_shexp.weight", other_type, {kSharedInter, kHidden}, kSharedInter);
-    matrix(p + "indexer.q_proj.weight", other_type, {kHidden, kIndexHeads * kIndexDim}, kHidden);
-    matrix(p + "indexer.k_proj.weight", other_type, {kHidden, kIndexDim}, kHidden);
+    matrix(p + "ffn_gate_exps.weight", mix.gate_exps, {kHidden, kExpertInter, kExperts}, kHidden);
+    matrix(p + "ffn_up_exps.weight", mix.up_exps, {kHidden, kExpertInter, kExperts}, kHidden);
+    matrix(p + "ffn_down_exps.weight", mix.down_exps, {kExpertInter, kHidden, kExperts}, kExpertInter);
+    matrix(p + "ffn_gate_shexp.weight", mix.gate_shexp, {kHidden, kSharedInter}, kHidden);
+    matrix(p + "ffn_up_shexp.weight", mix.up_shexp, {kHidden, kSharedInter}, kHidden);
+    matrix(p + "ffn_down_shexp.weight", mix.down_shexp, {kSharedInter, kHidden}, kSharedInter);
+    matrix(p + "indexer.q_proj.weight", mix.index_q, {kHidden, kIndexHeads * kIndexDim}, kHidden);
+    matrix(p + "indexer.k_proj.weight", mix.index_k, {kHidden, kIndexDim}, kHidden);
     vec(p + "indexer.q_norm.weight", kIndexDim, Fill::kOnes);
     vec(p + "indexer.k_norm.weight", kIndexDim, Fill::kOnes);
   }
   vec("output_norm.weight", kHidden, Fill::kOnes);
-  matrix("output.weight", other_type, {kHidden, kVocab}, kHidden);
+  matrix("output.weight", mix.output, {kHidden, kVocab}, kHidden);
 
   gguf_context* g = gguf_init_empty();
   const char* arch = "minimax-m3";
