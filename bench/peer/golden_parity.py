@@ -99,8 +99,7 @@ def main():
             run([m3, "pack", "-m", gguf, "-o", packed, "--type", "q8", "--override", ".*=f32",
                  "-t", str(args.threads)])
             run([m3, "logits", "-m", packed, "--ids", ids, "-n", str(steps), "-o", out, "-t", str(args.threads)])
-            ours = json.load(open(os.path.join(out, "greedy_ids.json")))
-            ours = ours["greedy_ids"] if isinstance(ours, dict) else ours
+            ours = json.load(open(os.path.join(out, "greedy_ids.json")))  # a list of ids
             ours_last = npy_row(os.path.join(out, "prefill_logits.npy"), -1)
 
             r = {"case": name, "prompt_tokens": len(prompt), "decode_steps": steps, "golden": want,
