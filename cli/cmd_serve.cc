@@ -10,6 +10,9 @@
 // POST /tokenize, POST /detokenize, and Anthropic's Messages API: POST /v1/messages (streamed as
 // its events), POST /v1/messages/count_tokens.
 #include <httplib.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <pthread.h>
 #include <unistd.h>
 
@@ -175,12 +178,26 @@ void Drain(Server& server, GuardedServer& http, const sigset_t& signals, const s
   }
 }
 
+// A thread per connection gives glibc an arena per thread, and its dynamic mmap threshold rises
+// to 32 MiB once a large block is freed: from then on the transient buffers of hostile requests
+// (a gzip body up to its limit, a grammar up to the compiler's) land in those arenas, which keep
+// the pages. The soak's RSS grew 90 MiB over 960 requests that way and plateaued near +80 MiB
+// (the same run under MALLOC_ARENA_MAX=1 stayed flat). A fixed threshold sends every block of
+// 4 MiB or more to mmap, back to the system on free; the engine allocates no such block per
+// token (strace of a decode), so it costs nothing. MALLOC_MMAP_THRESHOLD_ in the environment wins.
+void KeepTransientBuffersOffTheHeap() {
+#if defined(__GLIBC__)
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 4 << 20);
+#endif
+}
+
 int Serve(const ServeArgs& a) {
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "m3 serve: %s\n", s.ToString().c_str());
     return 1;
   };
   if (Status s = CheckArgs(a); !s.ok()) return fail(s);
+  KeepTransientBuffersOffTheHeap();
   auto server = std::make_shared<Server>();
   server->args = a;
   server->jobs = std::make_unique<JobQueue>(static_cast<size_t>(a.slots), a.max_queue, server->metrics);
