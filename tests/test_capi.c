@@ -144,6 +144,12 @@ static int CheckTokenizer(const char* dir) {
 
 /* One chat turn with thinking enabled: the pieces arrive through the callback and add up to the
  * returned assistant message's text. */
+static int StopAtFirstPart(m3_chat_part part, const char* text, size_t len, void* user) {
+  (void)part, (void)text, (void)len;
+  ++*(int*)user;
+  return 1;
+}
+
 static int CheckChat(const char* model_dir) {
   m3_engine* engine = NULL;
   m3_tokenizer* tok = NULL;
@@ -174,6 +180,10 @@ static int CheckChat(const char* model_dir) {
   EXPECT(st.generated_tokens > 0 && st.generated_tokens <= 16 && st.prompt_tokens > 100);
   printf("capi: chat turn of %zu tokens after a %zu-token prompt: %zu bytes of reasoning\n", st.generated_tokens,
          st.prompt_tokens, text.reasoning_len);
+  /* A callback that asks to stop is not called again, and the turn ends there. */
+  int calls = 0;
+  EXPECT(m3_session_chat(session, tok, request, &o, StopAtFirstPart, &calls, &message, &st) == M3_OK);
+  EXPECT(calls == 1 && st.stop_reason == M3_STOP_CALLER);
   EXPECT(m3_session_chat(session, tok, "{\"messages\": 1}", &o, NULL, NULL, &message, NULL) ==
          M3_ERR_INVALID_ARGUMENT);
   EXPECT(message == NULL && strstr(m3_last_error(), "messages") != NULL);

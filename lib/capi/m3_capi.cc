@@ -196,10 +196,11 @@ std::function<bool(const m3::TurnDelta&)> ChatParts(m3_chat_callback callback, v
     auto send = [&](m3_chat_part part, const std::string& text) {
       return text.empty() || callback(part, text.data(), text.size(), user_data) == 0;
     };
-    bool go = send(M3_PART_REASONING, d.reasoning);
-    go &= send(M3_PART_CONTENT, d.content);
-    for (const m3::ToolCall& call : d.tool_calls) go &= send(M3_PART_TOOL_CALL, m3::JsonText(m3::ToolCallJson(call)));
-    return go;
+    // Once the callback asks to stop, it is called no more (not even for this step's later parts).
+    if (!send(M3_PART_REASONING, d.reasoning) || !send(M3_PART_CONTENT, d.content)) return false;
+    for (const m3::ToolCall& call : d.tool_calls)
+      if (!send(M3_PART_TOOL_CALL, m3::JsonText(m3::ToolCallJson(call)))) return false;
+    return true;
   };
 }
 

@@ -211,7 +211,7 @@ typedef enum m3_chat_part {
 } m3_chat_part;
 
 /* Called with each piece of a turn as it is decoded: len bytes of UTF-8 (whole characters; not
- * NUL-terminated). Return nonzero to stop generating. */
+ * NUL-terminated). Return nonzero to stop generating: it is then not called again. */
 typedef int (*m3_chat_callback)(m3_chat_part part, const char* text, size_t len, void* user_data);
 
 /* One assistant turn. request_json is m3_chat_render's request (add_generation_prompt is set);
