@@ -12,7 +12,8 @@ phase() {
   echo "== $1 done at $(($(date +%s) - start)) s"
 }
 trap 'echo "== phases (seconds from the start):${phases%,}; ended at $(($(date +%s) - start)) s"' EXIT
-"$here/scripts/build.sh"
+# With libm3.a as well, so that the installed-package test (tests/install_check.sh) links it too.
+"$here/scripts/build.sh" -DM3_INSTALL_STATIC=ON
 phase build
 # The real clients the server is tested with (Node.js packages pinned in tests/clients/package-lock.json).
 "$here/tests/clients/install.sh"
