@@ -9,8 +9,18 @@ set_target_properties(m3::xsimd PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${M3_X
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(Threads REQUIRED)
-# Open MPI (libopenmpi-dev): expert parallelism over several servers (lib/cluster).
-find_package(MPI REQUIRED COMPONENTS C)
+# Open MPI (libopenmpi-dev): expert parallelism over several servers (lib/cluster), by M3_MPI.
+set(M3_HAVE_MPI OFF)
+if(M3_MPI STREQUAL "ON")
+  find_package(MPI REQUIRED COMPONENTS C)
+  set(M3_HAVE_MPI ON)
+elseif(M3_MPI STREQUAL "AUTO")
+  find_package(MPI QUIET COMPONENTS C)
+  set(M3_HAVE_MPI ${MPI_C_FOUND})
+endif()
+if(NOT M3_HAVE_MPI)
+  message(STATUS "MPI: off (M3_MPI=${M3_MPI}): no expert parallelism over several servers")
+endif()
 # Tokenizer: PCRE2 runs the pre-tokenizer regex, ICU does the NFC normalization.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

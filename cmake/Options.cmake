@@ -21,3 +21,7 @@ endif()
 # ON requires it, OFF never builds it. A fresh Debian 12 has no CUDA: AUTO builds without.
 set(M3_CUDA AUTO CACHE STRING "Build the CUDA offload module: AUTO, ON or OFF")
 set_property(CACHE M3_CUDA PROPERTY STRINGS AUTO ON OFF)
+# Open MPI for expert parallelism over several servers (lib/cluster): AUTO uses it where
+# libopenmpi-dev is found, ON requires it, OFF builds without (a process is then always alone).
+set(M3_MPI AUTO CACHE STRING "Build expert parallelism over MPI: AUTO, ON or OFF")
+set_property(CACHE M3_MPI PROPERTY STRINGS AUTO ON OFF)

@@ -163,7 +163,9 @@ TEST_CASE("quant kernel registry", "[quant]") {
   CHECK(!KernelsNamed("no-such-kernel"));
   CHECK(KernelsNamed("auto")->name == "auto");
   CHECK(KernelsNamed("")->quant_name == BestKernels().quant_name);
+#if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512vnni")) CHECK(BestKernels().quant_name.rfind("avx512-vnni", 0) == 0);
+#endif
   // Where AMX runs, it takes the prompts it covers: q8 (groups of 64k) from 16 tokens, q4 (groups of 32)
   // from 9; VNNI keeps the rest.
   if (std::find(names.begin(), names.end(), "amx-int8") != names.end()) {

@@ -132,14 +132,6 @@ MoeParams ParamsOf(const ModelConfig& c) {
 
 }  // namespace
 
-int RankThreads(const Group& group, int requested) {
-  if (requested > 0) return ResolveThreadCount(requested);
-  const int local = std::max(1, group.ranks_on_node());
-  const int cpus = ResolveThreadCount(0);
-  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, std::min(cpus, hw / local));
-}
-
 namespace {
 
 // Shapes of the exchanges of a decode-like block (each row to top-k distinct experts).
