@@ -16,7 +16,7 @@
 #include "simd/dispatch.h"
 #include "simd/kernels.h"
 #include "simd/kernel_table.h"
-#include "simd/quant_kernels_x86.h"
+#include "simd/quant_tiles.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace m3::simd {
@@ -131,16 +131,7 @@ void QuantizeActivationsImpl(const float* x, size_t ldx, size_t n_tok, size_t co
 // value and end at I_g; the epilogue is the reference's: q4 cvt, d_w * d_a and fma; q8 cvt,
 // scaling by 2^-(e_w + e_a) (exact) and add. The q8 row and token scales are applied after.
 
-struct TileArgs {
-  const uint8_t* w;    // the tile's codes
-  const uint16_t* sc;  // q4: the tile's fp16 scales [groups][16]
-  const uint8_t* ew;   // q8: the tile's shifts [groups][16]
-  const int8_t* q;     // activation codes of the block's first token
-  size_t ldq;
-  const int32_t* bias;  // [groups][T]
-  const float* da;      // [groups][T]: q4 d_a, q8 -e_a
-  size_t groups, G;
-};
+using detail::TileArgs;
 
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 
@@ -188,7 +179,8 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
       }
     }
     if constexpr (kQ4) {
-      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.sc + g * kTileRows)));
+      const auto* sc = reinterpret_cast<const __m256i*>(b.q4_scales + g * kTileRows);
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc));
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
         const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(b.da[g * T + t]));
@@ -196,7 +188,7 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
       }
     } else {
       const __m512 ew = _mm512_cvtepi32_ps(_mm512_min_epu32(
-          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.ew + g * kTileRows))),
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.q8_shifts + g * kTileRows))),
           _mm512_set1_epi32(kQ8MaxShift)));
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
@@ -297,7 +289,7 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
           Q4Step(acc0[t], acc1[t], qt, qt + 4 * chunks, c, ones);
         }
       }
-      const auto* sc = reinterpret_cast<const __m128i*>(b.sc + g * kTileRows);
+      const auto* sc = reinterpret_cast<const __m128i*>(b.q4_scales + g * kTileRows);
       const __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(sc)), dw1 = _mm256_cvtph_ps(_mm_loadu_si128(sc + 1));
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) {
@@ -319,7 +311,7 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) Q8Step2(acc0[t], acc1[t], qg + t * b.ldq + 4 * v, s0, m0, s1, m1, ones);
     }
-    const __m128i ew8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.ew + g * kTileRows));
+    const __m128i ew8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.q8_shifts + g * kTileRows));
     const __m256i cap = _mm256_set1_epi32(kQ8MaxShift);
     const __m256i ew0 = _mm256_min_epu32(_mm256_cvtepu8_epi32(ew8), cap);
     const __m256i ew1 = _mm256_min_epu32(_mm256_cvtepu8_epi32(_mm_srli_si128(ew8, 8)), cap);
@@ -356,8 +348,8 @@ void TileBlock(const TileArgs& b, float (*yacc)[16]) {
   int32_t ew[kTileRows];  // q8: e_w
   for (size_t g = 0; g < b.groups; ++g) {
     for (size_t i = 0; i < kTileRows; ++i) {
-      if constexpr (kQ4) dw[i] = F16ToF32(b.sc[g * kTileRows + i]);
-      else ew[i] = std::min<int32_t>(b.ew[g * kTileRows + i], kQ8MaxShift);
+      if constexpr (kQ4) dw[i] = F16ToF32(b.q4_scales[g * kTileRows + i]);
+      else ew[i] = std::min<int32_t>(b.q8_shifts[g * kTileRows + i], kQ8MaxShift);
     }
     const int8_t* qg = b.q + g * G;
     const int32_t* bias = b.bias + g * T;
@@ -423,63 +415,22 @@ void TileBlockT(bool q4, const TileArgs& b, float (*yacc)[16]) {
     TileBlock<T, false>(b, yacc);
 }
 
-// bias and da: room for the tables (detail::FillQuantTables) of a.n_tok tokens.
-void QuantMatMulTokens(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
-                       size_t ldy, int32_t* bias, float* da) {
-  const bool q4 = w.format == WeightFormat::kQ4;
-  const size_t n = a.n_tok, groups = w.groups();
-  const int32_t zero = q4 ? kQ4Zero : (kSignedQ8 ? 0 : kQ8Zero);
-  const detail::TokenBlocks blocks(n, kTok);
-  detail::FillQuantTables(a, blocks, zero, bias, da);
-  const auto* data = static_cast<const uint8_t*>(w.data);
-  for (size_t tile = tile_begin; tile < tile_end; ++tile) {
-    const size_t rows = std::min(w.rows, (tile + 1) * kTileRows) - tile * kTileRows;
-    for (size_t block = 0; block < blocks.count; ++block) {
-      const size_t t0 = blocks.begin(block);
-      const int nt = static_cast<int>(blocks.begin(block + 1) - t0);
-      const TileArgs b{data + tile * w.tile_bytes(),
-                       q4 ? w.tile_scales(tile) : nullptr,
-                       q4 ? nullptr : w.q8_shifts(tile),
-                       a.q + t0 * a.padded_cols,
-                       a.padded_cols,
-                       bias + t0 * groups,
-                       da + t0 * groups,
-                       groups,
-                       w.group};
-      float yacc[kTok][16] = {};
-      switch (nt) {
-        case 1: TileBlockT<1>(q4, b, yacc); break;
-        case 2: TileBlockT<2>(q4, b, yacc); break;
-        case 3: TileBlockT<3>(q4, b, yacc); break;
-        case 4: if constexpr (kTok >= 4) TileBlockT<kTok >= 4 ? 4 : 1>(q4, b, yacc); break;
-        case 5: if constexpr (kTok >= 5) TileBlockT<kTok >= 5 ? 5 : 1>(q4, b, yacc); break;
-        case 6: if constexpr (kTok >= 6) TileBlockT<kTok >= 6 ? 6 : 1>(q4, b, yacc); break;
-        default: break;
-      }
-      if (!q4) detail::ApplyQ8RowScales(w.q8_row_scales(tile), a.scale + t0, nt, yacc);
-      for (int t = 0; t < nt; ++t) std::memcpy(y + (t0 + t) * ldy + tile * kTileRows, yacc[t], rows * sizeof(float));
-    }
+void TileBlockAny(const TileArgs& b, int nt, float (*yacc)[16]) {
+  const bool q4 = b.format == WeightFormat::kQ4;
+  switch (nt) {
+    case 1: return TileBlockT<1>(q4, b, yacc);
+    case 2: return TileBlockT<2>(q4, b, yacc);
+    case 3: return TileBlockT<3>(q4, b, yacc);
+    case 4: if constexpr (kTok >= 4) TileBlockT<kTok >= 4 ? 4 : 1>(q4, b, yacc); return;
+    case 5: if constexpr (kTok >= 5) TileBlockT<kTok >= 5 ? 5 : 1>(q4, b, yacc); return;
+    case 6: if constexpr (kTok >= 6) TileBlockT<kTok >= 6 ? 6 : 1>(q4, b, yacc); return;
+    default: return;
   }
 }
 
 void QuantMatMulImpl(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end, float* y,
                      size_t ldy, KernelScratch& scratch) {
-  tile_end = std::min(tile_end, w.row_tiles());
-  if (tile_begin >= tile_end || a.n_tok == 0) return;
-  // Batches of at most 768 tokens bound the tables for long prompts; one batch's, taken once.
-  constexpr size_t kBatch = 768;
-  const size_t table = std::min(kBatch, a.n_tok) * w.groups();
-  int32_t* const bias = scratch.Array<int32_t>(0, table);
-  float* const da = scratch.Array<float>(1, table);
-  for (size_t t0 = 0; t0 < a.n_tok; t0 += kBatch) {
-    QuantizedActivations part = a;
-    part.q += t0 * a.padded_cols;
-    part.scale += t0 * (a.shift ? 1 : a.groups());
-    part.sum += t0 * a.groups();
-    if (a.shift) part.shift += t0 * a.groups();
-    part.n_tok = std::min(kBatch, a.n_tok - t0);
-    QuantMatMulTokens(w, part, tile_begin, tile_end, y + t0 * ldy, ldy, bias, da);
-  }
+  detail::QuantMatMulByTiles({TileBlockAny, kTok, kSignedQ8}, w, a, tile_begin, tile_end, y, ldy, scratch);
 }
 
 bool IsExactImpl() { return HWY_NATIVE_FMA != 0; }

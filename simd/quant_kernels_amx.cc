@@ -15,6 +15,7 @@
 // ahead (the B operand cannot be read in place), then fma(float(I_g), d_w * d_a, y) per group as
 // the reference does.
 #include "simd/quant_kernels_x86.h"
+#include "simd/quant_tiles.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 

@@ -4,32 +4,7 @@
 // this file and reached only after the CPU check; buffers are prepared in unattributed code so no
 // AVX-512 instruction can end up in shared (COMDAT) functions.
 #include "simd/quant_kernels_x86.h"
-
-#include <algorithm>
-#include <cstring>
-
-// Shared with the Highway paths (quant_kernels.cc); compiled for every architecture.
-namespace m3::simd::detail {
-void FillQuantTables(const QuantizedActivations& a, const TokenBlocks& blocks, int32_t zero, int32_t* bias, float* da) {
-  const size_t groups = a.groups();
-  for (size_t block = 0; block < blocks.count; ++block) {
-    const size_t t0 = blocks.begin(block), nt = blocks.begin(block + 1) - t0;
-    for (size_t t = 0; t < nt; ++t)
-      for (size_t g = 0; g < groups; ++g) {
-        bias[t0 * groups + g * nt + t] = -zero * a.sum[(t0 + t) * groups + g];
-        da[t0 * groups + g * nt + t] =
-            a.shift ? -static_cast<float>(a.shift[(t0 + t) * groups + g]) : a.scale[(t0 + t) * groups + g];
-      }
-  }
-}
-
-void ApplyQ8RowScales(const uint8_t* row_scales, const float* token_scales, size_t n_tok, float (*y)[16]) {
-  float s_w[kTileRows];
-  std::memcpy(s_w, row_scales, sizeof(s_w));
-  for (size_t t = 0; t < n_tok; ++t)
-    for (size_t i = 0; i < kTileRows; ++i) y[t][i] *= s_w[i] * token_scales[t];
-}
-}  // namespace m3::simd::detail
+#include "simd/quant_tiles.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 

@@ -11,26 +11,6 @@
 #include "simd/quant_kernels.h"
 
 namespace m3::simd {
-namespace detail {
-// A core's L2 (Zen 4, Cascade Lake): inputs and outputs larger than this come from / go to
-// memory, where the kernels prefetch and stream.
-inline constexpr size_t kCoreL2Bytes = size_t{1} << 20;
-// n tokens in the fewest blocks of at most max_tok, their sizes as equal as possible (they differ
-// by one at most): 512 tokens in blocks of up to 6 are 82 of 6 and 4 of 5, not 85 of 6 and a
-// 2-token block the kernels run at a fraction of their speed, and 13 are 4 + 4 + 5, not 6 + 6 + 1.
-struct TokenBlocks {
-  size_t n, count;
-  TokenBlocks(size_t n_tok, size_t max_tok) : n(n_tok), count((n_tok + max_tok - 1) / max_tok) {}
-  size_t begin(size_t block) const { return block * n / count; }  // block <= count
-};
-// Per token block, [group][token] tables the q8/q4 kernels read with scalar broadcasts (block b's
-// at [begin(b) * groups]): bias = -zero * (sum of the group's activation codes), da = the
-// activation's group scale d_a (q4) or its negated shift -e_a (q8).
-void FillQuantTables(const QuantizedActivations& a, const TokenBlocks& blocks, int32_t zero, int32_t* bias, float* da);
-// q8: y[t][i] *= s_w[i] * s_a[t] for t < n_tok, i < 16 (row_scales: 16 fp32, any alignment).
-void ApplyQ8RowScales(const uint8_t* row_scales, const float* token_scales, size_t n_tok, float (*y)[16]);
-}  // namespace detail
-
 namespace x86 {
 
 bool HasVnni();       // AVX-512 F/BW/DQ/VL + VNNI usable (CPU and OS)

@@ -15,56 +15,46 @@
 #include "simd/dispatch.h"
 #include "simd/kernel_table.h"
 #include "simd/quant_kernels.h"
-#include "simd/quant_kernels_x86.h"
+#include "simd/quant_tiles.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace m3::simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-struct SbArgs {
-  const uint8_t* codes;  // the row tile's codes
-  const uint16_t* d;     // its fp16 d [groups][16]
-  const uint16_t* dmin;  // and dmin [groups][16]
-  const uint8_t* sub;    // u8 sc | mn << 4 [groups][8][16]
-  const int8_t* q;       // activation codes of the block's first token
-  size_t ldq;
-  const int16_t* asum;  // sub-block sums of the activation codes [token][groups * 8], first token's
-  size_t ldsum;
-  const float* da;  // [groups][T] activation scales
-  size_t groups;
-  int bits;  // 3 or 2
-};
+using detail::TileArgs;
 
 constexpr int kTok = 4;
 
 // Portable: lanes are rows (int32: a row's 4 bytes of a chunk), 8 rows or fewer at a time.
 template <int T>
-void SuperBlockTilePortable(const SbArgs& b, float (*yacc)[16]) {
+void SuperBlockTilePortable(const TileArgs& b, float (*yacc)[16]) {
   const hn::CappedTag<int32_t, 8> di;
   const hn::RebindToUnsigned<decltype(di)> du;
   const hn::Rebind<float, decltype(di)> df;
   const hn::Rebind<uint8_t, decltype(di)> d8;
   const size_t N = hn::Lanes(di);
-  const size_t chunk_bytes = b.bits == 3 ? 96 : 64, sb_bytes = 16 * chunk_bytes;
+  const bool q3 = b.format == WeightFormat::kQ3;
+  const size_t chunk_bytes = q3 ? 96 : 64, sb_bytes = 16 * chunk_bytes;
   const auto three = hn::Set(du, 3u), one = hn::Set(du, 1u);
   for (size_t j0 = 0; j0 < kTileRows; j0 += N) {
     const int hshift = j0 >= 8 ? 4 : 0;
     for (size_t g = 0; g < b.groups; ++g) {
       float dw[kTileRows], dm[kTileRows];
-      for (size_t i = 0; i < kTileRows; ++i) dw[i] = F16ToF32(b.d[g * kTileRows + i]), dm[i] = F16ToF32(b.dmin[g * kTileRows + i]);
+      for (size_t i = 0; i < kTileRows; ++i)
+        dw[i] = F16ToF32(b.sb_d[g * kTileRows + i]), dm[i] = F16ToF32(b.sb_dmin[g * kTileRows + i]);
       auto i1_0 = hn::Zero(di), i1_1 = hn::Zero(di), i1_2 = hn::Zero(di), i1_3 = hn::Zero(di);
       auto i2_0 = hn::Zero(di), i2_1 = hn::Zero(di), i2_2 = hn::Zero(di), i2_3 = hn::Zero(di);
       for (size_t j = 0; j < kSubGroups; ++j) {
         auto s0 = hn::Zero(di), s1 = hn::Zero(di), s2 = hn::Zero(di), s3 = hn::Zero(di);
         for (size_t k = 2 * j; k < 2 * j + 2; ++k) {
-          const uint8_t* ch = b.codes + g * sb_bytes + k * chunk_bytes;
+          const uint8_t* ch = b.w + g * sb_bytes + k * chunk_bytes;
           const auto wv = hn::LoadU(du, reinterpret_cast<const uint32_t*>(ch) + j0);
-          const auto hv = b.bits == 3 ? hn::LoadU(du, reinterpret_cast<const uint32_t*>(ch + 64) + j0 % 8) : hn::Zero(du);
+          const auto hv = q3 ? hn::LoadU(du, reinterpret_cast<const uint32_t*>(ch + 64) + j0 % 8) : hn::Zero(du);
           for (int f = 0; f < 4; ++f)
             for (int by = 0; by < 4; ++by) {
               auto c = hn::And(hn::ShiftRightSame(wv, 8 * by + 2 * f), three);
-              if (b.bits == 3) c = hn::Or(c, hn::ShiftLeft<2>(hn::And(hn::ShiftRightSame(hv, 8 * by + f + hshift), one)));
+              if (q3) c = hn::Or(c, hn::ShiftLeft<2>(hn::And(hn::ShiftRightSame(hv, 8 * by + f + hshift), one)));
               const auto code = hn::BitCast(di, c);
               const size_t idx = g * kSuperGroup + 16 * k + 4 * f + by;
               const int8_t* qv = b.q + idx;
@@ -74,7 +64,7 @@ void SuperBlockTilePortable(const SbArgs& b, float (*yacc)[16]) {
               if constexpr (T > 3) s3 = hn::Add(s3, hn::Mul(code, hn::Set(di, qv[3 * b.ldq])));
             }
         }
-        const auto sub = hn::PromoteTo(di, hn::LoadU(d8, b.sub + (g * kSubGroups + j) * kTileRows + j0));
+        const auto sub = hn::PromoteTo(di, hn::LoadU(d8, b.sb_sub + (g * kSubGroups + j) * kTileRows + j0));
         const auto sc = hn::And(sub, hn::Set(di, 0xF)), mn = hn::ShiftRight<4>(sub);
         const int16_t* as = b.asum + g * kSubGroups + j;
         i1_0 = hn::Add(i1_0, hn::Mul(s0, sc));
@@ -120,17 +110,18 @@ inline int32_t Load32(const void* p) {
 // (mn_j, mn_j+1) pairs against each token's (A_j, A_j+1)), then per token
 // y = fma(I1, d d_a, y) and y = fma(I2, -(dmin d_a), y) as the reference.
 template <int T>
-HWY_INLINE void FinishHalf(const SbArgs& b, size_t g, int h, const __m256i* i1, float (*yacc)[16]) {
+HWY_INLINE void FinishHalf(const TileArgs& b, size_t g, int h, const __m256i* i1, float (*yacc)[16]) {
   const __m128i low4 = _mm_set1_epi8(0x0F);
-  const uint8_t* sub = b.sub + g * kSubGroups * kTileRows + 8 * h;
+  const uint8_t* sub = b.sb_sub + g * kSubGroups * kTileRows + 8 * h;
   __m256i mn[kSubGroups / 2];
   for (size_t p = 0; p < kSubGroups / 2; ++p) {
     const __m128i m0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + 2 * p * kTileRows));
     const __m128i m1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sub + (2 * p + 1) * kTileRows));
     mn[p] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(_mm_unpacklo_epi8(m0, m1), 4), low4));
   }
-  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.d + g * kTileRows + 8 * h)));
-  const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dmin + g * kTileRows + 8 * h)));
+  const auto* d = reinterpret_cast<const __m128i*>(b.sb_d + g * kTileRows + 8 * h);
+  const auto* dmin = reinterpret_cast<const __m128i*>(b.sb_dmin + g * kTileRows + 8 * h);
+  const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(d)), dm = _mm256_cvtph_ps(_mm_loadu_si128(dmin));
 #pragma GCC unroll 4
   for (int t = 0; t < T; ++t) {
     const int16_t* as = b.asum + t * b.ldsum + g * kSubGroups;
@@ -150,7 +141,7 @@ HWY_INLINE void FinishHalf(const SbArgs& b, size_t g, int h, const __m256i* i1, 
 // bit), then per token one broadcast, maddubs and an int16 add; per sub-block one madd by its
 // scales (each row's twice: a row's two int16 pair sums) into int32.
 template <int T, int kBits>
-void SuperBlockTile(const SbArgs& b, float (*yacc)[16]) {
+void SuperBlockTile(const TileArgs& b, float (*yacc)[16]) {
   const size_t chunk_bytes = kBits == 3 ? 96 : 64, sb_bytes = 16 * chunk_bytes;
   const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
   const __m128i low4 = _mm_set1_epi8(0x0F);
@@ -159,14 +150,14 @@ void SuperBlockTile(const SbArgs& b, float (*yacc)[16]) {
       __m256i i1[T];
 #pragma GCC unroll 4
       for (int t = 0; t < T; ++t) i1[t] = _mm256_setzero_si256();
-      const uint8_t* sub = b.sub + g * kSubGroups * kTileRows + 8 * h;
+      const uint8_t* sub = b.sb_sub + g * kSubGroups * kTileRows + 8 * h;
       const int8_t* qg = b.q + g * kSuperGroup;
       for (size_t j = 0; j < kSubGroups; ++j) {
         __m256i s16[T];
 #pragma GCC unroll 4
         for (int t = 0; t < T; ++t) s16[t] = _mm256_setzero_si256();
         for (size_t k = 2 * j; k < 2 * j + 2; ++k) {
-          const uint8_t* ch = b.codes + g * sb_bytes + k * chunk_bytes;
+          const uint8_t* ch = b.w + g * sb_bytes + k * chunk_bytes;
           const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 32 * h));
           const __m256i hi = kBits == 3 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch + 64)) : raw;
 #pragma GCC unroll 4
@@ -207,7 +198,7 @@ constexpr size_t kAheadBytes = 4096, kAheadGroups = 4;
 // half by half streams every cache line during the first half and computes the second from
 // cache, so memory idles for half of the time (measured: 0.47-0.55 of the read bandwidth).
 template <int T, int kBits>
-void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
+void SuperBlockTileFull(const TileArgs& b, float (*yacc)[16]) {
   const size_t chunk_bytes = kBits == 3 ? 96 : 64, sb_bytes = 16 * chunk_bytes;
   const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
   const __m128i low4 = _mm_set1_epi8(0x0F);
@@ -215,19 +206,19 @@ void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
     __m256i i1[T][2];
 #pragma GCC unroll 4
     for (int t = 0; t < T; ++t) i1[t][0] = i1[t][1] = _mm256_setzero_si256();
-    const uint8_t* sub = b.sub + g * kSubGroups * kTileRows;
+    const uint8_t* sub = b.sb_sub + g * kSubGroups * kTileRows;
     const int8_t* qg = b.q + g * kSuperGroup;
     const char* sub_ahead = reinterpret_cast<const char*>(sub + kAheadGroups * kSubGroups * kTileRows);
     _mm_prefetch(sub_ahead, _MM_HINT_T0);
     _mm_prefetch(sub_ahead + 64, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b.d + (g + kAheadGroups) * kTileRows), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b.dmin + (g + kAheadGroups) * kTileRows), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(b.sb_d + (g + kAheadGroups) * kTileRows), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(b.sb_dmin + (g + kAheadGroups) * kTileRows), _MM_HINT_T0);
     for (size_t j = 0; j < kSubGroups; ++j) {
       __m256i s16[T][2];
 #pragma GCC unroll 4
       for (int t = 0; t < T; ++t) s16[t][0] = s16[t][1] = _mm256_setzero_si256();
       for (size_t k = 2 * j; k < 2 * j + 2; ++k) {
-        const uint8_t* ch = b.codes + g * sb_bytes + k * chunk_bytes;
+        const uint8_t* ch = b.w + g * sb_bytes + k * chunk_bytes;
         _mm_prefetch(reinterpret_cast<const char*>(ch + kAheadBytes), _MM_HINT_T0);  // never faults
         if constexpr (kBits == 3) _mm_prefetch(reinterpret_cast<const char*>(ch + kAheadBytes + 64), _MM_HINT_T0);
         const __m256i raw0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ch));
@@ -270,11 +261,11 @@ void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
 #else
 
 template <int T, int kBits>
-void SuperBlockTile(const SbArgs& b, float (*yacc)[16]) {
+void SuperBlockTile(const TileArgs& b, float (*yacc)[16]) {
   SuperBlockTilePortable<T>(b, yacc);
 }
 template <int T, int kBits>
-void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
+void SuperBlockTileFull(const TileArgs& b, float (*yacc)[16]) {
   SuperBlockTilePortable<T>(b, yacc);
 }
 
@@ -282,7 +273,7 @@ void SuperBlockTileFull(const SbArgs& b, float (*yacc)[16]) {
 
 // A token block's tile: 1-2 tokens the whole tile at once (decode), 3-4 half by half.
 template <int kBits>
-void RunTile(int nt, const SbArgs& args, float (*yacc)[16]) {
+void RunTile(int nt, const TileArgs& args, float (*yacc)[16]) {
   switch (nt) {
     case 1: SuperBlockTileFull<1, kBits>(args, yacc); break;
     case 2: SuperBlockTileFull<2, kBits>(args, yacc); break;
@@ -291,59 +282,16 @@ void RunTile(int nt, const SbArgs& args, float (*yacc)[16]) {
   }
 }
 
+void SuperBlockBlock(const TileArgs& b, int nt, float (*yacc)[16]) {
+  if (b.format == WeightFormat::kQ3)
+    RunTile<3>(nt, b, yacc);
+  else
+    RunTile<2>(nt, b, yacc);
+}
+
 void SuperBlockMatMulImpl(const WeightRef& w, const QuantizedActivations& a, size_t tile_begin, size_t tile_end,
                           float* y, size_t ldy, KernelScratch& scratch) {
-  tile_end = std::min(tile_end, w.row_tiles());
-  if (tile_begin >= tile_end || a.n_tok == 0) return;
-  const size_t groups = w.groups(), subs = groups * kSubGroups;
-  // Batches of at most 768 tokens bound the tables for long prompts; one batch's, taken once.
-  constexpr size_t kBatch = 768;
-  const size_t n_max = std::min(kBatch, a.n_tok);
-  int32_t* const unused_bias = scratch.Array<int32_t>(0, n_max * groups);
-  float* const da = scratch.Array<float>(1, n_max * groups);
-  int16_t* const asum = scratch.Array<int16_t>(2, n_max * subs);
-  const auto* data = static_cast<const uint8_t*>(w.data);
-  for (size_t b0 = 0; b0 < a.n_tok; b0 += kBatch) {
-    const size_t n = std::min(kBatch, a.n_tok - b0);
-    QuantizedActivations part = a;
-    part.q += b0 * a.padded_cols;
-    part.scale += b0 * groups;
-    part.sum += b0 * groups;
-    part.n_tok = n;
-    const detail::TokenBlocks blocks(n, kTok);
-    detail::FillQuantTables(part, blocks, 0, unused_bias, da);
-    for (size_t t = 0; t < n; ++t)  // |sum| <= 32 * 127: int16
-      for (size_t s = 0; s < subs; ++s) {
-        int32_t v = 0;
-        for (size_t i = 0; i < kSubGroup; ++i) v += part.q[t * a.padded_cols + s * kSubGroup + i];
-        asum[t * subs + s] = static_cast<int16_t>(v);
-      }
-    for (size_t tile = tile_begin; tile < tile_end; ++tile) {
-      const size_t rows = std::min(w.rows, (tile + 1) * kTileRows) - tile * kTileRows;
-      for (size_t block = 0; block < blocks.count; ++block) {
-        const size_t t0 = blocks.begin(block);
-        const int nt = static_cast<int>(blocks.begin(block + 1) - t0);
-        const SbArgs args{data + tile * w.tile_bytes(),
-                          w.sb_d(tile),
-                          w.sb_dmin(tile),
-                          w.sb_sub(tile),
-                          part.q + t0 * a.padded_cols,
-                          a.padded_cols,
-                          asum + t0 * subs,
-                          subs,
-                          da + t0 * groups,
-                          groups,
-                          SuperBlockBits(w.format)};
-        float yacc[kTok][16] = {};
-        if (args.bits == 3)
-          RunTile<3>(nt, args, yacc);
-        else
-          RunTile<2>(nt, args, yacc);
-        for (int t = 0; t < nt; ++t)
-          std::memcpy(y + (b0 + t0 + t) * ldy + tile * kTileRows, yacc[t], rows * sizeof(float));
-      }
-    }
-  }
+  detail::QuantMatMulByTiles({SuperBlockBlock, kTok, false}, w, a, tile_begin, tile_end, y, ldy, scratch);
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
