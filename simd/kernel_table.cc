@@ -1,6 +1,7 @@
 // The kernel tables (kernel_table.h): this CPU's best, one per implementation by name, and the
 // scalar references; built from the Highway entries of each target (kernels.cc, quant_kernels.cc)
-// and the x86 kernels (quant_kernels_x86.h) where the CPU runs them. Also KernelScratch's memory.
+// and the x86 and ARM kernels (quant_kernels_x86.h, quant_kernels_arm.h) where the CPU runs
+// them. Also KernelScratch's memory.
 #include "simd/kernel_table.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "simd/dispatch.h"
 #include "simd/kernels.h"
 #include "simd/quant_kernels.h"
+#include "simd/quant_kernels_arm.h"
 #include "simd/quant_kernels_x86.h"
 
 namespace m3::simd {
@@ -82,11 +84,22 @@ KernelTable HighwayTable(int64_t target) {
   return k;
 }
 
+// The ARM kernels on top of Highway's NEON table: sdot for every integer format, usmmla for the
+// q8/q4 blocks of 2+ tokens where the CPU has it.
+void UseArmKernels(KernelTable& k, bool i8mm) {
+  k.quant_matmul = i8mm ? arm::QuantMatMulI8mm : arm::QuantMatMulDotProd;
+  k.quant_name = i8mm ? "neon-i8mm" : "neon-dotprod";
+  k.super_block_matmul = arm::QuantMatMulDotProd;
+  k.super_block_name = "neon-dotprod";
+  k.quant_exact = true;
+}
+
 // This CPU's best: VNNI (its preferred GEMV streams), AMX for prompts and AVX512-BF16 where
-// present, Highway's best target for the rest.
+// present; on ARM sdot / usmmla where present; Highway's best target for the rest.
 KernelTable Best() {
   KernelTable k = HighwayTable(detail::BestHwyTarget());
   k.name = "auto";
+  if (arm::HasDotProd()) UseArmKernels(k, arm::HasI8mm());
   if (x86::HasVnni()) {
     const bool four = x86::PreferredGemvStreams() == x86::GemvStreams::kFour;
     k.quant_matmul = four ? QuantMatMulVnniFour : QuantMatMulVnniOne;
@@ -141,6 +154,10 @@ std::optional<KernelTable> KernelsNamed(std::string_view name) {
     return k;
   }
   if (name == "avx512-bf16" && x86::HasAvx512Bf16()) return k;
+  if ((name == "neon-dotprod" && arm::HasDotProd()) || (name == "neon-i8mm" && arm::HasI8mm())) {
+    UseArmKernels(k, name == "neon-i8mm");
+    return k;
+  }
   if (name == "amx-int8" && x86::HasAmxInt8()) {
     k.amx_min_tokens_q8 = k.amx_min_tokens_q4 = 1;
     k.quant_name = "amx-int8";
@@ -163,6 +180,8 @@ std::vector<std::string> KernelNames() {
   }
   if (x86::HasAvx512Bf16()) names.push_back("avx512-bf16");
   if (x86::HasAmxInt8()) names.push_back("amx-int8");
+  if (arm::HasDotProd()) names.push_back("neon-dotprod");
+  if (arm::HasI8mm()) names.push_back("neon-i8mm");
   for (int64_t t : hwy::SupportedAndGeneratedTargets()) names.push_back(HighwayKernelName(t));
   return names;
 }

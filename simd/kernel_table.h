@@ -5,8 +5,9 @@
 //
 // Covered: the weight matmuls of every format (quantize activations, q8/q4 integer GEMV/GEMM,
 // bf16 tiles, fp32), which are where the implementations differ in more than the Highway target
-// (VNNI, AMX and AVX512-BF16 paths beside Highway's). The other fp32 kernels (kernels.h,
-// attention_kernels.h) dispatch through Highway's own table, chosen once per process from the CPU.
+// (VNNI, AMX, AVX512-BF16 and ARM dot-product paths beside Highway's). The other fp32 kernels
+// (kernels.h, attention_kernels.h) dispatch through Highway's own table, chosen once per process
+// from the CPU.
 //
 // The kernels keep no state of their own: the matmuls work in the caller's KernelScratch
 // (quant_kernels.h; one per thread, from the session's Workspace in ops). The tables are built in
@@ -75,8 +76,9 @@ const KernelTable& BestKernels();
 // CPU cannot run. "auto" (or "") is BestKernels(). "ref" is the scalar references; "avx512-vnni"
 // and "avx512-vnni-4streams" the VNNI GEMV reading one or four weight streams; "avx512-bf16" the
 // bf16 dot product (bf16 weights; quant kernels as best); "amx-int8" AMX for every prompt it covers
-// (q8 with groups of 64k inputs, q4 with groups of 32, every token count; VNNI for the rest); and
-// one per Highway target ("avx512", "avx2", "highway-SSE4", ...).
+// (q8 with groups of 64k inputs, q4 with groups of 32, every token count; VNNI for the rest);
+// "neon-dotprod" ARM's sdot for every integer format and "neon-i8mm" its usmmla for q8/q4 (sdot for
+// the rest); and one per Highway target ("avx512", "avx2", "highway-SSE4", "highway-NEON", ...).
 std::optional<KernelTable> KernelsNamed(std::string_view name);
 // Every implementation this CPU can run, "ref" first.
 std::vector<std::string> KernelNames();

@@ -25,7 +25,7 @@ std::vector<std::string> Kernels::Names() { return simd::KernelNames(); }
 
 std::string Kernels::Describe() const {
   return table_->name + ": q8/q4 " + table_->quant_name + (table_->quant_matmul_amx ? " (amx-int8 prompts)" : "") +
-         ", bf16 " + table_->bf16_name + ", fp32 " + table_->target;
+         ", q3/q2 " + table_->super_block_name + ", bf16 " + table_->bf16_name + ", fp32 " + table_->target;
 }
 
 const std::string& Kernels::target() const { return table_->target; }
