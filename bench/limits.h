@@ -126,9 +126,9 @@ std::vector<double> MeasurePeak(int threads, double seconds, int reps, std::vect
 }
 
 // The int8 dot-product peak (peak_probe.cc): runs the fastest int8 dot-product instruction of
-// this CPU's quant kernels (vpdpbusd on 16 independent accumulators when AVX-512 VNNI is present,
-// else the best Highway target's sequence) from registers only, n times; returns the int8
-// operations performed (2 per multiply-add).
+// this CPU's quant kernels (vpdpbusd on 16 independent accumulators when AVX-512 VNNI is present;
+// on ARM usmmla with i8mm, else sdot, likewise; else the best Highway target's sequence) from
+// registers only, n times; returns the int8 operations performed (2 per multiply-add).
 double Int8PeakLoop(size_t n);
 // The same for Intel AMX's tdpbsud (four independent accumulator tiles), which the prompt
 // matmuls use where present: the int8 operations performed, 0 without AMX.

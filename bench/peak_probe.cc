@@ -2,8 +2,8 @@
 // sequence of this CPU's quant kernels (simd/quant_kernels*.cc) run from registers only, on
 // independent accumulators, with opaque inputs so that nothing can be hoisted out of the loop.
 // Highway code per target like the kernels (x86 targets: the kernels' maddubs + madd at their
-// width; other targets: a portable int32 multiply-add), and the VNNI and AMX instructions under
-// function target attributes, taken where the kernels take them.
+// width; other targets: a portable int32 multiply-add), and the VNNI, AMX and ARM sdot / usmmla
+// instructions under function target attributes, taken where the kernels take them.
 #include <cstddef>
 #include <cstdint>
 
@@ -12,6 +12,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "bench/limits.h"
+#include "simd/quant_kernels_arm.h"
 #include "simd/quant_kernels_x86.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -167,12 +168,67 @@ uint64_t AmxPeak(uint64_t) { return 0; }
 
 #endif
 
+#if defined(__aarch64__) && defined(__GNUC__)
+#include <arm_neon.h>
+
+namespace m3::bench {
+namespace {
+
+volatile int32_t g_arm_seed = 0x01020304;
+volatile uint64_t g_arm_sink;
+
+// 16 independent chains of the instruction the ARM kernels issue (simd/quant_kernels_arm.cc):
+// usmmla (32 products each) or sdot (16). The intrinsics are opaque to the compiler (no product is
+// hoisted out of the loop); usmmla is only reached where the CPU has i8mm.
+template <bool kMmla>
+__attribute__((target("arch=armv8.2-a+dotprod+i8mm"))) uint64_t PeakArm(uint64_t iterations, int32_t seed) {
+  const int8x16_t x = vreinterpretq_s8_s32(vdupq_n_s32(seed)), z = vreinterpretq_s8_s32(vdupq_n_s32(seed * 7 + 3));
+  int32x4_t acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = vdupq_n_s32(i);
+  for (uint64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i)
+      acc[i] = kMmla ? vusmmlaq_s32(acc[i], vreinterpretq_u8_s8(x), z) : vdotq_s32(acc[i], x, z);
+  }
+  int32x4_t s = acc[0];
+  for (int i = 1; i < 16; ++i) s = vaddq_s32(s, acc[i]);
+  return static_cast<uint32_t>(vaddvq_s32(s));
+}
+
+// The int8 operations performed (2 per multiply-add), 0 without the dot-product instructions.
+uint64_t Int8PeakArm(uint64_t iterations) {
+  if (simd::arm::HasI8mm()) {
+    g_arm_sink = PeakArm<true>(iterations, g_arm_seed);
+    return iterations * 16 * 32 * 2;
+  }
+  if (simd::arm::HasDotProd()) {
+    g_arm_sink = PeakArm<false>(iterations, g_arm_seed);
+    return iterations * 16 * 16 * 2;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace m3::bench
+
+#else
+
+namespace m3::bench {
+namespace {
+uint64_t Int8PeakArm(uint64_t) { return 0; }
+}  // namespace
+}  // namespace m3::bench
+
+#endif
+
 namespace m3::bench {
 
 HWY_EXPORT(Int8DotPeakImpl);
 
 double Int8PeakLoop(size_t n) {
   if (simd::x86::HasVnni()) return static_cast<double>(Int8DotPeakVnni(n));
+  if (simd::arm::HasDotProd()) return static_cast<double>(Int8PeakArm(n));
   return static_cast<double>(HWY_DYNAMIC_DISPATCH(Int8DotPeakImpl)(n));
 }
 
