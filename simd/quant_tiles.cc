@@ -59,28 +59,29 @@ void QuantMatMulByTiles(const TileKernel& kernel, const WeightRef& w, const Quan
       }
     for (size_t tile = tile_begin; tile < tile_end; ++tile) {
       const size_t rows = std::min(w.rows, (tile + 1) * kTileRows) - tile * kTileRows;
+      TileArgs b{};
+      b.format = w.format;
+      b.w = data + tile * w.tile_bytes();
+      if (w.format == WeightFormat::kQ4) b.q4_scales = w.tile_scales(tile);
+      if (q8) b.q8_shifts = w.q8_shifts(tile);
+      if (super_block) {
+        b.sb_d = w.sb_d(tile);
+        b.sb_dmin = w.sb_dmin(tile);
+        b.sb_sub = w.sb_sub(tile);
+        b.ldsum = subs;
+      }
+      b.ldq = a.padded_cols;
+      b.groups = groups;
+      b.G = w.group;
       for (size_t block = 0; block < blocks.count; ++block) {
         const size_t t0 = blocks.begin(block);
         const int nt = static_cast<int>(blocks.begin(block + 1) - t0);
-        TileArgs b{};
-        b.format = w.format;
-        b.w = data + tile * w.tile_bytes();
-        if (w.format == WeightFormat::kQ4) b.q4_scales = w.tile_scales(tile);
-        if (q8) b.q8_shifts = w.q8_shifts(tile);
-        if (super_block) {
-          b.sb_d = w.sb_d(tile);
-          b.sb_dmin = w.sb_dmin(tile);
-          b.sb_sub = w.sb_sub(tile);
-          b.asum = asum + t0 * subs;
-          b.ldsum = subs;
-        }
         b.q = part.q + t0 * a.padded_cols;
-        b.ldq = a.padded_cols;
         b.bias = bias + t0 * groups;
         b.da = da + t0 * groups;
-        b.groups = groups;
-        b.G = w.group;
-        float yacc[kMaxTileTokens][16] = {};
+        if (super_block) b.asum = asum + t0 * subs;
+        float yacc[kMaxTileTokens][16];
+        std::memset(yacc, 0, sizeof(yacc[0]) * static_cast<size_t>(nt));
         kernel.block(b, nt, yacc);
         if (q8) ApplyQ8RowScales(w.q8_row_scales(tile), part.scale + t0, static_cast<size_t>(nt), yacc);
         for (int t = 0; t < nt; ++t)
