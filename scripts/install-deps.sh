@@ -20,11 +20,13 @@ sudo_cmd=()
 if [ "${1:-}" = --cross-arm64 ]; then
   packages=(g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libnuma-dev:arm64 libpcre2-dev:arm64 libicu-dev:arm64
             libcpp-httplib-dev:arm64 libxsimd-dev:arm64 nlohmann-json3-dev libcli11-dev catch2)
-  dpkg --print-foreign-architectures | grep -qx arm64 || "${sudo_cmd[@]}" dpkg --add-architecture arm64
+  foreign=$'\n'$(dpkg --print-foreign-architectures)$'\n'
+  [[ $foreign == *$'\n'arm64$'\n'* ]] || "${sudo_cmd[@]}" dpkg --add-architecture arm64
 fi
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  # Compared whole, not piped into grep -q: under pipefail its early exit can fail the writer (SIGPIPE).
+  [[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == *"install ok installed"* ]] || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
